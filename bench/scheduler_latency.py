@@ -1,0 +1,110 @@
+"""Decision time of the look-ahead scheduler at node scale (not a test: prints a table).
+
+    GRPO-shaped graphs (bench/_graphs.py) × K pipelines on N GPUs
+        └─► execute(..., policy=timed schedule) ─► one schedule() call per completion event
+             └─► median / p99 wall time per call, all calls and calls that decided something
+
+Usage:  python bench/scheduler_latency.py [--seeds 3] [--steps 2] [--windows 1 3]
+Goal (issue 2): p99 under 1 ms for 2 pipelines × 8 DP workers at W = 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _graphs import grpo_graph  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from jigsaw.graph.execute import execute  # noqa: E402
+from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig  # noqa: E402
+from jigsaw.graph.schedule import schedule  # noqa: E402
+from jigsaw.mux.slowdown import load_grid  # noqa: E402
+
+PRIOR = Path(__file__).resolve().parents[1] / "profiles" / "h100" / "qwen3-4b.prior.json"
+
+
+@dataclass(frozen=True)
+class Setup:
+    label: str
+    num_gpus: int
+    placements: tuple[tuple[int, ...], ...]
+    """GPUs of each pipeline, DP rank order."""
+
+
+def setups() -> list[Setup]:
+    eight = tuple(range(8))
+    # 64 GPUs, 32 DP each, staggered so every GPU hosts exactly two pipelines and the groups couple.
+    stagger = tuple(tuple((start + i) % 64 for i in range(32)) for start in (0, 16, 32, 48))
+    return [
+        Setup("2×8 DP, 8 GPUs", 8, (eight, eight)),
+        Setup("4×8 DP, 8 GPUs", 8, (eight,) * 4),
+        Setup("4×32 DP, 64 GPUs, 2/GPU", 64, stagger),
+        Setup("4×64 DP, 64 GPUs, 4/GPU", 64, (tuple(range(64)),) * 4),
+    ]
+
+
+def measure(setup: Setup, window: int, seeds: int, steps: int, grid) -> dict:
+    every, deciding, wall = [], [], 0.0
+    node = NodeSpec(num_devices=setup.num_gpus, mem_bytes=grid.device.mem_bytes)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        plan = schedule(*args, **kwargs)
+        dt = time.perf_counter() - t0
+        every.append(dt)
+        if plan.decisions:
+            deciding.append(dt)
+        return plan
+
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        pipes = [PipelineState(graph=grpo_graph(f"P{k}", len(devs), rng, steps=steps, multi_turn=k % 2 == 1),
+                               devices=devs) for k, devs in enumerate(setup.placements)]
+        t0 = time.perf_counter()
+        execute(pipes, node, grid, SchedulerConfig(window=window), policy=timed)
+        wall += time.perf_counter() - t0
+    return {"calls": len(every), "median": _ms(statistics.median(every)), "p99": _ms(_p99(every)),
+            "d_median": _ms(statistics.median(deciding)), "d_p99": _ms(_p99(deciding)), "wall": wall}
+
+
+def _p99(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[98] if len(xs) > 1 else xs[0]
+
+
+def _ms(x: float) -> float:
+    return x * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=3, help="random graph sets per setup")
+    ap.add_argument("--steps", type=int, default=2, help="RL steps chained per pipeline")
+    ap.add_argument("--windows", type=int, nargs="+", default=[1, 3], help="look-ahead depths to time")
+    ap.add_argument("--quick", action="store_true", help="skip the 4 x 64 DP setup")
+    args = ap.parse_args()
+    grid = load_grid(PRIOR)
+    table = Table(title=f"schedule() wall time per call (ms), {args.seeds} seeds × {args.steps} steps")
+    for col in ("pipelines × DP", "W", "calls", "median", "p99", "median*", "p99*", "run s"):
+        table.add_column(col, justify="left" if col == "setup" else "right")
+    console = Console(width=120)
+    for setup in setups()[:3] if args.quick else setups():
+        for w in args.windows:
+            with console.status(f"{setup.label}, W={w}"):
+                r = measure(setup, w, args.seeds, args.steps, grid)
+            table.add_row(setup.label, str(w), str(r["calls"]), f"{r['median']:.2f}", f"{r['p99']:.2f}",
+                          f"{r['d_median']:.2f}", f"{r['d_p99']:.2f}", f"{r['wall']:.1f}")
+    console.print(table)
+    console.print("* calls that decided something (the others only re-grant budgets after a completion)")
+
+
+if __name__ == "__main__":
+    main()

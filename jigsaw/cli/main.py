@@ -1,0 +1,43 @@
+"""Entry point of the `jigsaw` console script.
+
+    argv ─► tyro (one subcommand per module in COMMANDS) ─► Args ─► module.run(args) ─► exit code
+
+A subcommand module is imported to read its `Args`; it must keep its top-level imports
+light.  Expected user errors (a malformed profile, a missing file) print one line and
+exit 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS = {
+    "prior": "jigsaw.cli.prior",
+    "inspect": "jigsaw.cli.inspect_grid",
+}
+"""Subcommand name -> module defining `Args` and `run`."""
+
+DESCRIPTION = ("jigsaw multiplexes LLM RL post-training pipelines on shared GPUs: sub-stage graphs, "
+               "a slowdown model, SM/memory partitions and a look-ahead scheduler.")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import tyro
+
+    modules = {name: importlib.import_module(path) for name, path in COMMANDS.items()}
+    args = tyro.extras.subcommand_cli_from_dict(
+        {name: mod.Args for name, mod in modules.items()}, prog="jigsaw", description=DESCRIPTION,
+        args=list(argv) if argv is not None else None)
+    module = next(m for m in modules.values() if isinstance(args, m.Args))
+    try:
+        return int(module.run(args) or 0)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        # ValueError covers SlowdownFileError, whose text names the file, field and problem.
+        print(f"jigsaw: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""`jigsaw prior`: write an analytic roofline prior slowdown grid.
+
+    --device, --model, --prior.* ─► mux.prior.analytic_prior ─► SlowdownGrid.save ─► path
+    --shipped ─► every prior listed in mux.prior.SHIPPED, into --profiles-dir
+
+A prior is a labelled stand-in until `jigsaw profile` measures the device; the file's
+`source` says so and records every constant used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from jigsaw.mux.prior import MODELS, PriorConfig
+
+ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Args:
+    """Write an analytic roofline prior slowdown grid (not a measurement)."""
+
+    device: Literal["h100", "a100"] = "h100"
+    """Device to model (datasheet peak FLOP/s, HBM bandwidth, SM count, memory)."""
+    model: ModelName = "qwen3-4b"
+    """Model whose sub-stages are modelled (architecture from its public config.json)."""
+    out: Path | None = None
+    """Output file; default <profiles-dir>/<device>/<model>.prior.json."""
+    profiles_dir: Path = Path("profiles")
+    """Profiles directory (layout <device>/<model>.prior.json)."""
+    shipped: bool = False
+    """Regenerate every prior shipped with jigsaw into --profiles-dir (ignores the others)."""
+    prior: PriorConfig = PriorConfig()
+    """Deployment (TP / FSDP degree), representative shapes and calibration constants."""
+
+
+def run(args: Args) -> int:
+    from jigsaw.mux.prior import DEVICES, SHIPPED, analytic_prior, shipped_path
+
+    jobs = SHIPPED if args.shipped else ((args.device, args.model, args.prior),)
+    for device, model, config in jobs:
+        path = args.out if (args.out and not args.shipped) else Path(shipped_path(args.profiles_dir, device, model))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        analytic_prior(DEVICES[device], model, config).save(path)
+        print(path)
+    return 0

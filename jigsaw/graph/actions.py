@@ -1,0 +1,343 @@
+"""The scheduler's action space and cost: what can be decided, and what it costs.
+
+    State ─► next_decision() ─► (item, options)          one open choice at this time point
+                 item  = ("group", pipeline, kind, tasks)  ready replicas of one kind
+                       | ("merge", pipeline)               long tails on several workers
+                 option= ("start", σ)   join the running partner with SM share σ
+                       | ("start", None) start on idle devices only
+                       | ("solo",)      start alone and keep the devices to itself
+                       | ("defer",)     wait for the next completion
+                       | ("merge", MergeDecision) | ("nomerge",)
+    apply(item, option) mutates the State;  settle() applies forced moves (and, if
+    asked, advances time) until a real choice is open;  cost() is the critical path.
+
+Actions are per (pipeline, kind), not per device: the replicas of a sub-stage kind on
+all DP workers are multiplexed the same way, which keeps the branching factor
+independent of the DP degree.  Schedules are non-delay: an idle device is never
+kept idle while a ready replica could use it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jigsaw.graph import state as st
+from jigsaw.graph.merge import MergeConfig, TailWorker, best_merge
+from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
+from jigsaw.graph.state import DONE, PENDING, Problem, State
+
+Item = tuple
+Option = tuple
+
+
+class Context:
+    """Per-call constants of the search: config, node, slowdown lookups."""
+
+    __slots__ = ("config", "balanced", "mem_cap", "budgets", "model", "_table", "peak_flops", "_feasible")
+
+    def __init__(self, model, config: SchedulerConfig, node: NodeSpec):
+        self.config, self.balanced, self.model = config, config.balance, model
+        self.mem_cap, self.budgets = node.mem_bytes, config.sm_budgets_frac
+        self.peak_flops = model.device.peak_flops
+        self._table = _tables(model)
+        self._feasible: dict[tuple, list] = {}
+        missing = [b for b in self.budgets if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
+        if missing:
+            raise ValueError(f"SM budgets {missing} are not levels of the slowdown grid {model.sm_levels}")
+
+    def splits(self, kind_a: str, kind_b: str, sm_a: float) -> list[tuple[float, float, float]]:
+        """Feasible (mem_frac_a, s_a, s_b) grid points for A at SM share sm_a beside B."""
+        key = (kind_a, kind_b)
+        table = self._table.get(key)
+        if table is None:
+            table = self._table[key] = {}
+            for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
+                table.setdefault(round(sm, 9), []).append((mem, sa, sb))
+        return table.get(round(sm_a, 9), [])
+
+    def grid_pair(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> tuple[float, float] | None:
+        """(s_a, s_b) of a running pair: a table hit for grid budgets (all the scheduler
+        grants), interpolation otherwise (budgets set by someone else)."""
+        for mem, sa, sb in self.splits(kind_a, kind_b, sm_a):
+            if abs(mem - mem_a) < 1e-9:
+                return sa, sb
+        return self.model.pair(kind_a, kind_b, sm_a, mem_a)
+
+    def feasible(self, P: Problem, x: int, y: int, sm_x: float) -> list[tuple[float, float, float]]:
+        """Grid splits at which task x (share sm_x) and task y both fit in memory."""
+        key = (x, y, sm_x)
+        out = self._feasible.get(key)
+        if out is None:
+            mx, my, cap = P.tasks[x].mem, P.tasks[y].mem, self.mem_cap
+            out = self._feasible[key] = [
+                (m, sx, sy) for m, sx, sy in self.splits(P.kinds[x], P.kinds[y], sm_x)
+                if mx <= m * cap + 0.5 and my <= (1.0 - m) * cap + 0.5]
+        return out
+
+
+_TABLES: dict[int, tuple[object, dict]] = {}
+
+
+def _tables(model) -> dict:
+    # Keyed by identity and holding the model, so the id can never be reused.
+    entry = _TABLES.get(id(model))
+    if entry is None or entry[0] is not model:
+        entry = _TABLES[id(model)] = (model, {})
+    return entry[1]
+
+
+def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: Context) -> State:
+    """State at `time_s` with the slowdowns of already running pairs looked up."""
+    S = st.initial_state(P, pipelines, time_s, ctx.balanced)
+    for d, tasks in enumerate(S.dev):
+        if len(tasks) == 2:
+            a, b = tasks
+            sm_a, mem_a, _ = S.split[(a, d)]
+            pair = ctx.grid_pair(P.kinds[a], P.kinds[b], sm_a, mem_a)
+            if pair is None:
+                raise ValueError(f"running pair on device {d} is infeasible under the slowdown grid")
+            S.split[(a, d)] = (sm_a, mem_a, pair[0])
+            S.split[(b, d)] = (S.split[(b, d)][0], S.split[(b, d)][1], pair[1])
+        elif len(tasks) == 1:
+            S.split[(tasks[0], d)] = st.SOLO  # the partner is gone: whole device back
+    for i in S.running:
+        st.refresh_rate(P, S, i, ctx.balanced)
+    return S
+
+
+# ---------------------------------------------------------------- decisions
+
+def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i in sorted(S.ready):
+        devs = P.tasks[i].devices
+        if i in S.deferred or not devs:
+            continue
+        if all(len(S.dev[d]) < 2 and d not in S.closed for d in devs):
+            groups.setdefault((P.tasks[i].pipe, P.kinds[i]), []).append(i)
+    for key in sorted(groups):
+        opts = _group_options(P, S, ctx, key, groups)
+        if opts:
+            return ("group", key[0], key[1], tuple(groups[key])), opts
+    if ctx.config.merge:
+        return _merge_decision(P, S, ctx)
+    return None
+
+
+def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], groups) -> list[Option]:
+    members = groups[key]
+    coloc = [i for i in members if any(S.dev[d] for d in P.tasks[i].devices)]
+    idle_devs = {d for i in members if i not in coloc for d in P.tasks[i].devices}
+    opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in coloc)]
+    # Keeping the devices to itself, or yielding them, only differs from starting if
+    # another group could use them now (a schedule never leaves a device idle).
+    rivals = idle_devs and any(idle_devs.intersection(P.tasks[j].devices)
+                               for k, g in groups.items() if k != key for j in g)
+    if idle_devs:
+        opts.append(("start", None))
+        if rivals:
+            opts.append(("solo",))
+    if coloc or rivals:
+        opts.append(("defer",))
+    return opts
+
+
+def _fits(P: Problem, S: State, ctx: Context, i: int, sm: float) -> bool:
+    return all(ctx.feasible(P, i, S.dev[d][0], sm) for d in P.tasks[i].devices if S.dev[d])
+
+
+def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float):
+    """Memory split for X (share sm_x) beside Y minimising the later of their ends."""
+    rx, ry = S.rem[x], S.rem[y]
+    best, best_key = None, None
+    for split in ctx.feasible(P, x, y, sm_x):
+        key = max(split[1] * rx, split[2] * ry)
+        if best_key is None or key < best_key - 1e-12:
+            best, best_key = split, key
+    return best
+
+
+def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Option]) -> list[Option]:
+    """Keep one SM share among the ("start", σ) options: the one whose new pairs end
+    soonest (the memory-split rule applied to σ).  Used inside the window, below the
+    choice being decided, where trying every share triples the search for little gain."""
+    shares = [o for o in options if o[0] == "start" and o[1] is not None]
+    if len(shares) < 2:
+        return options
+    best, best_key = None, None
+    for opt in shares:
+        key = 0.0
+        for i in item[3]:
+            for d in P.tasks[i].devices:
+                if S.dev[d]:
+                    y = S.dev[d][0]
+                    split = _best_split(P, S, ctx, i, y, opt[1])
+                    if split is not None:
+                        key = max(key, split[1] * S.rem[i], split[2] * S.rem[y])
+        if best_key is None or key < best_key - 1e-12:
+            best, best_key = opt, key
+    return [o for o in options if o is best or not (o[0] == "start" and o[1] is not None)]
+
+
+def _merge_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
+    for p in range(len(P.names)):
+        key = ("merge", p)
+        tails = [i for i in P.mergeable[p] if i in S.running]
+        if len(tails) < 2 or key in S.deferred or not any(P.tasks[i].devices[0] in S.touched for i in tails):
+            continue
+        decision = _best_merge(P, S, ctx, tails)
+        if decision is not None:
+            return key, [("merge", decision, tuple(tails)), ("nomerge",)]
+    return None
+
+
+def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
+    fpt = max(P.tasks[i].flops_per_token for i in tails)
+    if fpt <= 0.0:
+        return None  # FLOPs of the migrated context unknown: the recompute cannot be costed
+    workers = [_tail_worker(P, S, i) for i in tails]
+    cfg: MergeConfig = ctx.config.merge_config
+    return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg)
+
+
+def _tail_worker(P: Problem, S: State, i: int) -> TailWorker:
+    task, d = P.tasks[i], P.tasks[i].devices[0]
+    partners = [j for j in S.dev[d] if j != i]
+    frac_left = S.rem[i] / task.excl_s if task.excl_s > 0 else 0.0
+    return TailWorker(
+        dp_rank=task.ranks[0], remaining_s=S.rem[i], num_steps=max(1, round(task.num_steps * frac_left)),
+        batch_size=task.batch, context_tokens=task.context_tokens, slowdown=S.split[(i, d)][2],
+        partner_remaining_s=S.rem[partners[0]] if partners else 0.0,
+        partner_slowdown=S.split[(partners[0], d)][2] if partners else 1.0,
+    )
+
+
+# ---------------------------------------------------------------- effects
+
+def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
+    S.log.append((S.t, item, opt))
+    if item[0] == "merge":
+        if opt[0] == "merge":
+            _apply_merge(P, S, ctx, opt[1], opt[2])
+        else:
+            S.deferred.add(item)
+        return
+    verb, sm = opt[0], (opt[1] if opt[0] == "start" else None)
+    for i in item[3]:
+        devs = P.tasks[i].devices
+        if any(S.dev[d] for d in devs):  # would share a device with a running partner
+            if sm is not None and _fits(P, S, ctx, i, sm):
+                _start_beside(P, S, ctx, i, sm)
+            else:
+                S.deferred.add(i)
+        elif verb == "defer":
+            S.deferred.add(i)
+        else:
+            st.start(P, S, i)
+            st.refresh_rate(P, S, i, ctx.balanced)
+            if verb == "solo":
+                S.closed.update(devs)
+
+
+def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None:
+    partners = {d: S.dev[d][0] for d in P.tasks[i].devices if S.dev[d]}
+    splits = {d: _best_split(P, S, ctx, i, y, sm) for d, y in partners.items()}
+    st.start(P, S, i)
+    for d, y in partners.items():
+        mem_x, sx, sy = splits[d]
+        S.split[(i, d)] = (sm, mem_x, sx)
+        S.split[(y, d)] = (1.0 - sm, 1.0 - mem_x, sy)
+    for y in set(partners.values()) | {i}:
+        st.refresh_rate(P, S, y, ctx.balanced)
+
+
+def _apply_merge(P: Problem, S: State, ctx: Context, decision, tails: tuple[int, ...]) -> None:
+    by_rank = {P.tasks[i].ranks[0]: i for i in tails}
+    target = by_rank[decision.target_rank]
+    st.set_remaining(P, S, target, decision.aggregated_s)
+    for r in decision.source_ranks:
+        st.finish(P, S, by_rank[r], ctx.balanced)
+
+
+def settle(P: Problem, S: State, ctx: Context, advance_time: bool) -> tuple[Item, list[Option]] | None:
+    """Apply forced moves (host tasks start at once; single-option choices) and, if
+    `advance_time`, run to later time points until a real choice is open.  None when
+    nothing is left to decide (at this time point, or at all)."""
+    while True:
+        for i in sorted(S.ready):
+            if not P.tasks[i].devices:
+                st.start(P, S, i)
+                st.refresh_rate(P, S, i, ctx.balanced)
+        dec = next_decision(P, S, ctx)
+        if dec is not None and len(dec[1]) > 1:
+            return dec
+        if dec is not None:
+            apply(P, S, ctx, dec[0], dec[1][0])
+            continue
+        if not advance_time or not S.running:
+            return None
+        st.advance(P, S, ctx.balanced)
+
+
+# ---------------------------------------------------------------- cost
+
+def cost(P: Problem, S: State) -> tuple[float, float, float]:
+    """Critical path after the window: (longest chain, longest dependency chain, sum).
+
+    Chains follow dependency edges and device edges.  Along dependencies: running
+    tasks end at their current pace until their partner ends, then alone; ready tasks
+    not yet placed queue for their devices after the running work there, longest path
+    first (deciding co-location is what the window is for); later tasks follow their
+    longest chain of exclusive durations (`tail_s`).  Along a device: the remaining
+    exclusive work on it runs one piece after another unless co-located, so
+    `t + load_d` is a chain too; it is what makes wasted capacity (idle devices,
+    co-locations that gain nothing) cost something."""
+    t, tasks, rem = S.t, P.tasks, S.rem
+    ends = S.pipe_end[:]
+    run_end = {}
+    for i in S.running:
+        end = run_end[i] = _running_end(P, S, i)
+        v = end + tasks[i].tail_s
+        if v > ends[tasks[i].pipe]:
+            ends[tasks[i].pipe] = v
+    free = [t if not occ else min(run_end[j] for j in occ) for occ in S.dev]
+    for i in sorted(S.ready, key=lambda i: (-(rem[i] + tasks[i].tail_s), i)):
+        task = tasks[i]
+        end = max((free[d] for d in task.devices), default=t) + rem[i]
+        for d in task.devices:
+            free[d] = end
+        if end + task.tail_s > ends[task.pipe]:
+            ends[task.pipe] = end + task.tail_s
+    deps_chain = max(ends)
+    return max(deps_chain, t + max(S.load)), deps_chain, sum(ends)
+
+
+def _running_end(P: Problem, S: State, i: int) -> float:
+    t, rem, rate = S.t, S.rem, S.rate
+    devs = P.tasks[i].devices
+    mine = rem[i] / rate[i]
+    if len(devs) != 1 or len(S.dev[devs[0]]) < 2:
+        return t + mine
+    a, b = S.dev[devs[0]]
+    j = b if a == i else a
+    theirs = rem[j] / rate[j]
+    if theirs >= mine or len(P.tasks[j].devices) != 1:
+        return t + mine
+    return t + theirs + (rem[i] - rate[i] * theirs)
+
+
+def lower_bound(P: Problem, S: State, min_slowdown: float) -> float:
+    """Makespan no schedule from S can beat (for branch-and-bound in exact searches)."""
+    t, best = S.t, max(S.pipe_end)
+    for i in S.running | S.ready:
+        best = max(best, t + (S.rem[i] + P.tasks[i].tail_s) * min_slowdown)
+    return best
+
+
+def is_done(P: Problem, S: State) -> bool:
+    return all(s == DONE for s in S.status)
+
+
+def stuck(S: State) -> bool:
+    return not S.running and any(s == PENDING for s in S.status)
+

@@ -1,0 +1,217 @@
+"""Sub-stage merging (long-tail migration, paper §4.3) and multiplexing-aware balancing.
+
+    low-utilisation rollout tails k_1..k_n on DP workers 1..n, each beside a partner k'_i
+        │  TailWorker per worker (remaining time, steps, context tokens, slowdowns)
+        ▼
+    merge_decision(workers, target t)      ΔT = T_origin − T_migr     (DESIGN §2.6)
+    best_merge(workers)                    target with the largest ΔT > 0, or None
+        │
+    balance(total, slowdowns)              per-worker work so that s_i·T(bs_i) is equal (§2.7)
+        → routing weights (rollout), micro-batch sizes (reference, training)
+
+    T_origin = max_i s(k_i,k'_i)·T(k_i) + max_i s(k'_i,k_i)·T(k'_i)
+    T_migr   = T(K) + Σ_{i≠t} M(k_i) + max( s(k'_t,K)·T(k'_t), max_{i≠t} T(k'_i) )
+
+T(K), the aggregated tail on the target, assumes tail decode is memory-bound on
+weight reads, so a forward step costs about the same for any batch below the tail
+bucket edge (paper Fig. 7: small-batch rollout is insensitive); a per-request term
+can be added with `MergeConfig.step_time_per_request_s`.  M is the KV-cache
+recompute: FLOPs of the migrated context over the prefill MFU times peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MergeConfig:
+    """When and how long-tail rollout requests are migrated between DP workers."""
+
+    prefill_mfu_frac: float = 0.4
+    """MFU of prefill used to cost the KV recompute when the pipeline's own prefill
+    sub-stages report no FLOPs; measured MFU replaces it when available."""
+    max_merged_batch: int = 128
+    """Largest aggregated batch that still counts as a tail (the lowest bucket edge):
+    beyond it the target leaves the memory-bound regime and T(K) would grow."""
+    step_time_per_request_s: float = 0.0
+    """Extra seconds per request per decode step of the aggregated tail (0: step
+    latency independent of batch inside the tail bucket)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.prefill_mfu_frac <= 1.0:
+            raise ValueError(f"prefill_mfu_frac must be in (0, 1], got {self.prefill_mfu_frac}")
+        if self.max_merged_batch < 1 or self.step_time_per_request_s < 0:
+            raise ValueError("max_merged_batch must be >= 1 and step_time_per_request_s >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TailWorker:
+    """A low-utilisation rollout sub-stage k_i on one DP worker and what runs beside it."""
+
+    dp_rank: int
+    """Worker index."""
+    remaining_s: float
+    """T(k_i): exclusive time left of the tail."""
+    num_steps: int
+    """Decode steps left (set by the longest request on the worker)."""
+    batch_size: float
+    """Active requests."""
+    context_tokens: int
+    """Prompt + generated tokens of those requests: what a target must recompute."""
+    slowdown: float = 1.0
+    """s(k_i, k'_i) under the current split (1 if alone)."""
+    partner_remaining_s: float = 0.0
+    """T(k'_i): exclusive time left of the partner (0 if none)."""
+    partner_slowdown: float = 1.0
+    """s(k'_i, k_i): the partner's slowdown beside the tail (1 if none)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MergeDecision:
+    """Outcome of the ΔT test for one target."""
+
+    target_rank: int
+    """Worker that receives the migrated requests."""
+    source_ranks: tuple[int, ...]
+    """Workers whose requests are aborted and resubmitted on the target."""
+    t_origin_s: float
+    """Predicted time without migration."""
+    t_migr_s: float
+    """Predicted time with migration."""
+    aggregated_s: float
+    """T(K) plus the recompute cost: the target's new exclusive remaining time."""
+
+    @property
+    def delta_s(self) -> float:
+        return self.t_origin_s - self.t_migr_s
+
+
+def migration_cost_s(context_tokens: int, flops_per_token: float, peak_flops: float,
+                     prefill_mfu_frac: float) -> float:
+    """M(k): seconds to recompute the KV cache of `context_tokens` on the target."""
+    return context_tokens * flops_per_token / (prefill_mfu_frac * peak_flops)
+
+
+def aggregated_time_s(workers: Sequence[TailWorker], config: MergeConfig = MergeConfig()) -> float:
+    """T(K): the merged tail runs as long as its longest request; each step costs the
+    slowest worker's step latency plus the per-request term for the added requests."""
+    step_s = max(w.remaining_s / w.num_steps for w in workers if w.num_steps > 0)
+    steps = max(w.num_steps for w in workers)
+    merged_req_steps = sum(w.batch_size * w.num_steps for w in workers)
+    largest = max(workers, key=lambda w: w.remaining_s)
+    extra = merged_req_steps - largest.batch_size * largest.num_steps
+    return steps * step_s + config.step_time_per_request_s * extra
+
+
+def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per_token: float,
+                   peak_flops: float, partner_slowdown_beside_merged: float | None = None,
+                   config: MergeConfig = MergeConfig()) -> MergeDecision:
+    """ΔT of migrating every tail in `workers` onto `target_rank` (DESIGN §2.6).
+
+    `partner_slowdown_beside_merged` is s(k'_t, K); by default the target partner's
+    current slowdown beside its own tail (K is a tail of the same kind)."""
+    if len(workers) < 2:
+        raise ValueError("merging needs tails on at least two workers")
+    by_rank = {w.dp_rank: w for w in workers}
+    if target_rank not in by_rank:
+        raise ValueError(f"target rank {target_rank} has no tail among {sorted(by_rank)}")
+    tgt = by_rank[target_rank]
+    others = [w for w in workers if w.dp_rank != target_rank]
+    t_origin = (max(w.slowdown * w.remaining_s for w in workers)
+                + max(w.partner_slowdown * w.partner_remaining_s for w in workers))
+    recompute = sum(migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
+                    for w in others)
+    t_k = aggregated_time_s(workers, config)
+    s_pt = tgt.partner_slowdown if partner_slowdown_beside_merged is None else partner_slowdown_beside_merged
+    t_migr = t_k + recompute + max(s_pt * tgt.partner_remaining_s, max(w.partner_remaining_s for w in others))
+    return MergeDecision(target_rank=target_rank, source_ranks=tuple(w.dp_rank for w in others),
+                         t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute)
+
+
+def best_merge(workers: Sequence[TailWorker], *, flops_per_token: float, peak_flops: float,
+               config: MergeConfig = MergeConfig()) -> MergeDecision | None:
+    """The target with the largest positive ΔT, or None when no migration pays off or the
+    merged batch would leave the tail regime.
+
+    Same formula as `merge_decision`, evaluated for every target in O(n): T_origin and
+    T(K) do not depend on the target, the recompute sum is the total minus the target's."""
+    if len(workers) < 2 or sum(w.batch_size for w in workers) > config.max_merged_batch:
+        return None
+    t_origin = (max(w.slowdown * w.remaining_s for w in workers)
+                + max(w.partner_slowdown * w.partner_remaining_s for w in workers))
+    t_k = aggregated_time_s(workers, config)
+    costs = [migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
+             for w in workers]
+    partners = sorted((w.partner_remaining_s for w in workers), reverse=True)
+    best = None
+    for w, m in zip(workers, costs):
+        others_max = partners[1] if w.partner_remaining_s == partners[0] else partners[0]
+        t_migr = t_k + sum(costs) - m + max(w.partner_slowdown * w.partner_remaining_s, others_max)
+        key = (t_origin - t_migr, -w.dp_rank)
+        if best is None or key > best[0]:
+            best = (key, w, t_migr, sum(costs) - m)
+    (delta, _), tgt, t_migr, recompute = best
+    if delta <= 0:
+        return None
+    return MergeDecision(target_rank=tgt.dp_rank, source_ranks=tuple(w.dp_rank for w in workers if w is not tgt),
+                         t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Balance:
+    """Per-worker share of a stage's work under multiplexing (DESIGN §2.7)."""
+
+    weights: tuple[float, ...]
+    """Continuous shares summing to 1: rollout routing weights."""
+    batch_sizes: tuple[int, ...]
+    """Integer sizes summing to the total: per-worker (micro-)batch sizes."""
+    predicted_s: tuple[float, ...]
+    """s_i · T(bs_i) per worker with the integer sizes."""
+
+
+def balance(total: int, slowdowns: Sequence[float],
+            time_fn: Callable[[float], float] | None = None) -> Balance:
+    """Split `total` samples so that every worker finishes together: s_i·T(bs_i) equal.
+
+    `time_fn(bs)` is the exclusive time of a batch (monotone increasing); linear
+    by default, in which case bs_i ∝ 1/s_i.  Integers by largest remainder."""
+    s = np.asarray(slowdowns, dtype=float)
+    if total < 0 or s.size == 0 or np.any(~np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError(f"balance needs total >= 0 and finite positive slowdowns, got {total}, {slowdowns}")
+    if time_fn is None:
+        cont = total * (1.0 / s) / np.sum(1.0 / s)
+        time_fn = float
+    else:
+        cont = _solve_equal_time(total, s, time_fn)
+    sizes = _largest_remainder(cont, total)
+    weights = tuple(float(c / total) if total else 1.0 / s.size for c in cont)
+    predicted = tuple(float(si * time_fn(b)) for si, b in zip(s, sizes))
+    return Balance(weights=weights, batch_sizes=sizes, predicted_s=predicted)
+
+
+def _solve_equal_time(total: int, s: np.ndarray, time_fn: Callable[[float], float]) -> np.ndarray:
+    from scipy.optimize import brentq  # here: config modules stay light for the CLI
+
+    def batch_for(level: float, si: float) -> float:
+        # Inverse of time_fn at level/si, on [0, total].
+        if si * time_fn(total) <= level:
+            return float(total)
+        if si * time_fn(0.0) >= level:
+            return 0.0
+        return brentq(lambda b: si * time_fn(b) - level, 0.0, float(total), xtol=1e-9)
+
+    lo, hi = 0.0, float(np.max(s) * time_fn(total))
+    level = brentq(lambda lv: sum(batch_for(lv, si) for si in s) - total, lo, hi, xtol=1e-12)
+    return np.array([batch_for(level, si) for si in s])
+
+
+def _largest_remainder(cont: np.ndarray, total: int) -> tuple[int, ...]:
+    floor = np.floor(cont).astype(int)
+    short = total - int(floor.sum())
+    order = np.argsort(-(cont - floor), kind="stable")
+    floor[order[:short]] += 1
+    return tuple(int(x) for x in floor)

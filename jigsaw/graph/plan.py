@@ -1,0 +1,142 @@
+"""Inputs and output of the scheduler: the only coupling to the runtime and the simulator.
+
+    PipelineState × K  ─┐
+    NodeSpec            ├─► schedule(...) ─► Plan ─► runtime grants / simulator events
+    SlowdownGrid        │                     assignments  (sub-stage, device, SM, memory)
+    SchedulerConfig    ─┘                     migrations, routing weights, micro-batches
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.merge import MergeConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SchedulerConfig:
+    """Look-ahead scheduler settings (paper §4.4)."""
+
+    window: int = 3
+    """W: decisions looked ahead before the critical path is measured; 1 is the greedy
+    variant of paper Fig. 11."""
+    sm_budgets_frac: tuple[float, ...] = (0.25, 0.5, 0.75)
+    """SM shares offered to a sub-stage that joins a running one (which gets the rest).
+    Must be partition levels of the slowdown grid."""
+    merge: bool = True
+    """Consider migrating long-tail rollout requests between DP workers."""
+    balance: bool = True
+    """Skew collective stages' micro-batches and rollout routing towards workers
+    without interference (§2.7)."""
+    merge_config: MergeConfig = field(default_factory=MergeConfig)
+    """Migration cost parameters."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if not self.sm_budgets_frac or any(not 0.0 < b < 1.0 for b in self.sm_budgets_frac):
+            raise ValueError(f"sm_budgets_frac must be partition shares in (0, 1), got {self.sm_budgets_frac}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeSpec:
+    """The devices the co-located pipelines share."""
+
+    num_devices: int
+    """Accelerators on the node (GPUs, or CPU partitions)."""
+    mem_bytes: int
+    """Schedulable memory per device."""
+
+    def __post_init__(self) -> None:
+        if self.num_devices < 1 or self.mem_bytes <= 0:
+            raise ValueError(f"NodeSpec needs num_devices >= 1 and mem_bytes > 0, got {self}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Budget:
+    """Share of one device granted to one sub-stage replica."""
+
+    sm_frac: float
+    """Fraction of the device's SMs (a green-context partition; 1.0 alone)."""
+    mem_frac: float
+    """Fraction of the device's schedulable memory."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineState:
+    """One co-located pipeline as the scheduler sees it at a scheduling point."""
+
+    graph: SubStageGraph
+    """Remaining work: the current step's graph (possibly chained with predicted steps)."""
+    devices: tuple[int, ...]
+    """Device of each DP rank: `devices[r]` hosts rank r."""
+    done: frozenset[str] = frozenset()
+    """Finished sub-stages."""
+    running: Mapping[str, Budget] = field(default_factory=dict)
+    """Started sub-stages and the budget each replica holds now."""
+    remaining_s: Mapping[str, float] = field(default_factory=dict)
+    """Exclusive time left of started sub-stages (default: their whole duration)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Assignment:
+    """One sub-stage replica running on one device after the plan takes effect."""
+
+    substage: str
+    pipeline: str
+    device: int
+    sm_frac: float
+    """SM partition; the assignments of a device sum to at most 1."""
+    mem_bytes: int
+    """Memory budget; the assignments of a device sum to at most its capacity."""
+    slowdown: float
+    """Predicted slowdown of this replica beside its partner (1.0 alone)."""
+    micro_batch: int | None = None
+    """Balanced per-worker batch for collective stages (None: unchanged)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Migration:
+    """Abort the tail requests of `source` and resubmit them on `target` (KV recompute)."""
+
+    pipeline: str
+    source: str
+    """Sub-stage whose requests leave (it ends when they are gone)."""
+    target: str
+    """Sub-stage that receives them."""
+    source_rank: int
+    target_rank: int
+    delta_s: float
+    """Predicted gain ΔT = T_origin − T_migr."""
+    target_remaining_s: float
+    """Target's exclusive time left after the merge (aggregated tail + recompute)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Routing:
+    """Share of new rollout requests each DP worker of a pipeline should receive."""
+
+    pipeline: str
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """What runs where from `time_s` on; produced by `schedule`, consumed by executors."""
+
+    time_s: float
+    started: tuple[str, ...]
+    """Sub-stages this plan starts."""
+    assignments: tuple[Assignment, ...]
+    """Every running replica on every device after the plan (running ones included)."""
+    migrations: tuple[Migration, ...] = ()
+    routing: tuple[Routing, ...] = ()
+    cost_s: float = 0.0
+    """Predicted completion of the slowest pipeline (critical path after the window)."""
+    decisions: tuple[str, ...] = ()
+    """Human-readable actions chosen at this point, for traces and debugging."""
+
+    def on_device(self, device: int) -> tuple[Assignment, ...]:
+        return tuple(a for a in self.assignments if a.device == device)

@@ -1,0 +1,162 @@
+"""Windowed critical-path look-ahead scheduler (paper §4.4): a pure function to a `Plan`.
+
+    schedule(pipelines, node, model, config, time_s)
+      │ Problem (tasks, deps, tails)  +  State at time_s
+      ▼
+      loop while a choice is open at time_s:
+        best = search(state, W)       try every option of the open choice; after each,
+        │                             run forward to the next choice (forced moves and
+        │                             completions included) and recurse, W choices deep;
+        │                             score the leaf by the critical path  C = max_p Σ T
+        apply(best first option)      commit only what happens now (receding horizon)
+      ▼
+    Plan: assignments per device (SM share, memory, slowdown, micro-batch), migrations,
+          routing weights, predicted cost
+
+W = 1 is the greedy variant: each choice minimises the critical path right after it,
+blind to a co-location it forecloses a few moves later (paper Fig. 11).  No I/O, no
+clock: the same inputs always give the same Plan, so the runtime and the simulator
+share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jigsaw.graph import actions as act
+from jigsaw.graph import state as st
+from jigsaw.graph.merge import balance
+from jigsaw.graph.plan import (Assignment, Migration, NodeSpec, PipelineState, Plan, Routing,
+                               SchedulerConfig)
+from jigsaw.graph.state import Problem, State, problem_for
+
+_TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier one wins
+
+
+def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
+             config: SchedulerConfig = SchedulerConfig(), time_s: float = 0.0) -> Plan:
+    """Decide what runs on every device from `time_s` on.
+
+    `model` is a `jigsaw.mux.slowdown.SlowdownGrid` (anything with `pair`,
+    `pair_options`, `sm_levels` and `device.peak_flops`)."""
+    if len(pipelines) < 1:
+        raise ValueError("schedule needs at least one pipeline")
+    names = [ps.graph.pipeline for ps in pipelines]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pipeline names must be unique, got {names}")
+    P = problem_for(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
+    ctx = act.Context(model, config, node)
+    S = act.initial(P, pipelines, time_s, ctx)
+    before = set(S.running)
+    while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:
+        _, option = search(P, S, ctx, config.window, dec)
+        act.apply(P, S, ctx, dec[0], option)
+    return _plan(P, S, ctx, before, pipelines)
+
+
+def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
+           root: bool = True) -> tuple[tuple[float, ...], tuple]:
+    """Best option of the open choice `dec` with `depth` choices of look-ahead.
+
+    Every option of the root choice is tried; inside the window the SM share of a
+    co-location is fixed by `local_split` and only the kind of move branches."""
+    item, options = dec
+    if not root:
+        options = act.local_split(P, S, ctx, item, options)
+    best_cost, best_opt = None, options[0]
+    for opt in options:
+        branch = S.copy()
+        act.apply(P, branch, ctx, item, opt)
+        nxt = act.settle(P, branch, ctx, advance_time=True) if depth > 1 else None
+        c = search(P, branch, ctx, depth - 1, nxt, False)[0] if nxt is not None else act.cost(P, branch)
+        if best_cost is None or _better(c, best_cost):
+            best_cost, best_opt = c, opt
+    return best_cost, best_opt
+
+
+def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """Lexicographic comparison where differences below a relative tolerance are ties."""
+    tol = _TIE * max(1.0, abs(b[0]))
+    for x, y in zip(a, b):
+        if x < y - tol:
+            return True
+        if x > y + tol:
+            return False
+    return False
+
+
+# ---------------------------------------------------------------- plan
+
+def _plan(P: Problem, S: State, ctx: act.Context, before: set[int],
+          pipelines: Sequence[PipelineState]) -> Plan:
+    # A tail merged away in the same plan never runs: its requests go to the target.
+    started = tuple(sid for i in S.started if i not in before and S.status[i] == st.RUNNING
+                    for sid in P.tasks[i].ids)
+    assignments = tuple(a for d in range(P.num_devices) for i in S.dev[d] for a in _assign(P, S, ctx, i, d))
+    return Plan(
+        time_s=S.t, started=started, assignments=assignments,
+        migrations=_migrations(P, S), routing=_routing(P, S, ctx),
+        cost_s=act.cost(P, S)[0], decisions=tuple(_describe(P, item, opt) for _, item, opt in S.log),
+    )
+
+
+def _assign(P: Problem, S: State, ctx: act.Context, i: int, d: int) -> tuple[Assignment, ...]:
+    task = P.tasks[i]
+    k = task.devices.index(d)
+    sm, mem, s = S.split[(i, d)]
+    micro = None
+    if len(task.devices) > 1 and ctx.balanced and task.batch > 0:
+        slow = [S.split[(i, dd)][2] for dd in task.devices]
+        if max(slow) > min(slow):  # uniform slowdowns keep the pipeline's own split
+            micro = balance(round(task.batch), slow).batch_sizes[k]
+    return (Assignment(substage=task.ids[k], pipeline=P.names[task.pipe], device=d, sm_frac=sm,
+                       mem_bytes=int(mem * P.mem_cap), slowdown=s, micro_batch=micro),)
+
+
+def _migrations(P: Problem, S: State) -> tuple[Migration, ...]:
+    out = []
+    for _, item, opt in S.log:
+        if item[0] != "merge" or opt[0] != "merge":
+            continue
+        decision, tails = opt[1], opt[2]
+        by_rank = {P.tasks[i].ranks[0]: P.tasks[i] for i in tails}
+        tgt = by_rank[decision.target_rank]
+        for r in decision.source_ranks:
+            out.append(Migration(pipeline=P.names[tgt.pipe], source=by_rank[r].ids[0], target=tgt.ids[0],
+                                 source_rank=r, target_rank=decision.target_rank, delta_s=decision.delta_s,
+                                 target_remaining_s=decision.aggregated_s))
+    return tuple(out)
+
+
+def _routing(P: Problem, S: State, ctx: act.Context) -> tuple[Routing, ...]:
+    """Rollout routing weights ∝ 1/s of each worker's rollout replica (§2.7)."""
+    if not ctx.balanced:
+        return ()
+    out = []
+    for p, name in enumerate(P.names):
+        slow: dict[int, float] = {}
+        for i in P.pipe_tasks[p]:
+            task = P.tasks[i]
+            if S.status[i] == st.RUNNING and task.kind.startswith("rollout") and task.devices:
+                slow[task.ranks[0]] = S.split[(i, task.devices[0])][2]
+        if len(slow) > 1 and any(v != 1.0 for v in slow.values()):
+            # Exclusive time is linear in requests routed, so equal finish times need w ∝ 1/s.
+            norm = sum(1.0 / v for v in slow.values())
+            full = [0.0] * (max(slow) + 1)
+            for r, v in slow.items():
+                full[r] = 1.0 / v / norm
+            out.append(Routing(pipeline=name, weights=tuple(full)))
+    return tuple(out)
+
+
+def _describe(P: Problem, item, opt) -> str:
+    if item[0] == "merge":
+        if opt[0] != "merge":
+            return f"{P.names[item[1]]}: keep tails in place"
+        d = opt[1]
+        return f"{P.names[item[1]]}: merge tails of ranks {list(d.source_ranks)} into rank {d.target_rank} " \
+               f"(ΔT={d.delta_s:.3g}s)"
+    head = f"{P.names[item[1]]}:{item[2]}×{len(item[3])}"
+    if opt[0] == "start":
+        return f"{head} start" + ("" if opt[1] is None else f" beside partner at {opt[1]:.0%} SMs")
+    return f"{head} {opt[0]}"

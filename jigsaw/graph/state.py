@@ -1,0 +1,290 @@
+"""Compact, copyable node state that the look-ahead search simulates forward.
+
+    PipelineState × K ─► Problem (static: tasks, deps, tails; cached per graph)
+                      └► State   (dynamic: time, remaining work, who runs where)
+    State ──start/place_pair/finish──► State ──advance()──► next completion event
+
+A *task* is what the scheduler places: one sub-stage replica, or all replicas of a
+collective (reference / training) stage, which run in lockstep on their devices.
+Progress is measured in exclusive seconds: a task beside a partner advances at
+rate 1/s; a collective advances at the balanced rate Σ_d(1/s_d)/n (micro-batches
+skewed towards unhindered workers, §2.7) or at 1/max_d s_d without balancing.
+Decisions live in schedule.py; this module only applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.plan import NodeSpec, PipelineState
+
+EPS_S = 1e-9
+PENDING, READY, RUNNING, DONE = 0, 1, 2, 3
+SOLO = (1.0, 1.0, 1.0)
+"""Split of a replica alone on its device: (sm_frac, mem_frac, slowdown)."""
+
+
+class Task:
+    """A schedulable unit (see module docstring); immutable once the Problem is built."""
+
+    __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "excl_s", "mem", "preds",
+                 "succs", "tail_s", "batch", "mergeable", "context_tokens", "num_steps", "flops_per_token")
+
+    def __repr__(self) -> str:
+        return f"Task({self.idx}, {self.ids[0]}{'...' if len(self.ids) > 1 else ''})"
+
+
+class Problem:
+    """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
+
+    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable")
+
+    def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec):
+        self.tasks: list[Task] = []
+        self.names: list[str] = []
+        self.pipe_tasks: list[tuple[int, ...]] = []
+        self.num_devices = node.num_devices
+        self.mem_cap = node.mem_bytes
+        for p, (graph, devices) in enumerate(pipelines):
+            _check_placement(graph, devices, node)
+            start = len(self.tasks)
+            self.tasks.extend(_tasks_of(graph, devices, p, start, node))
+            self.names.append(graph.pipeline)
+            self.pipe_tasks.append(tuple(range(start, len(self.tasks))))
+        self.kinds = tuple(t.kind for t in self.tasks)
+        self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
+
+
+@lru_cache(maxsize=16)
+def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
+    """Problems are rebuilt only when a graph or a placement changes (graphs hash by identity)."""
+    return Problem(pipelines, node)
+
+
+def _check_placement(graph: SubStageGraph, devices: tuple[int, ...], node: NodeSpec) -> None:
+    if len(devices) < graph.num_dp_ranks:
+        raise ValueError(f"pipeline {graph.pipeline!r} has {graph.num_dp_ranks} DP ranks but "
+                         f"{len(devices)} devices were given")
+    if len(set(devices)) != len(devices) or any(not 0 <= d < node.num_devices for d in devices):
+        raise ValueError(f"pipeline {graph.pipeline!r}: devices {devices} must be distinct and in "
+                         f"[0, {node.num_devices})")
+    for s in graph:
+        if s.kind.on_device and s.mem_bytes > node.mem_bytes:
+            raise ValueError(f"sub-stage {s.id} needs {s.mem_bytes} bytes; a device has {node.mem_bytes}")
+
+
+def _tasks_of(graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int,
+              node: NodeSpec) -> list[Task]:
+    members: list[list] = []
+    task_of: dict[str, int] = {}
+    gang_slot: dict[tuple, int] = {}
+    for s, key in zip(graph, gang_keys(graph)):  # topological order, so tasks are sorted too
+        if s.kind.collective and key in gang_slot:
+            slot = gang_slot[key]
+        else:
+            slot = len(members)
+            members.append([])
+            if s.kind.collective:
+                gang_slot[key] = slot
+        members[slot].append(s)
+        task_of[s.id] = start + slot
+    tasks = [_make_task(graph, group, devices, pipe, start + i, task_of) for i, group in enumerate(members)]
+    _fill_tails(tasks, start)
+    return tasks
+
+
+def gang_keys(graph: SubStageGraph) -> list[tuple]:
+    """Lockstep key of each sub-stage (in graph order): the k-th collective sub-stage of a
+    kind in a step on every worker forms one gang."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for s in graph:
+        base = (s.step, s.kind.value, s.dp_rank)
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        keys.append((s.step, s.kind.value, k))
+    return keys
+
+
+def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe: int, idx: int,
+               task_of: dict[str, int]) -> Task:
+    t = Task()
+    first = group[0]
+    t.idx, t.pipe, t.kind = idx, pipe, first.kind.value
+    t.ids = tuple(s.id for s in group)
+    t.ranks = tuple(s.dp_rank for s in group)
+    t.devices = tuple(devices[r] for r in t.ranks) if first.kind.on_device else ()
+    t.excl_s = max(s.duration_s for s in group)
+    t.mem = max(s.mem_bytes for s in group)
+    t.preds = tuple(sorted({task_of[d] for s in group for d in graph.deps[s.id]} - {idx}))
+    t.succs = tuple(sorted({task_of[n] for s in group for n in graph.successors(s.id)} - {idx}))
+    t.batch = sum(s.batch_size for s in group)
+    t.mergeable = first.kind.value == "rollout_tail" and all(
+        not graph[n].kind.is_rollout for n in graph.successors(first.id))
+    t.context_tokens = int(first.batch_size * first.seq_len)
+    t.num_steps = first.num_steps
+    t.flops_per_token = first.flops / first.num_tokens if first.num_tokens and first.flops else 0.0
+    return t
+
+
+def _fill_tails(tasks: list[Task], start: int) -> None:
+    """tail_s: longest chain of exclusive durations after the task (to its pipeline's sink)."""
+    for t in reversed(tasks):
+        t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
+
+
+def gang_rate(slowdowns: Sequence[float], balanced: bool) -> float:
+    """Progress rate (exclusive seconds per second) of replicas running in lockstep."""
+    if balanced:
+        return sum(1.0 / s for s in slowdowns) / len(slowdowns)
+    return 1.0 / max(slowdowns)
+
+
+class State:
+    """Mutable simulation state; `copy()` is cheap enough to branch on."""
+
+    __slots__ = ("t", "rem", "status", "npred", "dev", "split", "rate", "ready", "running",
+                 "closed", "deferred", "touched", "pipe_end", "started", "log", "load")
+
+    def copy(self) -> State:
+        c = State.__new__(State)
+        c.t, c.rem, c.status, c.npred = self.t, self.rem[:], self.status[:], self.npred[:]
+        c.dev, c.split, c.rate = self.dev[:], dict(self.split), self.rate[:]
+        c.ready, c.running = set(self.ready), set(self.running)
+        c.closed, c.deferred, c.touched = set(self.closed), set(self.deferred), set(self.touched)
+        c.pipe_end, c.started, c.log = self.pipe_end[:], self.started[:], self.log[:]
+        c.load = self.load[:]
+        return c
+
+
+def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float, balanced: bool) -> State:
+    """State at `time_s` from the pipelines' done / running / remaining bookkeeping."""
+    S = State()
+    n = len(P.tasks)
+    S.t, S.rem, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
+    S.dev, S.split, S.rate = [()] * P.num_devices, {}, [0.0] * n
+    S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
+    S.touched = set(range(P.num_devices))
+    S.pipe_end, S.started, S.log = [time_s] * len(pipelines), [], []
+    for p, ps in enumerate(pipelines):
+        for i in P.pipe_tasks[p]:
+            _init_task(P, S, P.tasks[i], ps)
+    S.load = [0.0] * P.num_devices  # exclusive seconds of unfinished work per device
+    for t in P.tasks:
+        if S.status[t.idx] != DONE:
+            for d in t.devices:
+                S.load[d] += S.rem[t.idx]
+        S.npred[t.idx] = sum(S.status[j] != DONE for j in t.preds)
+        if S.status[t.idx] == PENDING and S.npred[t.idx] == 0:
+            S.status[t.idx] = READY
+            S.ready.add(t.idx)
+    for i in S.running:
+        refresh_rate(P, S, i, balanced)
+    return S
+
+
+def _init_task(P: Problem, S: State, task: Task, ps: PipelineState) -> None:
+    if len(task.ids) == 1 and task.ids[0] not in ps.running:  # fast path: most tasks
+        sid = task.ids[0]
+        if sid in ps.done:
+            S.status[task.idx] = DONE
+        elif sid in ps.remaining_s:
+            S.rem[task.idx] = max(0.0, ps.remaining_s[sid])
+        return
+    done = [sid in ps.done for sid in task.ids]
+    run = [sid in ps.running for sid in task.ids]
+    if all(done):
+        S.status[task.idx] = DONE
+        return
+    if any(done) or (any(run) and not all(run)):
+        raise ValueError(f"replicas of {task.ids[0]} are partly done/running; a collective stage "
+                         "starts and ends on all its workers together")
+    rem = [ps.remaining_s[sid] for sid in task.ids if sid in ps.remaining_s]
+    if rem:
+        S.rem[task.idx] = max(0.0, max(rem))
+    if not any(run):
+        return
+    S.status[task.idx] = RUNNING
+    S.running.add(task.idx)
+    for sid, d in zip(task.ids, task.devices):
+        if len(S.dev[d]) >= 2:
+            raise ValueError(f"more than two sub-stages running on device {d}")
+        S.dev[d] = S.dev[d] + (task.idx,)
+        b = ps.running[sid]
+        S.split[(task.idx, d)] = (b.sm_frac, b.mem_frac, 1.0)
+
+
+def refresh_rate(P: Problem, S: State, i: int, balanced: bool) -> None:
+    devs = P.tasks[i].devices
+    if not devs:
+        S.rate[i] = 1.0
+    elif len(devs) == 1:
+        S.rate[i] = 1.0 / S.split[(i, devs[0])][2]
+    else:
+        S.rate[i] = gang_rate([S.split[(i, d)][2] for d in devs], balanced)
+
+
+def start(P: Problem, S: State, i: int) -> None:
+    """Mark task i running on its devices alone (pairing, if any, is set by place_pair)."""
+    S.status[i] = RUNNING
+    S.ready.discard(i)
+    S.running.add(i)
+    S.started.append(i)
+    for d in P.tasks[i].devices:
+        S.dev[d] = S.dev[d] + (i,)
+        S.split[(i, d)] = SOLO
+        S.touched.add(d)
+
+
+def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
+    task = P.tasks[i]
+    for d in task.devices:
+        S.load[d] -= S.rem[i]  # rounding residue, or the whole tail of a merged-away source
+    S.status[i] = DONE
+    S.running.discard(i)
+    S.rem[i] = 0.0
+    if S.t > S.pipe_end[task.pipe]:
+        S.pipe_end[task.pipe] = S.t
+    for d in task.devices:
+        S.dev[d] = tuple(j for j in S.dev[d] if j != i)
+        del S.split[(i, d)]
+        S.touched.add(d)
+        for j in S.dev[d]:  # the survivor gets the whole device back
+            S.split[(j, d)] = SOLO
+            refresh_rate(P, S, j, balanced)
+    for j in task.succs:
+        S.npred[j] -= 1
+        if S.npred[j] == 0 and S.status[j] == PENDING:
+            S.status[j] = READY
+            S.ready.add(j)
+
+
+def advance(P: Problem, S: State, balanced: bool) -> None:
+    """Run until the next task completes; new time point, so per-point marks reset."""
+    if not S.running:
+        raise RuntimeError("advance() with nothing running: the schedule is stuck")
+    dt = min(S.rem[i] / S.rate[i] for i in S.running)
+    S.t += dt
+    ended = []
+    load, tasks = S.load, P.tasks
+    for i in S.running:
+        done_s = dt * S.rate[i]
+        S.rem[i] -= done_s
+        for d in tasks[i].devices:
+            load[d] -= done_s
+        if S.rem[i] <= EPS_S * max(1.0, tasks[i].excl_s):
+            ended.append(i)
+    S.closed.clear()
+    S.deferred.clear()
+    S.touched.clear()
+    for i in sorted(ended):
+        finish(P, S, i, balanced)
+
+
+def set_remaining(P: Problem, S: State, i: int, rem_s: float) -> None:
+    """Change a task's exclusive time left (a merge grows the target's tail)."""
+    for d in P.tasks[i].devices:
+        S.load[d] += rem_s - S.rem[i]
+    S.rem[i] = rem_s

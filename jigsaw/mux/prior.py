@@ -1,0 +1,424 @@
+"""Analytic roofline PRIOR of a slowdown grid: a stand-in until `jigsaw profile` measures one.
+
+    DeviceInfo + ModelSpec + PriorConfig
+        │  _Prior.work(kind, mem_frac): kernel classes (FLOPs, bytes) + fixed s, per token
+        ▼
+    _Prior.parts(work, σ) ─► (compute s, memory s, fixed s) ─► alone / partitioned / shared
+        ▼
+    analytic_prior() ─► dict ─► SlowdownGrid.from_dict (validated like a measured file)
+
+The model, per unit of work (one prefilled, generated, referenced or trained token):
+  * a kernel class costs max(F / (σ'·peak·η), B / (bw·η_bw·min(1, σ'/σ_sat))), where
+    σ' = min(1, σ/o) and o = min(1, rows/fill_rows) is the kind's SM demand: a forward over
+    few rows cannot keep every SM busy, so SMs it could not use cost nothing to take away.
+    σ_sat is the SM share needed to saturate HBM (higher for decode attention);
+  * plus an SM-insensitive fixed part: host time, per-layer launch latency, TP all-reduce
+    latency, exposed FSDP collectives;
+  * memory: the rollout KV pool is mem·capacity − weights/tp − reserve; a pool below the
+    representative working set shrinks the running batch (more steps, less weight-read
+    amortisation); training/reference shrink the micro-batch (η and amortisation fall);
+    weights or sharded training state that do not fit are infeasible (null);
+  * partitioned pair: SMs split, HBM shared: if the two sides' average bandwidth demands sum
+    above 1, both memory-bound parts stretch by that sum; busy parts pay a small interference;
+  * unpartitioned pair (σ = 1.0): the GPU-busy parts (compute and memory-bound kernels both
+    hold SMs) time-share and stretch by max(1, u_A + u_B)·(1 + ε), u = busy fraction × o;
+    host/latency parts do not stretch.
+Slowdown = time per unit / time per unit alone on the whole device at the top memory level.
+Constants are calibrated to JigsawRL §4.2, Fig. 7 and Fig. 8 (see PriorConfig).  The result
+is a prior, never a measurement, and every file says so in `source`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
+
+# NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979 TFLOPS with sparsity = 989 dense,
+# 3.35 TB/s HBM3, 80 GB, taken as 80 GiB) and the Hopper architecture whitepaper (132 SMs on H100 SXM5).
+H100 = DeviceInfo(sku="H100-SXM5-80GB", num_sms=132, mem_bytes=80 * 2**30, peak_flops=989e12,
+                  mem_bw_bytes_per_s=3.35e12)
+# NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: BF16 312 TFLOPS dense, 2,039 GB/s) and the
+# Ampere architecture whitepaper (108 SMs on A100).
+A100 = DeviceInfo(sku="A100-SXM4-80GB", num_sms=108, mem_bytes=80 * 2**30, peak_flops=312e12,
+                  mem_bw_bytes_per_s=2.039e12)
+DEVICES = {"h100": H100, "a100": A100}
+LINK_BW_BYTES_PER_S = {H100.sku: 450e9, A100.sku: 300e9}
+"""NVLink bandwidth per direction (datasheets: 900 GB/s and 600 GB/s bidirectional)."""
+
+DEVICE_KIND_NAMES = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
+"""Grid kinds, in `jigsaw.graph.substage.DEVICE_KINDS` order (names only: no graph import)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """Architecture numbers of a dense decoder, from its public HF `config.json`."""
+
+    params: float
+    """Published parameter count (embeddings included)."""
+    num_layers: int
+    """`num_hidden_layers`."""
+    hidden_size: int
+    """`hidden_size`."""
+    intermediate_size: int
+    """`intermediate_size` of the SwiGLU MLP."""
+    num_heads: int
+    """`num_attention_heads` (query heads); attention FLOPs scale with it."""
+    num_kv_heads: int
+    """`num_key_value_heads` (GQA); the KV cache scales with it."""
+    head_dim: int
+    """`head_dim` (hidden_size / num_heads where the config omits it)."""
+    vocab: int
+    """`vocab_size`; logits traffic scales with it."""
+    tie_word_embeddings: bool
+    """Whether the LM head shares the embedding matrix (only used to re-derive `params`)."""
+
+    @property
+    def weight_bytes(self) -> float:
+        return 2.0 * self.params  # BF16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2  # K and V, BF16
+
+    def derived_params(self) -> float:
+        """Parameter count re-derived from the shapes (checks `params`; biases/norms ignored)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = h * q * 2 + h * kv * 2 + 3 * h * self.intermediate_size
+        return self.num_layers * per_layer + self.vocab * h * (1 if self.tie_word_embeddings else 2)
+
+
+# Values from the models' HF config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen3-4B,
+# meta-llama/Llama-3.1-8B, deepseek-ai/DeepSeek-R1-Distill-Qwen-14B, Qwen/Qwen3-32B);
+# `params` from the model cards.
+MODELS = {
+    "qwen3-0.6b": ModelSpec(params=0.6e9, num_layers=28, hidden_size=1024, intermediate_size=3072,
+                            num_heads=16, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=True),
+    "qwen3-4b": ModelSpec(params=4.0e9, num_layers=36, hidden_size=2560, intermediate_size=9728,
+                          num_heads=32, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=True),
+    "llama-3.1-8b": ModelSpec(params=8.03e9, num_layers=32, hidden_size=4096, intermediate_size=14336,
+                              num_heads=32, num_kv_heads=8, head_dim=128, vocab=128256,
+                              tie_word_embeddings=False),
+    "deepseek-r1-distill-qwen-14b": ModelSpec(params=14.8e9, num_layers=48, hidden_size=5120,
+                                              intermediate_size=13824, num_heads=40, num_kv_heads=8,
+                                              head_dim=128, vocab=152064, tie_word_embeddings=False),
+    "qwen3-32b": ModelSpec(params=32.8e9, num_layers=64, hidden_size=5120, intermediate_size=25600,
+                           num_heads=64, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=False),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PriorConfig:
+    """Deployment, representative shapes and calibration constants of the prior."""
+
+    rollout_tp: int = 1
+    """Tensor-parallel degree of the rollout engine (weights and KV heads split over it)."""
+    fsdp_degree: int = 4
+    """FSDP shard degree of training and reference (JigsawRL Fig. 7: Qwen3-4B on 4 GPUs)."""
+    prefill_tokens: int = 8192
+    """Tokens per prefill forward: SGLang's default chunked-prefill size on 80 GB GPUs."""
+    prefill_context_tokens: int = 1024
+    """Mean prompt length attended to during prefill (math/agentic RL prompts)."""
+    decode_max_batch: int = 768
+    """Running-request cap of large-batch decode, inside the paper's [128,1024) bucket; with
+    `rollout_reserve_bytes` calibrated to the Qwen3-32B 80%->40% memory figure (§4.2, 1.43x)."""
+    decode_context_tokens: int = 1024
+    """Mean KV length per running request early in rollout, when most requests are active."""
+    tail_batch: int = 32
+    """Time-weighted mean batch of the long tail, which decays from 128 to 1 (bucket [0,128))."""
+    tail_context_tokens: int = 4096
+    """Mean KV length of long-tail requests (the longest responses)."""
+    train_micro_batch_tokens: int = 4096
+    """Training micro-batch at ample memory (verl: a few sequences per GPU per micro-batch)."""
+    train_min_micro_batch_tokens: int = 1024
+    """Smallest micro-batch worth running; less memory than that is infeasible."""
+    train_seq_tokens: int = 2048
+    """Mean training sequence length (prompt + response); sets attention FLOPs."""
+    train_tokens_per_step: int = 65536
+    """Tokens per GPU per optimizer step; amortises the optimizer update."""
+    ref_micro_batch_tokens: int = 8192
+    """Reference (log-prob) micro-batch at ample memory: forward only, so larger."""
+    gemm_eff: float = 0.75
+    """Tensor-core efficiency of large GEMMs (typical cuBLAS BF16 on Hopper/Ampere)."""
+    gemm_half_tokens: int = 1024
+    """Micro-batch tokens at which training GEMM efficiency is half of `gemm_eff` (Fig. 9 trend)."""
+    bw_eff: float = 0.7
+    """Achievable fraction of peak HBM bandwidth (eager elementwise kernels, decode attention)."""
+    bw_sat_sm_frac: float = 0.4
+    """SM share below which streaming kernels (elementwise, copies, weight reads) cannot
+    saturate HBM; with `train_host_s_per_micro_batch` calibrated to Fig. 7 (training 2.7x at
+    25% SMs) while training stays busy enough that two trainings sharing SMs contend (Fig. 8)."""
+    attn_bw_sat_sm_frac: float = 0.7
+    """The same for decode attention over the KV cache, which keeps few loads in flight per SM
+    between softmax steps; calibrated to Fig. 7 (large-batch rollout 2.7x slower at 25% SMs)."""
+    fill_rows: int = 128
+    """Rows (tokens) per forward that fill the device; the paper's tail bucket boundary, and
+    what makes small-batch decode SM-insensitive (Fig. 7)."""
+    elementwise_passes: float = 12.0
+    """HBM passes over (hidden + intermediate) activations per token per layer and forward:
+    unfused norms, rotary, SwiGLU, residual adds, casts and GEMM inputs/outputs (estimate)."""
+    logits_passes: float = 3.0
+    """FP32 passes over the vocab logits per token and forward (write, softmax, gather)."""
+    fsdp_copy_passes: float = 2.0
+    """HBM copies of the unsharded weights per pass (all-gather copy-out, reduce-scatter copy-in)."""
+    train_forward_passes: float = 4.0
+    """Forward-equivalents per trained token: forward, activation-checkpoint recompute (verl's
+    default), and a backward worth two forwards."""
+    train_state_bytes_per_param: float = 16.0
+    """FP32 master weights + grads + Adam m, v, sharded by FSDP (verl mixed precision)."""
+    optimizer_bytes_per_param: float = 28.0
+    """HBM traffic of one Adam update per (sharded) parameter: read 16, write 12."""
+    rollout_reserve_bytes: int = 4 * 2**30
+    """Activations, CUDA graphs and sampler buffers the rollout engine keeps outside the KV pool;
+    calibrated with `decode_max_batch` to the Qwen3-32B memory figure (§4.2, 1.43x)."""
+    train_reserve_bytes: int = 2 * 2**30
+    """Allocator fragmentation and NCCL buffers beside the training state."""
+    host_s_per_forward: float = 1.5e-3
+    """Rollout host time per forward (scheduling, sampling, detokenising, log-probs)."""
+    layer_latency_s: float = 20e-6
+    """Launch/sync latency per layer and forward pass that no SM count shortens."""
+    allreduce_latency_s: float = 30e-6
+    """Latency of one small TP all-reduce over NVLink (NCCL, ~tens of µs); two per layer when
+    rollout_tp > 1."""
+    fsdp_exposed_frac: float = 0.5
+    """Share of FSDP all-gather/reduce-scatter time not hidden behind compute."""
+    train_host_s_per_micro_batch: float = 0.07
+    """Host time per training micro-batch (loss, entropy and log-prob bookkeeping, FSDP hooks);
+    calibrated to Fig. 7 (training 2.7x slower at 25% SMs)."""
+    ref_host_s_per_micro_batch: float = 0.05
+    """Host time per reference micro-batch (log-prob gather only, no loss or backward hooks)."""
+    partition_interference: float = 0.05
+    """Extra time of the busy parts when co-located in green-context partitions (L2, scheduler)."""
+    shared_interference: float = 0.10
+    """Extra time-sharing overhead of unpartitioned co-location (context switches between the
+    two clients' CTAs); calibrated to Fig. 8 (compute-bound pairs up to 2.19x)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Kernel:
+    flops: float
+    bytes: float
+    sat_sm_frac: float
+    """SM share this class needs to saturate HBM."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """Cost of one token of a kind's work at one memory share."""
+
+    kernels: tuple[_Kernel, ...]
+    fixed_s: float
+    sm_demand_frac: float
+    gemm_eff: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    compute_s: float
+    memory_s: float
+    fixed_s: float
+    bw_s: float
+    """Memory-bound seconds weighted by the fraction of device bandwidth drawn meanwhile."""
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.memory_s + self.fixed_s
+
+
+class _Prior:
+    """One (device, model, config): builds work per kind and memory share, and times it."""
+
+    def __init__(self, device: DeviceInfo, model: ModelSpec, cfg: PriorConfig):
+        self.device, self.model, self.cfg = device, model, cfg
+        if device.sku not in LINK_BW_BYTES_PER_S:
+            raise ValueError(f"no NVLink bandwidth known for {device.sku!r}; add it to LINK_BW_BYTES_PER_S")
+        self.link_bw = LINK_BW_BYTES_PER_S[device.sku]
+
+    def work(self, kind: str, mem_frac: float) -> _Work | None:
+        """Per-token cost of `kind` holding `mem_frac` of device memory; None if it does not fit."""
+        c = self.cfg
+        if kind == "training":
+            return self._fsdp(mem_frac, train=True)
+        if kind == "reference":
+            return self._fsdp(mem_frac, train=False)
+        shape = {"rollout_prefill": (c.prefill_tokens, c.prefill_context_tokens // 2, 1),
+                 "rollout_decode": (c.decode_max_batch, c.decode_context_tokens, c.decode_context_tokens),
+                 "rollout_tail": (c.tail_batch, c.tail_context_tokens, c.tail_context_tokens)}[kind]
+        return self._rollout(mem_frac, *shape)
+
+    def _rollout(self, mem_frac: float, rows: int, attn_context: int, kv_tokens_per_row: int) -> _Work | None:
+        m, c, tp = self.model, self.cfg, self.cfg.rollout_tp
+        # NOTE: with more TP ranks than KV heads the heads are replicated, not split further.
+        kv_row_bytes = kv_tokens_per_row * m.kv_bytes_per_token / min(tp, m.num_kv_heads)
+        # NOTE: the SM demand belongs to the kind (its token bucket), not to the batch a small
+        # pool leaves; otherwise more memory could look slower at a small SM share.
+        sm_demand = min(1.0, rows / c.fill_rows)
+        pool = mem_frac * self.device.mem_bytes - m.weight_bytes / tp - c.rollout_reserve_bytes
+        rows = min(rows, math.floor(pool / kv_row_bytes)) if pool > 0 else 0
+        if rows < 1:
+            return None
+        gemm = _Kernel(2 * m.params * rows / tp, m.weight_bytes / tp, c.bw_sat_sm_frac)
+        # Decode reads each row's whole KV; prefill (one KV token per row) writes its own.
+        attn = _Kernel(4 * m.num_layers * m.num_heads * m.head_dim * attn_context * rows / tp, rows * kv_row_bytes,
+                       c.attn_bw_sat_sm_frac)
+        elementwise = _Kernel(0.0, rows * self._activation_bytes(1) + rows * m.vocab * 4 * c.logits_passes / tp,
+                              c.bw_sat_sm_frac)
+        fixed = c.host_s_per_forward + m.num_layers * c.layer_latency_s
+        if tp > 1:
+            fixed += 2 * m.num_layers * c.allreduce_latency_s
+        per_row = tuple(_Kernel(k.flops / rows, k.bytes / rows, k.sat_sm_frac) for k in (gemm, attn, elementwise))
+        return _Work(per_row, fixed / rows, sm_demand, c.gemm_eff)
+
+    def _fsdp(self, mem_frac: float, *, train: bool) -> _Work | None:
+        """Training (fwd + recompute + bwd + Adam) or reference (fwd) under FSDP, per token."""
+        m, c, f = self.model, self.cfg, self.cfg.fsdp_degree
+        tokens = self._micro_batch_tokens(mem_frac, train=train)
+        if tokens is None:
+            return None
+        passes, collectives = (c.train_forward_passes, 3.0) if train else (1.0, 1.0)
+        sat = c.bw_sat_sm_frac
+        kernels = [
+            _Kernel(2 * passes * m.params, passes * m.weight_bytes / tokens, sat),
+            _Kernel(passes * 4 * m.num_layers * m.num_heads * m.head_dim * c.train_seq_tokens / 2, 0.0, sat),
+            _Kernel(0.0, passes * (self._activation_bytes(1) + m.vocab * 4 * c.logits_passes), sat),
+            # FSDP copies each gathered weight out of, and each gradient into, flat buffers.
+            _Kernel(0.0, c.fsdp_copy_passes * collectives * m.weight_bytes / tokens, sat),
+        ]
+        if train:
+            kernels.append(_Kernel(0.0, m.params / f * c.optimizer_bytes_per_param / c.train_tokens_per_step, sat))
+        # All-gather for the forward, again for recompute + backward, reduce-scatter of the
+        # gradients: three weight-sized collectives per micro-batch (one for reference).
+        comm_s = c.fsdp_exposed_frac * collectives * m.weight_bytes * (f - 1) / f / self.link_bw
+        host_s = c.train_host_s_per_micro_batch if train else c.ref_host_s_per_micro_batch
+        fixed = comm_s + passes * m.num_layers * c.layer_latency_s + host_s
+        eff = c.gemm_eff * tokens / (tokens + c.gemm_half_tokens)
+        return _Work(tuple(kernels), fixed / tokens, 1.0, eff)
+
+    def _micro_batch_tokens(self, mem_frac: float, *, train: bool) -> float | None:
+        """Micro-batch that fits beside the sharded state; None below the smallest useful one."""
+        m, c = self.model, self.cfg
+        state = m.params * (c.train_state_bytes_per_param if train else 2.0) / c.fsdp_degree
+        gathered = 2 * m.weight_bytes / m.num_layers  # current + prefetched layer, unsharded
+        budget = mem_frac * self.device.mem_bytes - state - gathered - c.train_reserve_bytes
+        # 34·hidden bytes per token: one layer's live activations with flash attention
+        # (Korthikanti et al. 2022), plus FP32 logits (and their gradient when training).
+        act_per_token = m.hidden_size * 34 + m.vocab * 4 * (2 if train else 1)
+        if train:
+            act_per_token += m.num_layers * m.hidden_size * 2  # checkpointed layer inputs
+        tokens = min(c.train_micro_batch_tokens if train else c.ref_micro_batch_tokens, budget / act_per_token)
+        return tokens if tokens >= c.train_min_micro_batch_tokens else None
+
+    def _activation_bytes(self, tokens: int) -> float:
+        m = self.model
+        return tokens * m.num_layers * self.cfg.elementwise_passes * (m.hidden_size + m.intermediate_size) * 2
+
+    def parts(self, work: _Work, sm_frac: float) -> _Parts:
+        """Time of one unit of `work` on an SM share, split by what bounds it."""
+        d, c = self.device, self.cfg
+        eff_sm = min(1.0, sm_frac / work.sm_demand_frac)
+        flops_rate = eff_sm * d.peak_flops * work.gemm_eff
+        compute = memory = bw_s = 0.0
+        for k in work.kernels:
+            bw_frac = min(1.0, eff_sm / k.sat_sm_frac)
+            t_compute, t_memory = k.flops / flops_rate, k.bytes / (bw_frac * d.mem_bw_bytes_per_s * c.bw_eff)
+            if t_compute >= t_memory:
+                compute += t_compute
+            else:
+                memory += t_memory
+                bw_s += t_memory * bw_frac
+        return _Parts(compute, memory, work.fixed_s, bw_s)
+
+    # --- slowdowns --------------------------------------------------------------------------
+
+    def partitioned(self, wa: _Work, wb: _Work, sm_a: float) -> tuple[float, float]:
+        """Seconds per unit of A and B in green-context partitions sm_a / 1-sm_a."""
+        pa, pb = self.parts(wa, sm_a), self.parts(wb, 1.0 - sm_a)
+        # Bandwidth is not partitioned: oversubscription stretches both memory-bound parts.
+        stretch = max(1.0, _bw_demand(pa) + _bw_demand(pb))
+        busy = 1.0 + self.cfg.partition_interference
+        return tuple((p.compute_s + p.memory_s * stretch) * busy + p.fixed_s for p in (pa, pb))
+
+    def shared(self, wa: _Work, wb: _Work) -> tuple[float, float]:
+        """Seconds per unit of A and B sharing every SM (MPS-style, no partition)."""
+        pa, pb = self.parts(wa, 1.0), self.parts(wb, 1.0)
+        # Memory-bound kernels occupy SMs too, so both kinds of busy time are time-shared;
+        # a kind that cannot fill the device (demand o < 1) leaves room beside it.
+        busy = sum((p.compute_s + p.memory_s) / p.total_s * w.sm_demand_frac for p, w in ((pa, wa), (pb, wb)))
+        sm_stretch = max(1.0, busy) * (1.0 + self.cfg.shared_interference)
+        mem_stretch = max(sm_stretch, _bw_demand(pa) + _bw_demand(pb))
+        return tuple(p.compute_s * sm_stretch + p.memory_s * mem_stretch + p.fixed_s for p in (pa, pb))
+
+
+def _bw_demand(p: _Parts) -> float:
+    """Average fraction of device bandwidth drawn: memory-bound share of time x draw while bound."""
+    return p.bw_s / p.total_s
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def analytic_prior(device: DeviceInfo, model_name: str, config: PriorConfig = PriorConfig()) -> SlowdownGrid:
+    """The labelled roofline prior grid of `model_name` on `device` (see the module docstring)."""
+    if model_name not in MODELS:
+        raise KeyError(f"unknown model {model_name!r}; known: {sorted(MODELS)}")
+    prior = _Prior(device, MODELS[model_name], config)
+    sm_levels, mem_levels = DEFAULT_SM_LEVELS, DEFAULT_MEM_LEVELS
+    kinds = DEVICE_KIND_NAMES
+    works = {(k, m): prior.work(k, m) for k in kinds for m in mem_levels}
+    base = {}
+    for k in kinds:
+        if works[(k, mem_levels[-1])] is None:
+            raise ValueError(f"{k} of {model_name} does not fit {device.sku} even at memory share "
+                             f"{mem_levels[-1]}; change rollout_tp / fsdp_degree")
+        base[k] = prior.parts(works[(k, mem_levels[-1])], 1.0).total_s
+
+    def alone(k: str, sm: float, mem: float) -> float | None:
+        w = works[(k, mem)]
+        return None if w is None else prior.parts(w, sm).total_s / base[k]
+
+    def beside(a: str, b: str, sm: float, mem: float) -> float | None:
+        wa, wb = works[(a, mem)], works[(b, _level(mem_levels, 1.0 - mem))]
+        if wa is None or wb is None:
+            return None
+        t_a = prior.shared(wa, wb)[0] if sm == 1.0 else prior.partitioned(wa, wb, sm)[0]
+        return t_a / base[a]
+
+    def grid(f) -> list[list[float | None]]:
+        return [[_round(f(sm, mem)) for mem in mem_levels] for sm in sm_levels]
+
+    data = {
+        "format": SlowdownGrid.FORMAT, "version": SlowdownGrid.VERSION, "device": asdict(device),
+        "model": model_name,
+        "source": {"kind": "analytic-prior",
+                   "note": "roofline prior, not a measurement; calibrated to JigsawRL Fig. 7/8/§4.2 figures",
+                   "parameters": {"config": asdict(config), "model": asdict(MODELS[model_name]),
+                                  "link_bw_bytes_per_s": prior.link_bw}},
+        "sm_levels": list(sm_levels), "mem_levels": list(mem_levels), "kinds": list(kinds),
+        "alone": {k: grid(lambda sm, mem, k=k: alone(k, sm, mem)) for k in kinds},
+        "pairs": {a: {b: grid(lambda sm, mem, a=a, b=b: beside(a, b, sm, mem)) for b in kinds} for a in kinds},
+    }
+    return SlowdownGrid.from_dict(data)
+
+
+def _level(levels: tuple[float, ...], x: float) -> float:
+    return min(levels, key=lambda level: abs(level - x))
+
+
+SHIPPED = (
+    ("h100", "qwen3-0.6b", PriorConfig()),
+    ("h100", "qwen3-4b", PriorConfig()),
+    ("h100", "llama-3.1-8b", PriorConfig(fsdp_degree=8)),
+    ("h100", "qwen3-32b", PriorConfig(rollout_tp=4, fsdp_degree=16)),
+    ("a100", "qwen3-4b", PriorConfig()),
+    ("a100", "deepseek-r1-distill-qwen-14b", PriorConfig(rollout_tp=2, fsdp_degree=8)),
+    ("a100", "qwen3-32b", PriorConfig(rollout_tp=4, fsdp_degree=16)),
+)
+"""(device directory, model, config) of every prior under profiles/."""
+
+
+def shipped_path(out_dir: str | os.PathLike, device_dir: str, model_name: str) -> str:
+    """Where a shipped prior lives: <out>/<device>/<model>.prior.json."""
+    return os.path.join(os.fspath(out_dir), device_dir, f"{model_name}.prior.json")

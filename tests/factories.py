@@ -1,0 +1,70 @@
+"""Builders for scheduler tests: synthetic slowdown grids and small pipeline graphs.
+
+The synthetic grid is a stand-in with a one-parameter model per kind (the share of
+its time that scales with SMs); it exists so tests control every number.  Tests of
+the shipped priors use the real files in profiles/.
+"""
+
+from __future__ import annotations
+
+from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.plan import NodeSpec, PipelineState
+from jigsaw.graph.substage import SubStage, SubStageKind as K
+from jigsaw.mux.slowdown import SlowdownGrid
+
+SM = (0.25, 0.5, 0.75, 1.0)
+MEM = (0.2, 0.4, 0.6, 0.8)
+COMPUTE_FRAC = {"rollout_prefill": 0.9, "rollout_decode": 0.6, "rollout_tail": 0.05,
+                "reference": 0.85, "training": 0.9}
+GIB = 1 << 30
+NODE = NodeSpec(num_devices=1, mem_bytes=80 * GIB)
+
+
+def _alone(c: float, sm: float) -> float:
+    return c / sm + (1.0 - c)
+
+
+def synthetic_grid(compute_frac: dict[str, float] | None = None, interference: float = 0.05,
+                   peak_flops: float = 989e12) -> SlowdownGrid:
+    """Grid where s_alone(σ) = c/σ + (1−c), a partner adds `interference`·c_partner,
+    and unpartitioned sharing stretches both by the sum of their compute shares."""
+    cf = compute_frac or COMPUTE_FRAC
+    kinds = list(cf)
+    alone = {k: [[_alone(cf[k], sm) for _ in MEM] for sm in SM] for k in kinds}
+    pairs = {}
+    for a in kinds:
+        pairs[a] = {}
+        for b in kinds:
+            rows = []
+            for sm in SM:
+                if sm < 1.0:
+                    v = _alone(cf[a], sm) * (1.0 + interference * cf[b])
+                else:
+                    v = 1.0 + cf[b] * (1.0 + interference)
+                rows.append([round(v, 6)] * len(MEM))
+            pairs[a][b] = rows
+    return SlowdownGrid.from_dict({
+        "format": "jigsaw-slowdown-grid", "version": 1,
+        "device": {"sku": "synthetic", "num_sms": 132, "mem_bytes": 80 * GIB, "peak_flops": peak_flops,
+                   "mem_bw_bytes_per_s": 3.35e12},
+        "model": "synthetic", "source": {"kind": "analytic-prior", "note": "test stand-in, not a device"},
+        "sm_levels": list(SM), "mem_levels": list(MEM), "kinds": kinds,
+        "alone": alone, "pairs": pairs,
+    })
+
+
+def sub(pipe: str, name: str, kind: K, dur: float, *, rank: int = 0, mem_gib: float = 10.0, step: int = 0,
+        batch: float = 8.0, seq: float = 1000.0, steps: int = 100, flops: float = 0.0) -> SubStage:
+    return SubStage(id=f"{pipe}/{step}/r{rank}/{name}", pipeline=pipe, step=step, kind=kind, dp_rank=rank,
+                    duration_s=dur, mem_bytes=int(mem_gib * GIB), batch_size=batch, seq_len=seq,
+                    num_steps=steps, num_tokens=int(batch * steps), flops=flops)
+
+
+def chain(pipe: str, pieces: list[tuple[str, K, float, float]], rank: int = 0) -> SubStageGraph:
+    """A one-worker pipeline: pieces (name, kind, duration_s, mem_gib) in sequence."""
+    nodes = [sub(pipe, n, k, d, rank=rank, mem_gib=m) for n, k, d, m in pieces]
+    return SubStageGraph(nodes, {b.id: (a.id,) for a, b in zip(nodes, nodes[1:])})
+
+
+def states(*graphs: SubStageGraph, devices: tuple[int, ...] = (0,)) -> list[PipelineState]:
+    return [PipelineState(graph=g, devices=devices) for g in graphs]

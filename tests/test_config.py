@@ -1,0 +1,45 @@
+"""House rules for config dataclasses: frozen, keyword-only, a default and a docstring per field."""
+
+import ast
+import dataclasses
+import inspect
+
+import pytest
+
+from jigsaw.graph.builder import GraphConfig
+from jigsaw.graph.merge import MergeConfig
+from jigsaw.graph.plan import SchedulerConfig
+from jigsaw.mux.prior import PriorConfig
+
+CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig]
+
+
+def _field_docstrings(cls) -> set[str]:
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    documented = set()
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            documented.add(node.target.id)
+    return documented
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_config_fields_have_defaults_and_docstrings(cls):
+    fields = dataclasses.fields(cls)
+    assert cls.__dataclass_params__.frozen, f"{cls.__name__} must be frozen"
+    assert all(f.kw_only for f in fields), f"{cls.__name__} must be keyword-only"
+    missing = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    assert not missing, f"{cls.__name__} fields without default: {missing}"
+    undocumented = {f.name for f in fields} - _field_docstrings(cls)
+    assert not undocumented, f"{cls.__name__} fields without docstring: {undocumented}"
+    cls()  # defaults are valid
+
+
+def test_public_api_resolves_lazily():
+    import jigsaw
+
+    for name in jigsaw.__all__:
+        assert getattr(jigsaw, name) is not None
+    with pytest.raises(AttributeError):
+        jigsaw.not_a_thing  # noqa: B018

@@ -1,0 +1,252 @@
+"""Look-ahead scheduler: plan invariants, paper Fig. 11, gap to the optimum, merging, balancing."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from factories import GIB, NODE, chain, states, sub
+from jigsaw.graph.execute import execute
+from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
+from jigsaw.graph.schedule import schedule
+from jigsaw.graph.substage import SubStageKind as K
+from jigsaw.mux.slowdown import load_grid
+from optimum import optimal_makespan
+
+PRIOR = load_grid(Path(__file__).parent.parent / "profiles" / "h100" / "qwen3-4b.prior.json")
+ROLLOUT = [K.ROLLOUT_PREFILL, K.ROLLOUT_DECODE, K.ROLLOUT_TAIL, K.TOOL]
+MEM_GIB = {K.ROLLOUT_PREFILL: (10, 30), K.ROLLOUT_DECODE: (10, 30), K.ROLLOUT_TAIL: (5, 20),
+           K.REFERENCE: (10, 40), K.TRAINING: (30, 55), K.TOOL: (0, 0)}
+
+
+def grpo(rng: random.Random, name: str, ranks: int, num_rollout: int, step: int = 0) -> SubStageGraph:
+    """One GRPO step: a rollout chain per worker, then reference and training in lockstep."""
+    nodes, deps, sinks = [], {}, []
+    for r in range(ranks):
+        prev = None
+        for i in range(num_rollout):
+            kind = ROLLOUT[0] if i == 0 else rng.choice(ROLLOUT)
+            s = sub(name, f"roll{i}", kind, round(rng.uniform(1, 10), 2), rank=r, step=step,
+                    mem_gib=rng.uniform(*MEM_GIB[kind]))
+            nodes.append(s)
+            deps[s.id] = (prev,) if prev else ()
+            prev = s.id
+        sinks.append(prev)
+    layer = sinks
+    for kind in (K.REFERENCE, K.TRAINING):
+        dur, mem = round(rng.uniform(1, 8), 2), rng.uniform(*MEM_GIB[kind])
+        nxt = []
+        for r in range(ranks):
+            s = sub(name, kind.value, kind, dur, rank=r, step=step, mem_gib=mem)
+            nodes.append(s)
+            deps[s.id] = tuple(layer)
+            nxt.append(s.id)
+        layer = nxt
+    return SubStageGraph(nodes, deps)
+
+
+# ---------------------------------------------------------------- invariants
+
+def check_plan(plan, pipelines, node):
+    """Every Plan must fit every device: SM ≤ 100%, memory ≤ capacity, ≤ 2 sub-stages."""
+    graphs = {ps.graph.pipeline: ps for ps in pipelines}
+    for d in range(node.num_devices):
+        on = plan.on_device(d)
+        assert len(on) <= 2
+        assert sum(a.sm_frac for a in on) <= 1.0 + 1e-9
+        assert sum(a.mem_bytes for a in on) <= node.mem_bytes
+        for a in on:
+            ps = graphs[a.pipeline]
+            s = ps.graph[a.substage]
+            assert ps.devices[s.dp_rank] == d, "replica placed off its worker's device"
+            assert a.mem_bytes >= s.mem_bytes, "budget below the sub-stage's footprint"
+            assert a.slowdown >= 0.9 and 0 < a.sm_frac <= 1.0
+
+
+@st.composite
+def instances(draw):
+    num_devices = draw(st.integers(1, 3))
+    pipelines = []
+    for p in range(draw(st.integers(2, 3))):
+        dp = draw(st.integers(1, num_devices))
+        devices = tuple(draw(st.permutations(range(num_devices)))[:dp])
+        rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+        graph = grpo(rng, f"P{p}", dp, draw(st.integers(1, 3)))
+        if draw(st.booleans()):  # a second step, chained behind the first
+            graph = graph.then(grpo(rng, f"P{p}", dp, draw(st.integers(1, 2)), step=1))
+        pipelines.append(PipelineState(graph=graph, devices=devices))
+    window = draw(st.integers(1, 3))
+    return pipelines, NodeSpec(num_devices=num_devices, mem_bytes=80 * GIB), window
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_every_plan_fits_every_device(inst):
+    pipelines, node, window = inst
+    ex = execute(pipelines, node, PRIOR, SchedulerConfig(window=window))
+    for plan in ex.plans:
+        check_plan(plan, pipelines, node)
+    migrated = {m.source for p in ex.plans for m in p.migrations}
+    ran = {iv.substage for iv in ex.intervals}
+    for ps in pipelines:  # every sub-stage ran or handed its requests to another worker
+        for s in ps.graph:
+            assert (s.id in ran) != (s.id in migrated), s.id
+
+
+def test_same_inputs_same_plan():
+    rng = random.Random(5)
+    pipes = [PipelineState(graph=grpo(rng, n, 2, 2), devices=(0, 1)) for n in "AB"]
+    node = NodeSpec(num_devices=2, mem_bytes=80 * GIB)
+    first = schedule(pipes, node, PRIOR)
+    again = schedule(pipes, node, PRIOR)
+    assert first == again
+    assert execute(pipes, node, PRIOR).makespan_s == execute(pipes, node, PRIOR).makespan_s
+
+
+# ---------------------------------------------------------------- paper Fig. 11
+
+def fig11():
+    # Two trainings do not fit together (45 + 45 GiB > 80 GiB); rollout + training does.
+    a = chain("A", [("roll", K.ROLLOUT_DECODE, 4.0, 15), ("train", K.TRAINING, 8.0, 45)])
+    b = chain("B", [("train", K.TRAINING, 8.0, 45), ("roll", K.ROLLOUT_DECODE, 3.0, 15),
+                    ("tool", K.TOOL, 2.0, 0), ("roll2", K.ROLLOUT_DECODE, 3.0, 15)])
+    return states(a, b)
+
+
+def _intervals(ex, sid):
+    return [iv for iv in ex.intervals if iv.substage == sid]
+
+
+def _overlap(xs, ys):
+    return sum(max(0.0, min(x.end_s, y.end_s) - max(x.start_s, y.start_s)) for x in xs for y in ys)
+
+
+def test_fig11_greedy_gives_a_more_sms_and_loses_the_later_colocation():
+    greedy = execute(fig11(), NODE, PRIOR, SchedulerConfig(window=1))
+    look = execute(fig11(), NODE, PRIOR, SchedulerConfig(window=3))
+    # Both co-locate A's rollout with B's training; greedy gives A's rollout more SMs.
+    g_roll, l_roll = _intervals(greedy, "A/0/r0/roll")[0], _intervals(look, "A/0/r0/roll")[0]
+    assert g_roll.start_s == l_roll.start_s == 0.0
+    assert g_roll.sm_frac > l_roll.sm_frac
+    # Greedy: A's rollout ends first and A's training waits for B's training (memory).
+    g_b_train_end = _intervals(greedy, "B/0/r0/train")[-1].end_s
+    assert _intervals(greedy, "A/0/r0/roll")[-1].end_s < g_b_train_end
+    assert _intervals(greedy, "A/0/r0/train")[0].start_s >= g_b_train_end - 1e-9
+    # Look-ahead: A's training runs beside B's rollout and across B's tool call.
+    l_a_train = _intervals(look, "A/0/r0/train")
+    assert _overlap(l_a_train, _intervals(look, "B/0/r0/roll")) > 0
+    assert _overlap(l_a_train, _intervals(look, "B/0/r0/tool")) == pytest.approx(2.0)
+    assert look.makespan_s < 0.9 * greedy.makespan_s
+    assert look.makespan_s == pytest.approx(optimal_makespan(fig11(), NODE, PRIOR), rel=1e-9)
+
+
+# ---------------------------------------------------------------- gap to the optimum
+
+def test_lookahead_stays_close_to_the_exhaustive_optimum():
+    """Average gap on random GRPO-shaped instances (2 pipelines, one GPU, shipped prior).
+
+    Bound: 4%.  The optimum is over the scheduler's own action space (kind-level,
+    non-delay, grid budgets).  The slowdown prior it optimises is only calibrated to
+    the paper's figures within about ±10%, so a scheduler within 4% of the model's
+    optimum is not what limits the prediction; and the bound sits well below the
+    greedy variant's gap on the same instances (5–7.5% on three seeds when measured),
+    so it catches a look-ahead that degrades to greedy.  Measured: 1.7–3.0%."""
+    rng = random.Random(2)
+    gaps = {1: [], 3: []}
+    for _ in range(12):
+        pipes = [PipelineState(graph=grpo(rng, n, 1, rng.randint(2, 3)), devices=(0,)) for n in "AB"]
+        opt = optimal_makespan(pipes, NODE, PRIOR, node_limit=200_000)
+        for w in gaps:
+            gaps[w].append(execute(pipes, NODE, PRIOR, SchedulerConfig(window=w)).makespan_s / opt - 1)
+    assert min(min(g) for g in gaps.values()) >= -1e-9  # nothing beats the optimum
+    mean = {w: sum(g) / len(g) for w, g in gaps.items()}
+    assert mean[3] < 0.04
+    assert mean[3] < 0.7 * mean[1]
+
+
+# ---------------------------------------------------------------- merging and balancing
+
+def tails_scenario():
+    """Paper Fig. 10: A's long tails on every worker slow B's (critical) training on all of them."""
+    nodes, deps, last = [], {}, []
+    for r, tail in enumerate([10.0, 9.0, 8.0, 10.0]):
+        d = sub("A", "decode", K.ROLLOUT_DECODE, 2.0, rank=r, mem_gib=15)
+        t = sub("A", "tail", K.ROLLOUT_TAIL, tail, rank=r, mem_gib=10, batch=4, seq=3000,
+                steps=int(tail * 40), flops=8e9 * 4 * int(tail * 40))
+        nodes += [d, t]
+        deps[t.id] = (d.id,)
+        last.append(t.id)
+    train = [sub("A", "train", K.TRAINING, 6.0, rank=r, mem_gib=40, batch=16) for r in range(4)]
+    nodes += train
+    deps.update({s.id: tuple(last) for s in train})
+    a = SubStageGraph(nodes, deps)
+    b = SubStageGraph([sub("B", "train", K.TRAINING, 40.0, rank=r, mem_gib=40, batch=16) for r in range(4)], {})
+    node = NodeSpec(num_devices=4, mem_bytes=80 * GIB)
+    return [PipelineState(graph=a, devices=(0, 1, 2, 3)), PipelineState(graph=b, devices=(0, 1, 2, 3))], node
+
+
+def test_long_tails_are_merged_when_delta_t_is_positive():
+    pipes, node = tails_scenario()
+    merged = execute(pipes, node, PRIOR)
+    migrations = [m for p in merged.plans for m in p.migrations]
+    assert migrations and all(m.delta_s > 0 for m in migrations)
+    assert all(m.pipeline == "A" and m.source != m.target for m in migrations)
+    sources = [m.source for m in migrations]
+    assert len(sources) == len(set(sources))  # each tail's requests move once
+    kept = execute(pipes, node, PRIOR, SchedulerConfig(merge=False))
+    assert not any(p.migrations for p in kept.plans)
+    assert merged.makespan_s < kept.makespan_s
+
+
+def test_collective_stage_beside_partners_gets_balanced_micro_batches():
+    # A trains on 4 GPUs; B's rollout occupies GPU 0 only, so worker 0 should get less.
+    a = SubStageGraph([sub("A", "train", K.TRAINING, 10.0, rank=r, mem_gib=40, batch=64) for r in range(4)], {})
+    b = chain("B", [("roll", K.ROLLOUT_DECODE, 30.0, 20)])
+    node = NodeSpec(num_devices=4, mem_bytes=80 * GIB)
+    running = {"B/0/r0/roll": Budget(sm_frac=1.0, mem_frac=1.0)}
+    pipes = [PipelineState(graph=a, devices=(0, 1, 2, 3)),
+             PipelineState(graph=b, devices=(0,), running=running, remaining_s={"B/0/r0/roll": 30.0})]
+    plan = schedule(pipes, node, PRIOR)
+    train = {a_.device: a_ for a_ in plan.assignments if a_.pipeline == "A"}
+    assert len(train) == 4 and sum(t.micro_batch for t in train.values()) == 256
+    assert train[0].slowdown > 1.0 and train[0].micro_batch < train[1].micro_batch == train[2].micro_batch
+    times = [t.slowdown * t.micro_batch for t in train.values()]
+    assert max(times) / min(times) < 1.05
+
+
+def test_rollout_routing_prefers_workers_without_interference():
+    a = SubStageGraph([sub("A", "roll", K.ROLLOUT_DECODE, 20.0, rank=r, mem_gib=20) for r in range(2)], {})
+    b = chain("B", [("train", K.TRAINING, 30.0, 40)])
+    node = NodeSpec(num_devices=2, mem_bytes=80 * GIB)
+    running = {"B/0/r0/train": Budget(sm_frac=1.0, mem_frac=1.0)}
+    pipes = [PipelineState(graph=a, devices=(0, 1)),
+             PipelineState(graph=b, devices=(0,), running=running, remaining_s={"B/0/r0/train": 30.0})]
+    plan = schedule(pipes, node, PRIOR)
+    (routing,) = [r for r in plan.routing if r.pipeline == "A"]
+    assert sum(routing.weights) == pytest.approx(1.0)
+    assert routing.weights[0] < routing.weights[1]
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_inputs_are_rejected_with_clear_errors():
+    a = chain("A", [("roll", K.ROLLOUT_DECODE, 1.0, 10)])
+    with pytest.raises(ValueError, match="unique"):
+        schedule(states(a, a), NODE, PRIOR)
+    two = SubStageGraph([sub("X", "r", K.ROLLOUT_DECODE, 1.0, rank=r) for r in range(2)], {})
+    with pytest.raises(ValueError, match="2 DP ranks"):
+        schedule([PipelineState(graph=two, devices=(0,))], NODE, PRIOR)
+    with pytest.raises(ValueError, match="distinct"):
+        schedule([PipelineState(graph=a, devices=(3,))], NODE, PRIOR)
+    huge = chain("H", [("t", K.TRAINING, 1.0, 81)])
+    with pytest.raises(ValueError, match="needs"):
+        schedule(states(huge), NODE, PRIOR)
+    with pytest.raises(ValueError, match="not levels"):
+        schedule(states(a), NODE, PRIOR, SchedulerConfig(sm_budgets_frac=(0.3,)))
+    with pytest.raises(ValueError, match="window"):
+        SchedulerConfig(window=0)
