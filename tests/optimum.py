@@ -29,7 +29,7 @@ def optimal_makespan(pipelines, node, model, config: SchedulerConfig = Scheduler
         if dec is None:
             best[0] = min(best[0], max(state.pipe_end))
             return
-        if act.lower_bound(P, state, min_s) >= best[0] - 1e-12:
+        if act.lower_bound(P, state, min_s, max(1.0, model.max_pack_efficiency())) >= best[0] - 1e-12:
             return
         for opt in dec[1]:
             branch = state.copy()

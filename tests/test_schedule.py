@@ -171,11 +171,16 @@ def test_lookahead_stays_close_to_the_exhaustive_optimum():
 
 # ---------------------------------------------------------------- merging and balancing
 
-def tails_scenario():
+def tails_scenario(prefill_mfu: float | None = None):
     """Paper Fig. 10: A's long tails on every worker slow B's (critical) training on all of them."""
     nodes, deps, last = [], {}, []
     for r, tail in enumerate([10.0, 9.0, 8.0, 10.0]):
         d = sub("A", "decode", K.ROLLOUT_DECODE, 2.0, rank=r, mem_gib=15)
+        if prefill_mfu is not None:  # a prefill that reports FLOPs: its MFU prices the KV recompute
+            p = sub("A", "prefill", K.ROLLOUT_PREFILL, 1.0, rank=r, mem_gib=15,
+                    flops=prefill_mfu * PRIOR.device.peak_flops * 1.0)
+            nodes.append(p)
+            deps[d.id] = (p.id,)
         t = sub("A", "tail", K.ROLLOUT_TAIL, tail, rank=r, mem_gib=10, batch=4, seq=3000,
                 steps=int(tail * 40), flops=8e9 * 4 * int(tail * 40))
         nodes += [d, t]
@@ -201,6 +206,13 @@ def test_long_tails_are_merged_when_delta_t_is_positive():
     kept = execute(pipes, node, PRIOR, SchedulerConfig(merge=False))
     assert not any(p.migrations for p in kept.plans)
     assert merged.makespan_s < kept.makespan_s
+
+
+def test_migration_cost_uses_the_measured_prefill_mfu():
+    fast, _ = tails_scenario(prefill_mfu=0.5)
+    slow, node = tails_scenario(prefill_mfu=1e-4)  # recomputing a tail's KV would take minutes
+    assert any(p.migrations for p in execute(fast, node, PRIOR).plans)
+    assert not any(p.migrations for p in execute(slow, node, PRIOR).plans)
 
 
 def test_collective_stage_beside_partners_gets_balanced_micro_batches():

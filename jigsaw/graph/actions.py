@@ -19,12 +19,14 @@ kept idle while a ready replica could use it alone.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import MergeConfig, TailWorker, best_merge
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
-from jigsaw.graph.state import DONE, PENDING, Problem, State
+from jigsaw.graph.state import Problem, State
 
 Item = tuple
 Option = tuple
@@ -75,14 +77,18 @@ class Context:
         return out
 
 
-_TABLES: dict[int, tuple[object, dict]] = {}
+_TABLES: OrderedDict[int, tuple[object, dict]] = OrderedDict()
 
 
 def _tables(model) -> dict:
-    # Keyed by identity and holding the model, so the id can never be reused.
+    """Lookup tables of a grid, shared by calls.  Keyed by identity and holding the model
+    (so an id is never reused while cached); the few most recent grids are kept."""
     entry = _TABLES.get(id(model))
     if entry is None or entry[0] is not model:
         entry = _TABLES[id(model)] = (model, {})
+        while len(_TABLES) > 8:
+            _TABLES.popitem(last=False)
+    _TABLES.move_to_end(id(model))
     return entry[1]
 
 
@@ -131,8 +137,8 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
     opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in coloc)]
     # Keeping the devices to itself, or yielding them, only differs from starting if
     # another group could use them now (a schedule never leaves a device idle).
-    rivals = idle_devs and any(idle_devs.intersection(P.tasks[j].devices)
-                               for k, g in groups.items() if k != key for j in g)
+    rivals = bool(idle_devs) and any(idle_devs.intersection(P.tasks[j].devices)
+                                     for k, g in groups.items() if k != key for j in g)
     if idle_devs:
         opts.append(("start", None))
         if rivals:
@@ -197,6 +203,9 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
         return None  # FLOPs of the migrated context unknown: the recompute cannot be costed
     workers = [_tail_worker(P, S, i) for i in tails]
     cfg: MergeConfig = ctx.config.merge_config
+    flops, seconds = P.prefill[P.tasks[tails[0]].pipe]
+    if flops > 0 and seconds > 0:  # the pipeline's own prefill MFU, measured, beats the default
+        cfg = replace(cfg, prefill_mfu_frac=min(1.0, flops / (seconds * ctx.peak_flops)))
     return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg)
 
 
@@ -326,18 +335,11 @@ def _running_end(P: Problem, S: State, i: int) -> float:
     return t + theirs + (rem[i] - rate[i] * theirs)
 
 
-def lower_bound(P: Problem, S: State, min_slowdown: float) -> float:
-    """Makespan no schedule from S can beat (for branch-and-bound in exact searches)."""
+def lower_bound(P: Problem, S: State, min_slowdown: float, max_pack: float) -> float:
+    """Makespan no schedule from S can beat (branch-and-bound in exact searches): no task
+    runs faster than `1/min_slowdown`, no device clears more than `max_pack` exclusive
+    seconds of work per second (the grid's best co-location)."""
     t, best = S.t, max(S.pipe_end)
     for i in S.running | S.ready:
         best = max(best, t + (S.rem[i] + P.tasks[i].tail_s) * min_slowdown)
-    return best
-
-
-def is_done(P: Problem, S: State) -> bool:
-    return all(s == DONE for s in S.status)
-
-
-def stuck(S: State) -> bool:
-    return not S.running and any(s == PENDING for s in S.status)
-
+    return max(best, t + max(S.load) / max_pack)

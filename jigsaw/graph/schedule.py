@@ -51,7 +51,7 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:
         _, option = search(P, S, ctx, config.window, dec)
         act.apply(P, S, ctx, dec[0], option)
-    return _plan(P, S, ctx, before, pipelines)
+    return _plan(P, S, ctx, before)
 
 
 def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
@@ -87,8 +87,7 @@ def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 # ---------------------------------------------------------------- plan
 
-def _plan(P: Problem, S: State, ctx: act.Context, before: set[int],
-          pipelines: Sequence[PipelineState]) -> Plan:
+def _plan(P: Problem, S: State, ctx: act.Context, before: set[int]) -> Plan:
     # A tail merged away in the same plan never runs: its requests go to the target.
     started = tuple(sid for i in S.started if i not in before and S.status[i] == st.RUNNING
                     for sid in P.tasks[i].ids)

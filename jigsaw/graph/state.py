@@ -39,7 +39,7 @@ class Task:
 class Problem:
     """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
 
-    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable")
+    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec):
         self.tasks: list[Task] = []
@@ -55,12 +55,19 @@ class Problem:
             self.pipe_tasks.append(tuple(range(start, len(self.tasks))))
         self.kinds = tuple(t.kind for t in self.tasks)
         self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
+        # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
+        self.prefill = tuple(_prefill_stats(graph) for graph, _ in pipelines)
 
 
 @lru_cache(maxsize=16)
 def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
     """Problems are rebuilt only when a graph or a placement changes (graphs hash by identity)."""
     return Problem(pipelines, node)
+
+
+def _prefill_stats(graph: SubStageGraph) -> tuple[float, float]:
+    pre = [s for s in graph if s.kind.value == "rollout_prefill" and s.flops > 0]
+    return sum(s.flops for s in pre), sum(s.duration_s for s in pre)
 
 
 def _check_placement(graph: SubStageGraph, devices: tuple[int, ...], node: NodeSpec) -> None:
