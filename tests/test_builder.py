@@ -1,6 +1,8 @@
 """Records -> sub-stages: token buckets, hysteresis, chains, barriers, prediction."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jigsaw.graph.builder import (BucketTracker, GraphBuilder, GraphConfig, bucket_of, build_step_graph,
                                   kind_of_bucket, predict_next, regime_labels)
@@ -148,3 +150,30 @@ def test_builder_keeps_history_per_pipeline():
     assert b.predict("B").steps == (1,)
     with pytest.raises(KeyError, match="no steps recorded"):
         b.predict("C")
+
+
+def test_columns_and_records_build_the_same_graph():
+    from jigsaw.graph.steps import StepColumns
+
+    recs = _step()
+    rollout = [r for r in recs if r.stage is Stage.ROLLOUT]
+    rest = [r for r in recs if r.stage is not Stage.ROLLOUT]
+    cols = [StepColumns.from_records([r for r in rollout if r.dp_rank == k]) for k in (0, 1)]
+    a, b = build_step_graph(recs), build_step_graph(rest, columns=cols)
+    assert [s.id for s in a] == [s.id for s in b]
+    assert a.substages == b.substages and a.deps == b.deps
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0, 5, 127, 128, 500, 1023, 1024, 5000]), min_size=1, max_size=80),
+       st.integers(1, 6))
+def test_vectorised_hysteresis_agrees_with_the_online_tracker(counts, lb):
+    cfg = GraphConfig(hysteresis_steps=lb)
+    tracker = BucketTracker(cfg)
+    online: list[int] = []
+    for n in counts:
+        t = tracker.observe(n)
+        online.append(tracker.current)
+        if t is not None:
+            online[t.start_index:] = [t.bucket] * (len(online) - t.start_index)
+    assert regime_labels(counts, cfg) == online

@@ -57,7 +57,7 @@ def test_fig7_compute_bound_kinds_at_quarter_sms(qwen4b):
 
 def test_decode_batch_at_top_memory_is_large(qwen4b):
     # The representative decode batch is pool-limited; it must still be a > 256 batch.
-    work = prior._Prior(H100, MODELS["qwen3-4b"], PriorConfig()).work("rollout_decode", 0.8)
+    work = prior.Roofline(H100, MODELS["qwen3-4b"], PriorConfig()).work("rollout_decode", 0.8)
     rows = 1.0 / work.kernels[0].bytes * MODELS["qwen3-4b"].weight_bytes
     assert rows > 256
 

@@ -262,3 +262,20 @@ def test_bad_inputs_are_rejected_with_clear_errors():
         schedule(states(a), NODE, PRIOR, SchedulerConfig(sm_budgets_frac=(0.3,)))
     with pytest.raises(ValueError, match="window"):
         SchedulerConfig(window=0)
+
+
+def test_urgent_substages_are_started_and_only_their_budget_is_chosen():
+    # B trains on GPU 0; A's rollout moves into its long tail there and cannot pause.
+    a = chain("A", [("decode", K.ROLLOUT_DECODE, 1.0, 20), ("tail", K.ROLLOUT_TAIL, 20.0, 20)])
+    b = chain("B", [("train", K.TRAINING, 30.0, 40)])
+    run_b = {"B/0/r0/train": Budget(sm_frac=1.0, mem_frac=1.0)}
+    pipes = [PipelineState(graph=a, devices=(0,), done=frozenset({"A/0/r0/decode"}), urgent=frozenset({"A/0/r0/tail"})),
+             PipelineState(graph=b, devices=(0,), running=run_b, remaining_s={"B/0/r0/train": 30.0})]
+    for window in (1, 3):
+        plan = schedule(pipes, NODE, PRIOR, SchedulerConfig(window=window))
+        tail = [x for x in plan.assignments if x.substage == "A/0/r0/tail"]
+        assert tail and tail[0].sm_frac < 1.0 and "A/0/r0/tail" in plan.started
+        check_plan(plan, pipes, NODE)
+        assert not any("defer" in d for d in plan.decisions)
+    with pytest.raises(ValueError, match="urgent"):
+        schedule([PipelineState(graph=a, devices=(0,), urgent=frozenset({"A/0/r0/tail"}))], NODE, PRIOR)

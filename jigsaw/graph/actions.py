@@ -135,6 +135,8 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
     coloc = [i for i in members if any(S.dev[d] for d in P.tasks[i].devices)]
     idle_devs = {d for i in members if i not in coloc for d in P.tasks[i].devices}
     opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in coloc)]
+    if any(i in S.urgent for i in members):  # a continuing rollout: only its budget is a choice
+        return opts + [("start", None)] if idle_devs or not opts else opts
     # Keeping the devices to itself, or yielding them, only differs from starting if
     # another group could use them now (a schedule never leaves a device idle).
     rivals = bool(idle_devs) and any(idle_devs.intersection(P.tasks[j].devices)

@@ -1,9 +1,9 @@
 """Forward-step records -> sub-stage graph of one RL step, and the next step's prediction.
 
-    StepRecord* (one pipeline, one step)
-        │  rollout steps of each DP worker, in time order
+    StepRecord* and/or StepColumns (one pipeline, one step)
+        │  rollout steps of each DP worker, in time order (steps.py)
         ▼
-    bucket_of(tokens) ─► BucketTracker (hysteresis L_b) ─► per-step regime labels
+    buckets of tokens per forward ─► hysteresis (L_b) ─► per-step regime labels
         │  runs of equal labels, tool waits cut the chain
         ▼
     SubStage per run (+ one per reference / training / reward stage and worker)
@@ -11,8 +11,8 @@
         ▼
     SubStageGraph ──(last k steps, median)──► predict_next() ─► graph of step n+1
 
-The tracker is the same object the pipeline-side client uses to report sub-stage
-transitions, so the live runtime and the offline builder agree on boundaries.
+`BucketTracker` is the online form of the same rule, for the pipeline-side client that
+reports sub-stage transitions as they happen; a property test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from jigsaw.graph.graph import SubStageGraph
-from jigsaw.graph.substage import STAGE_KIND, ROLLOUT_KINDS, Stage, StepRecord, SubStage, SubStageKind
+from jigsaw.graph.steps import StepColumns, bucket_labels, kind_of_bucket, rollout_pieces, summarise_stage
+from jigsaw.graph.substage import STAGE_KIND, Stage, StepRecord, SubStage, SubStageKind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,14 +55,6 @@ class GraphConfig:
 def bucket_of(num_tokens: int, edges: Sequence[int]) -> int:
     """Index of the bucket `[edges[i-1], edges[i])` holding `num_tokens`."""
     return bisect.bisect_right(edges, num_tokens)
-
-
-def kind_of_bucket(bucket: int, num_buckets: int) -> SubStageKind:
-    if bucket == 0:
-        return SubStageKind.ROLLOUT_TAIL
-    if bucket == num_buckets - 1:
-        return SubStageKind.ROLLOUT_PREFILL
-    return SubStageKind.ROLLOUT_DECODE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,27 +109,25 @@ class BucketTracker:
 
 def regime_labels(token_counts: Sequence[int], config: GraphConfig = GraphConfig()) -> list[int]:
     """Bucket label of every step after hysteresis (transitions dated back)."""
-    tracker = BucketTracker(config)
-    labels: list[int] = []
-    for n in token_counts:
-        t = tracker.observe(n)
-        labels.append(tracker.current)  # type: ignore[arg-type]
-        if t is not None:
-            labels[t.start_index:] = [t.bucket] * (len(labels) - t.start_index)
-    return labels
+    return bucket_labels(np.asarray(token_counts), config.bucket_edges, config.hysteresis_steps).tolist()
 
 
-def build_step_graph(records: Iterable[StepRecord], config: GraphConfig = GraphConfig()) -> SubStageGraph:
-    """Sub-stage graph of one RL step of one pipeline from its records."""
+def build_step_graph(records: Iterable[StepRecord] = (), config: GraphConfig = GraphConfig(), *,
+                     columns: Iterable[StepColumns] = ()) -> SubStageGraph:
+    """Sub-stage graph of one RL step of one pipeline.
+
+    `records` may hold every stage; `columns` carry rollout forward steps in bulk (a
+    simulator or an engine adapter that batches its reports).  Both go through the
+    same bucketing and hysteresis."""
     recs = sorted(records, key=lambda r: (r.t_start_s, r.t_end_s))
-    if not recs:
+    cols = [c for c in columns if len(c)]
+    keys = {(r.pipeline, r.step) for r in recs} | {(c.pipeline, c.step) for c in cols}
+    if not keys:
         raise ValueError("no records")
-    keys = {(r.pipeline, r.step) for r in recs}
     if len(keys) > 1:
         raise ValueError(f"records of several pipelines/steps given: {sorted(keys)[:4]}")
     pipeline, step = keys.pop()
-    groups = _stage_groups(recs)
-    layers = [_group_substages(pipeline, step, g, config) for g in groups]
+    layers = [_chains(pipeline, step, stage, rs, cs, config) for stage, rs, cs in _stage_groups(recs, cols)]
     deps: dict[str, tuple[str, ...]] = {}
     prev_sinks: tuple[str, ...] = ()
     for chains in layers:
@@ -147,84 +140,50 @@ def build_step_graph(records: Iterable[StepRecord], config: GraphConfig = GraphC
     return SubStageGraph(nodes, deps)
 
 
-def _stage_groups(recs: list[StepRecord]) -> list[list[StepRecord]]:
-    """Records grouped by stage in order of first appearance; tool waits join rollout."""
-    order: list[Stage] = []
+def _stage_groups(recs: list[StepRecord], cols: list[StepColumns]):
+    """(stage, records, columns) in order of first appearance; tool waits join rollout."""
+    first: dict[Stage, float] = {}
     by_stage: dict[Stage, list[StepRecord]] = defaultdict(list)
     for r in recs:
         stage = Stage.ROLLOUT if r.stage is Stage.TOOL else r.stage
-        if stage not in by_stage:
-            order.append(stage)
+        first.setdefault(stage, r.t_start_s)
         by_stage[stage].append(r)
-    return [by_stage[s] for s in order]
+    if cols:
+        first[Stage.ROLLOUT] = min([first.get(Stage.ROLLOUT, float("inf"))] + [float(c.t_start_s[0]) for c in cols])
+    order = sorted(first, key=first.__getitem__)
+    return [(s, by_stage[s], cols if s is Stage.ROLLOUT else []) for s in order]
 
 
-def _group_substages(pipeline: str, step: int, recs: list[StepRecord],
-                     config: GraphConfig) -> list[list[SubStage]]:
+def _chains(pipeline: str, step: int, stage: Stage, recs: list[StepRecord], cols: list[StepColumns],
+            config: GraphConfig) -> list[list[SubStage]]:
     """One chain of sub-stages per DP worker for a stage group."""
-    by_rank: dict[int, list[StepRecord]] = defaultdict(list)
-    for r in recs:
-        by_rank[r.dp_rank].append(r)
+    ranks = sorted({r.dp_rank for r in recs} | {c.dp_rank for c in cols})
     chains = []
-    for rank in sorted(by_rank):
-        rank_recs = by_rank[rank]
-        if rank_recs[0].stage in (Stage.ROLLOUT, Stage.TOOL):
-            runs = _rollout_runs(rank_recs, config)
+    for rank in ranks:
+        mine = [r for r in recs if r.dp_rank == rank]
+        if stage is Stage.ROLLOUT:
+            fwd = [c for c in cols if c.dp_rank == rank]
+            steps = [r for r in mine if r.stage is Stage.ROLLOUT]
+            if steps:
+                fwd.append(StepColumns.from_records(steps))
+            merged = StepColumns.concat(sorted(fwd, key=lambda c: float(c.t_start_s[0]))) if fwd else None
+            tools = [r for r in mine if r.stage is Stage.TOOL]
+            pieces = rollout_pieces(merged, tools, config.bucket_edges, config.hysteresis_steps)
         else:
-            runs = [(STAGE_KIND[rank_recs[0].stage], rank_recs)]
-        chains.append(_number(pipeline, step, rank, runs))
+            pieces = [(STAGE_KIND[stage], summarise_stage(mine))]
+        chains.append(_number(pipeline, step, rank, pieces))
     return chains
 
 
-def _rollout_runs(recs: list[StepRecord], config: GraphConfig) -> list[tuple[SubStageKind, list[StepRecord]]]:
-    labels = iter(regime_labels([r.num_tokens for r in recs if r.stage is Stage.ROLLOUT], config))
-    num_buckets = len(config.bucket_edges) + 1
-    runs: list[tuple[SubStageKind, list[StepRecord]]] = []
-    last_end = float("-inf")
-    for r in recs:
-        if r.stage is Stage.TOOL:
-            if r.t_start_s < last_end:
-                raise ValueError(f"{r.pipeline}/{r.step}/rank{r.dp_rank}: tool record at {r.t_start_s} "
-                                 "overlaps a forward step; tool records mark waits with no forward step")
-            runs.append((SubStageKind.TOOL, [r]))
-            last_end = r.t_end_s
-            continue
-        kind = kind_of_bucket(next(labels), num_buckets)
-        if runs and runs[-1][0] is kind:
-            runs[-1][1].append(r)
-        else:
-            runs.append((kind, [r]))
-        last_end = max(last_end, r.t_end_s)
-    return runs
-
-
-def _number(pipeline: str, step: int, rank: int,
-            runs: list[tuple[SubStageKind, list[StepRecord]]]) -> list[SubStage]:
+def _number(pipeline: str, step: int, rank: int, pieces: list[tuple[SubStageKind, dict]]) -> list[SubStage]:
     seen: dict[SubStageKind, int] = defaultdict(int)
     out = []
-    for kind, recs in runs:
+    for kind, fields in pieces:
         ordinal = seen[kind]
         seen[kind] += 1
-        out.append(_summarise(f"{pipeline}/{step}/r{rank}/{kind.value}/{ordinal}", kind, recs))
+        out.append(SubStage(id=f"{pipeline}/{step}/r{rank}/{kind.value}/{ordinal}", pipeline=pipeline,
+                            step=step, kind=kind, dp_rank=rank, **fields))
     return out
-
-
-def _summarise(sid: str, kind: SubStageKind, recs: list[StepRecord]) -> SubStage:
-    first = recs[0]
-    reqs = sum(r.num_decode_reqs for r in recs)
-    tokens = sum(r.num_tokens for r in recs)
-    if kind in ROLLOUT_KINDS:
-        batch = reqs / len(recs)
-        seq = sum(r.kv_tokens_used for r in recs) / reqs if reqs else 0.0
-    else:
-        batch = float(reqs)
-        seq = sum(r.num_prefill_tokens for r in recs) / reqs if reqs else 0.0
-    return SubStage(
-        id=sid, pipeline=first.pipeline, step=first.step, kind=kind, dp_rank=first.dp_rank,
-        duration_s=max(r.t_end_s for r in recs) - first.t_start_s,
-        mem_bytes=max(r.mem_bytes for r in recs), batch_size=batch, seq_len=seq,
-        num_steps=len(recs), num_tokens=tokens, flops=sum(r.flops for r in recs),
-    )
 
 
 def _position(s: SubStage) -> str:

@@ -78,6 +78,9 @@ class PipelineState:
     """Started sub-stages and the budget each replica holds now."""
     remaining_s: Mapping[str, float] = field(default_factory=dict)
     """Exclusive time left of started sub-stages (default: their whole duration)."""
+    urgent: frozenset[str] = frozenset()
+    """Ready sub-stages that start now whatever the plan: a rollout worker entering its
+    next regime cannot pause, so the scheduler only chooses their budget."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

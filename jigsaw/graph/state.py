@@ -153,7 +153,7 @@ class State:
     """Mutable simulation state; `copy()` is cheap enough to branch on."""
 
     __slots__ = ("t", "rem", "status", "npred", "dev", "split", "rate", "ready", "running",
-                 "closed", "deferred", "touched", "pipe_end", "started", "log", "load")
+                 "closed", "deferred", "touched", "pipe_end", "started", "log", "load", "urgent")
 
     def copy(self) -> State:
         c = State.__new__(State)
@@ -163,6 +163,7 @@ class State:
         c.closed, c.deferred, c.touched = set(self.closed), set(self.deferred), set(self.touched)
         c.pipe_end, c.started, c.log = self.pipe_end[:], self.started[:], self.log[:]
         c.load = self.load[:]
+        c.urgent = self.urgent  # fixed for the whole call: never mutated
         return c
 
 
@@ -179,6 +180,8 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
         for i in P.pipe_tasks[p]:
             _init_task(P, S, P.tasks[i], ps)
     S.load = [0.0] * P.num_devices  # exclusive seconds of unfinished work per device
+    S.urgent = frozenset(i for p, ps in enumerate(pipelines) if ps.urgent
+                         for i in P.pipe_tasks[p] if set(P.tasks[i].ids) & ps.urgent)
     for t in P.tasks:
         if S.status[t.idx] != DONE:
             for d in t.devices:
@@ -189,6 +192,9 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
             S.ready.add(t.idx)
     for i in S.running:
         refresh_rate(P, S, i, balanced)
+    late = [P.tasks[i].ids[0] for i in S.urgent if S.status[i] != READY]
+    if late:
+        raise ValueError(f"urgent sub-stages must be ready (dependencies done, not started): {late[:3]}")
     return S
 
 

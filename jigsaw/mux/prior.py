@@ -1,9 +1,9 @@
 """Analytic roofline PRIOR of a slowdown grid: a stand-in until `jigsaw profile` measures one.
 
     DeviceInfo + ModelSpec + PriorConfig
-        │  _Prior.work(kind, mem_frac): kernel classes (FLOPs, bytes) + fixed s, per token
+        │  Roofline.work(kind, mem_frac): kernel classes (FLOPs, bytes) + fixed s, per token
         ▼
-    _Prior.parts(work, σ) ─► (compute s, memory s, fixed s) ─► alone / partitioned / shared
+    Roofline.parts(work, σ) ─► (compute s, memory s, fixed s) ─► alone / partitioned / shared
         ▼
     analytic_prior() ─► dict ─► SlowdownGrid.from_dict (validated like a measured file)
 
@@ -227,8 +227,11 @@ class _Parts:
         return self.compute_s + self.memory_s + self.fixed_s
 
 
-class _Prior:
-    """One (device, model, config): builds work per kind and memory share, and times it."""
+class Roofline:
+    """One (device, model, config): builds work per kind and memory share, and times it.
+
+    The prior grid and the simulator's step times (`jigsaw.mux.costmodel`) both come from
+    here, so what the simulator charges and what the scheduler predicts agree."""
 
     def __init__(self, device: DeviceInfo, model: ModelSpec, cfg: PriorConfig):
         self.device, self.model, self.cfg = device, model, cfg
@@ -364,7 +367,7 @@ def analytic_prior(device: DeviceInfo, model_name: str, config: PriorConfig = Pr
     """The labelled roofline prior grid of `model_name` on `device` (see the module docstring)."""
     if model_name not in MODELS:
         raise KeyError(f"unknown model {model_name!r}; known: {sorted(MODELS)}")
-    prior = _Prior(device, MODELS[model_name], config)
+    prior = Roofline(device, MODELS[model_name], config)
     sm_levels, mem_levels = DEFAULT_SM_LEVELS, DEFAULT_MEM_LEVELS
     kinds = DEVICE_KIND_NAMES
     works = {(k, m): prior.work(k, m) for k in kinds for m in mem_levels}

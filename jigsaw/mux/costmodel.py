@@ -1,0 +1,117 @@
+"""Exclusive time of the work a simulated pipeline does, from the prior's roofline.
+
+    DeviceInfo + ModelSpec + PriorConfig ─► Roofline (mux.prior) ─► StepCost
+        decode step    t = c0(batch) + c1 · kv_tokens        (exact: attention is linear in KV)
+        prefill step   t(tokens, context)
+        reference / training   seconds per token × tokens  (micro-batch costs amortised)
+        memory footprints of the rollout engine, reference and training
+
+"Exclusive" means alone on the whole device at the top memory level; the simulator
+multiplies by the slowdown grid for co-location and memory shares, so interference
+and memory effects have one source (the grid, built from the same roofline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsaw.mux.prior import MODELS, PriorConfig, Roofline
+from jigsaw.mux.slowdown import DeviceInfo
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeCoeffs:
+    """A decode step of `batch` requests holding `kv` KV tokens takes c0 + c1·kv seconds."""
+
+    c0_s: float
+    c1_s_per_token: float
+
+
+class StepCost:
+    """Exclusive step times of one model deployment on one device."""
+
+    def __init__(self, device: DeviceInfo, model: str, config: PriorConfig = PriorConfig()):
+        if model not in MODELS:
+            raise KeyError(f"unknown model {model!r}; known: {sorted(MODELS)}")
+        self.device, self.spec, self.config = device, MODELS[model], config
+        self._roof = Roofline(device, self.spec, config)
+        self._decode: dict[int, DecodeCoeffs] = {}
+        top = 0.8
+        ref, train = self._roof.work("reference", top), self._roof.work("training", top)
+        if ref is None or train is None:
+            raise ValueError(f"{model} does not fit {device.sku} for reference/training with fsdp_degree "
+                             f"{config.fsdp_degree}")
+        self._ref_s_per_token = self._roof.parts(ref, 1.0).total_s
+        self._train_s_per_token = self._roof.parts(train, 1.0).total_s
+
+    @property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token (2 × parameters)."""
+        return 2.0 * self.spec.params
+
+    def decode(self, batch: int) -> DecodeCoeffs:
+        """Coefficients of a decode step of `batch` requests (cached per batch)."""
+        got = self._decode.get(batch)
+        if got is None:
+            got = self._decode[batch] = self._decode_coeffs(batch)
+        return got
+
+    def _decode_coeffs(self, batch: int) -> DecodeCoeffs:
+        m, c, d, tp = self.spec, self.config, self.device, self.config.rollout_tp
+        flops_rate, bw = d.peak_flops * c.gemm_eff, d.mem_bw_bytes_per_s * c.bw_eff
+        gemm = max(2 * m.params * batch / tp / flops_rate, m.weight_bytes / tp / bw)
+        act = batch * self._roof._activation_bytes(1) + batch * m.vocab * 4 * c.logits_passes / tp
+        fixed = c.host_s_per_forward + m.num_layers * c.layer_latency_s
+        if tp > 1:
+            fixed += 2 * m.num_layers * c.allreduce_latency_s
+        kv_bytes = m.kv_bytes_per_token / min(tp, m.num_kv_heads)
+        attn_per_token = max(4 * m.num_layers * m.num_heads * m.head_dim / tp / flops_rate, kv_bytes / bw)
+        return DecodeCoeffs(c0_s=gemm + act / bw + fixed, c1_s_per_token=attn_per_token)
+
+    def decode_s(self, batch: int, kv_tokens: int) -> float:
+        co = self.decode(batch)
+        return co.c0_s + co.c1_s_per_token * kv_tokens
+
+    def prefill_s(self, tokens: int, context_tokens: int) -> float:
+        """A chunk of `tokens` new tokens whose requests already hold `context_tokens` on average."""
+        m, c, d, tp = self.spec, self.config, self.device, self.config.rollout_tp
+        flops_rate, bw = d.peak_flops * c.gemm_eff, d.mem_bw_bytes_per_s * c.bw_eff
+        gemm = max(2 * m.params * tokens / tp / flops_rate, m.weight_bytes / tp / bw)
+        # Each new token attends to the request's context plus half the chunk on average.
+        attn_flops = 4 * m.num_layers * m.num_heads * m.head_dim * tokens * (context_tokens + tokens / 2) / tp
+        kv_write = tokens * m.kv_bytes_per_token / min(tp, m.num_kv_heads)
+        attn = max(attn_flops / flops_rate, kv_write / bw)
+        act = tokens * self._roof._activation_bytes(1) + tokens * m.vocab * 4 * c.logits_passes / tp
+        fixed = c.host_s_per_forward + m.num_layers * c.layer_latency_s
+        if tp > 1:
+            fixed += 2 * m.num_layers * c.allreduce_latency_s
+        return gemm + attn + act / bw + fixed
+
+    def reference_s(self, tokens: float) -> float:
+        """Log-probs of `tokens` under the frozen reference model on one FSDP rank."""
+        return self._ref_s_per_token * tokens
+
+    def training_s(self, tokens: float) -> float:
+        """Forward, recompute, backward and optimizer share for `tokens` on one FSDP rank."""
+        return self._train_s_per_token * tokens
+
+    def weights_bytes(self) -> float:
+        return self.spec.weight_bytes / self.config.rollout_tp
+
+    def kv_bytes_per_token(self) -> float:
+        return self.spec.kv_bytes_per_token / min(self.config.rollout_tp, self.spec.num_kv_heads)
+
+    def rollout_mem_bytes(self, kv_pool_tokens: int) -> int:
+        """Rollout engine: weights, a KV pool of `kv_pool_tokens`, and its reserve."""
+        return int(self.weights_bytes() + kv_pool_tokens * self.kv_bytes_per_token()
+                   + self.config.rollout_reserve_bytes)
+
+    def fsdp_mem_bytes(self, *, train: bool) -> int:
+        """Reference or training footprint at the configured micro-batch."""
+        m, c = self.spec, self.config
+        state = m.params * (c.train_state_bytes_per_param if train else 2.0) / c.fsdp_degree
+        tokens = c.train_micro_batch_tokens if train else c.ref_micro_batch_tokens
+        act = m.hidden_size * 34 + m.vocab * 4 * (2 if train else 1)
+        if train:
+            act += m.num_layers * m.hidden_size * 2
+        return int(state + 2 * m.weight_bytes / m.num_layers + c.train_reserve_bytes + tokens * act)
