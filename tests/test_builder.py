@@ -177,3 +177,33 @@ def test_vectorised_hysteresis_agrees_with_the_online_tracker(counts, lb):
         if t is not None:
             online[t.start_index:] = [t.bucket] * (len(online) - t.start_index)
     assert regime_labels(counts, cfg) == online
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([3, 300, 3000]), st.integers(1, 15)), min_size=1, max_size=12),
+       st.integers(1, 5))
+def test_bulk_observation_matches_step_by_step(runs, lb):
+    cfg = GraphConfig(hysteresis_steps=lb)
+    one, bulk = BucketTracker(cfg), BucketTracker(cfg)
+    for tokens, count in runs:
+        singles = [t for _ in range(count) if (t := one.observe(tokens)) is not None]
+        got = []
+        left = count
+        while left:  # stop where the switch is detected, as the simulator does
+            n = min(left, bulk.steps_to_switch(tokens) or left)
+            if (t := bulk.observe_many(tokens, n)) is not None:
+                got.append(t)
+            left -= n
+        assert got == singles
+        assert bulk.current == one.current
+
+
+def test_durations_are_exclusive_whatever_ran_beside():
+    alone = [StepRecord(pipeline="A", step=0, stage=Stage.TRAINING, t_start_s=0, t_end_s=4.0, num_decode_reqs=1)]
+    slowed = [StepRecord(pipeline="A", step=0, stage=Stage.TRAINING, t_start_s=0, t_end_s=8.0, num_decode_reqs=1,
+                         slowdown=2.0)]
+    assert build_step_graph(alone).substages[0].duration_s == pytest.approx(4.0)
+    assert build_step_graph(slowed).substages[0].duration_s == pytest.approx(4.0)
+    half = [StepRecord(pipeline="A", step=0, t_start_s=i * 0.02, t_end_s=(i + 1) * 0.02, num_decode_reqs=5,
+                       slowdown=2.0 if i % 2 else 1.0) for i in range(20)]
+    assert build_step_graph(half).substages[0].duration_s == pytest.approx(10 * 0.02 + 10 * 0.01)

@@ -112,9 +112,10 @@ def test_same_inputs_same_plan():
 
 def fig11():
     # Two trainings do not fit together (45 + 45 GiB > 80 GiB); rollout + training does.
-    a = chain("A", [("roll", K.ROLLOUT_DECODE, 4.0, 15), ("train", K.TRAINING, 8.0, 45)])
-    b = chain("B", [("train", K.TRAINING, 8.0, 45), ("roll", K.ROLLOUT_DECODE, 3.0, 15),
-                    ("tool", K.TOOL, 2.0, 0), ("roll2", K.ROLLOUT_DECODE, 3.0, 15)])
+    # A's rollout is a long tail, which barely needs SMs: greedy gives it most of them anyway.
+    a = chain("A", [("roll", K.ROLLOUT_TAIL, 12.0, 15), ("train", K.TRAINING, 8.0, 45)])
+    b = chain("B", [("train", K.TRAINING, 8.0, 45), ("roll", K.ROLLOUT_DECODE, 1.0, 15),
+                    ("tool", K.TOOL, 2.0, 0), ("roll2", K.ROLLOUT_DECODE, 1.0, 15)])
     return states(a, b)
 
 
@@ -137,10 +138,12 @@ def test_fig11_greedy_gives_a_more_sms_and_loses_the_later_colocation():
     g_b_train_end = _intervals(greedy, "B/0/r0/train")[-1].end_s
     assert _intervals(greedy, "A/0/r0/roll")[-1].end_s < g_b_train_end
     assert _intervals(greedy, "A/0/r0/train")[0].start_s >= g_b_train_end - 1e-9
-    # Look-ahead: A's training runs beside B's rollout and across B's tool call.
+    # Look-ahead: B's training ends first; A's training runs across B's tool call and beside
+    # B's later rollout.
+    assert _intervals(look, "B/0/r0/train")[-1].end_s < _intervals(look, "A/0/r0/roll")[-1].end_s
     l_a_train = _intervals(look, "A/0/r0/train")
-    assert _overlap(l_a_train, _intervals(look, "B/0/r0/roll")) > 0
-    assert _overlap(l_a_train, _intervals(look, "B/0/r0/tool")) == pytest.approx(2.0)
+    assert _overlap(l_a_train, _intervals(look, "B/0/r0/tool")) > 0.9 * 2.0  # tool time hidden
+    assert _overlap(l_a_train, _intervals(look, "B/0/r0/roll2")) > 0
     assert look.makespan_s < 0.9 * greedy.makespan_s
     assert look.makespan_s == pytest.approx(optimal_makespan(fig11(), NODE, PRIOR), rel=1e-9)
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = {
+    "sim": "jigsaw.cli.sim",
     "prior": "jigsaw.cli.prior",
     "inspect": "jigsaw.cli.inspect_grid",
 }

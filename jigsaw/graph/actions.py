@@ -35,11 +35,13 @@ Option = tuple
 class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
-    __slots__ = ("config", "balanced", "mem_cap", "budgets", "model", "_table", "peak_flops", "_feasible")
+    __slots__ = ("config", "balanced", "mem_cap", "budgets", "model", "_table", "peak_flops", "_feasible",
+                 "min_pack")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec):
         self.config, self.balanced, self.model = config, config.balance, model
         self.mem_cap, self.budgets = node.mem_bytes, config.sm_budgets_frac
+        self.min_pack = config.min_pack_efficiency
         self.peak_flops = model.device.peak_flops
         self._table = _tables(model)
         self._feasible: dict[tuple, list] = {}
@@ -56,6 +58,17 @@ class Context:
             for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
                 table.setdefault(round(sm, 9), []).append((mem, sa, sb))
         return table.get(round(sm_a, 9), [])
+
+    def complementary(self, kind_a: str, kind_b: str) -> bool:
+        """Do these kinds pack well enough to share a device (SchedulerConfig.min_pack_efficiency)?"""
+        if self.min_pack <= 1.0:
+            return True
+        key = ("eta", kind_a, kind_b)
+        eta = self._table.get(key)
+        if eta is None:
+            eta = self._table[key] = max((1 / sa + 1 / sb for _, _, sa, sb in self.model.pair_options(kind_a, kind_b)),
+                                         default=0.0)
+        return eta >= self.min_pack
 
     def grid_pair(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> tuple[float, float] | None:
         """(s_a, s_b) of a running pair: a table hit for grid budgets (all the scheduler
@@ -121,7 +134,8 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
             continue
         if all(len(S.dev[d]) < 2 and d not in S.closed for d in devs):
             groups.setdefault((P.tasks[i].pipe, P.kinds[i]), []).append(i)
-    for key in sorted(groups):
+    # Urgent groups first: they are already on their devices, nothing may take them.
+    for key in sorted(groups, key=lambda k: (not any(i in S.urgent for i in groups[k]), k)):
         opts = _group_options(P, S, ctx, key, groups)
         if opts:
             return ("group", key[0], key[1], tuple(groups[key])), opts
@@ -132,9 +146,10 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
 
 def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], groups) -> list[Option]:
     members = groups[key]
-    coloc = [i for i in members if any(S.dev[d] for d in P.tasks[i].devices)]
-    idle_devs = {d for i in members if i not in coloc for d in P.tasks[i].devices}
-    opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in coloc)]
+    busy = [i for i in members if any(S.dev[d] for d in P.tasks[i].devices)]
+    idle_devs = {d for i in members if i not in busy for d in P.tasks[i].devices}
+    joinable = [i for i in busy if _joinable(P, S, ctx, i)]
+    opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in joinable)]
     if any(i in S.urgent for i in members):  # a continuing rollout: only its budget is a choice
         return opts + [("start", None)] if idle_devs or not opts else opts
     # Keeping the devices to itself, or yielding them, only differs from starting if
@@ -145,9 +160,16 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
         opts.append(("start", None))
         if rivals:
             opts.append(("solo",))
-    if coloc or rivals:
+    if rivals or (busy and not idle_devs):
         opts.append(("defer",))
     return opts
+
+
+def _joinable(P: Problem, S: State, ctx: Context, i: int) -> bool:
+    """May ready task i start beside what runs on its devices? (complementary, or urgent)"""
+    if i in S.urgent:
+        return True
+    return all(ctx.complementary(P.dominant[i], P.dominant[S.dev[d][0]]) for d in P.tasks[i].devices if S.dev[d])
 
 
 def _fits(P: Problem, S: State, ctx: Context, i: int, sm: float) -> bool:
@@ -237,7 +259,7 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
     for i in item[3]:
         devs = P.tasks[i].devices
         if any(S.dev[d] for d in devs):  # would share a device with a running partner
-            if sm is not None and _fits(P, S, ctx, i, sm):
+            if sm is not None and _joinable(P, S, ctx, i) and _fits(P, S, ctx, i, sm):
                 _start_beside(P, S, ctx, i, sm)
             else:
                 S.deferred.add(i)

@@ -102,6 +102,31 @@ class BucketTracker:
         self.current, self._cand, self._run = b, None, 0
         return self._transition(self._run_start, b)
 
+    def steps_to_switch(self, num_tokens: int) -> int | None:
+        """How many more steps of `num_tokens` make the regime switch (None: they never do)."""
+        b = bucket_of(num_tokens, self._edges)
+        if self.current is None:
+            return 1
+        if b == self.current:
+            return None
+        return self._need - (self._run if b == self._cand else 0)
+
+    def observe_many(self, num_tokens: int, count: int) -> Transition | None:
+        """`count` identical steps at once.  A switch among them is dated back to the run's
+        first step as usual; `steps_to_switch` tells when it is detected."""
+        if count < 1:
+            return None
+        switch = self.observe(num_tokens)
+        rest = count - 1
+        self._index += rest
+        if rest == 0 or switch is not None or bucket_of(num_tokens, self._edges) == self.current:
+            return switch
+        self._run += rest
+        if self._run < self._need:
+            return None
+        self.current, self._cand, self._run = self._cand, None, 0
+        return self._transition(self._run_start, self.current)
+
     def _transition(self, start: int, bucket: int) -> Transition:
         return Transition(start_index=start, bucket=bucket,
                           kind=kind_of_bucket(bucket, len(self._edges) + 1))
@@ -232,8 +257,8 @@ class GraphBuilder:
         self._history: dict[str, deque[SubStageGraph]] = defaultdict(
             lambda: deque(maxlen=config.history_steps))
 
-    def add_step(self, records: Iterable[StepRecord]) -> SubStageGraph:
-        graph = build_step_graph(records, self.config)
+    def add_step(self, records: Iterable[StepRecord] = (), *, columns: Iterable[StepColumns] = ()) -> SubStageGraph:
+        graph = build_step_graph(records, self.config, columns=columns)
         self._history[graph.pipeline].append(graph)
         return graph
 

@@ -39,7 +39,8 @@ class Task:
 class Problem:
     """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
 
-    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill")
+    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill",
+                 "dominant")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec):
         self.tasks: list[Task] = []
@@ -57,12 +58,34 @@ class Problem:
         self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
         # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
         self.prefill = tuple(_prefill_stats(graph) for graph, _ in pipelines)
+        self.dominant = _dominant_kinds(self.tasks)
 
 
 @lru_cache(maxsize=16)
 def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
     """Problems are rebuilt only when a graph or a placement changes (graphs hash by identity)."""
     return Problem(pipelines, node)
+
+
+def _dominant_kinds(tasks: list[Task]) -> tuple[str, ...]:
+    """What each task mostly is: for a rollout piece, the kind with the most exclusive time in
+    its worker's rollout chain from there on (a rollout opens with a short prefill but is
+    mostly its tail); other tasks are their own kind."""
+    chain: dict[int, dict[str, float]] = {}
+    out = [t.kind for t in tasks]
+    for t in reversed(tasks):  # topological order reversed: a task's successors come first
+        if not t.kind.startswith("rollout") and t.kind != "tool":
+            continue
+        totals = {t.kind: t.excl_s} if t.devices else {}
+        for j in t.succs:
+            nxt = tasks[j]
+            if j in chain and nxt.pipe == t.pipe and nxt.ranks == t.ranks:
+                for kind, sec in chain[j].items():
+                    totals[kind] = totals.get(kind, 0.0) + sec
+        chain[t.idx] = totals
+        if t.devices and totals:
+            out[t.idx] = max(totals, key=totals.get)
+    return tuple(out)
 
 
 def _prefill_stats(graph: SubStageGraph) -> tuple[float, float]:

@@ -20,7 +20,11 @@ import numpy as np
 
 from jigsaw.graph.substage import StepRecord, SubStageKind
 
-_FIELDS = ("t_start_s", "t_end_s", "num_prefill_tokens", "num_decode_reqs", "kv_tokens_used", "mem_bytes", "flops")
+_FIELDS = ("t_start_s", "t_end_s", "num_prefill_tokens", "num_decode_reqs", "kv_tokens_used", "mem_bytes", "flops",
+           "slowdown")
+
+
+_FLOAT = ("t_start_s", "t_end_s", "flops", "slowdown")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -37,6 +41,7 @@ class StepColumns:
     kv_tokens_used: np.ndarray
     mem_bytes: np.ndarray
     flops: np.ndarray
+    slowdown: np.ndarray
 
     def __post_init__(self) -> None:
         n = len(self.t_start_s)
@@ -58,8 +63,8 @@ class StepColumns:
         """Columns of rollout records of one worker (sorted by start time)."""
         recs = sorted(records, key=lambda r: (r.t_start_s, r.t_end_s))
         first = recs[0]
-        cols = {f: np.array([getattr(r, f) for r in recs], dtype=float if f in ("t_start_s", "t_end_s", "flops")
-                            else np.int64) for f in _FIELDS}
+        cols = {f: np.array([getattr(r, f) for r in recs], dtype=float if f in _FLOAT else np.int64)
+                for f in _FIELDS}
         return cls(pipeline=first.pipeline, step=first.step, dp_rank=first.dp_rank, **cols)
 
     @classmethod
@@ -133,8 +138,11 @@ def _summaries(cols: StepColumns, starts: np.ndarray) -> dict[str, list]:
     reqs = np.add.reduceat(cols.num_decode_reqs, starts)
     steps = np.diff(np.concatenate((starts, [len(cols)])))
     kv = np.add.reduceat(cols.kv_tokens_used, starts)
+    span = np.maximum.reduceat(cols.t_end_s, starts) - cols.t_start_s[starts]
+    # Exclusive time: each step counts for its duration over the slowdown it ran under.
+    lost = np.add.reduceat((cols.t_end_s - cols.t_start_s) * (1.0 - 1.0 / cols.slowdown), starts)
     return {
-        "duration_s": (np.maximum.reduceat(cols.t_end_s, starts) - cols.t_start_s[starts]).tolist(),
+        "duration_s": (span - lost).tolist(),
         "mem_bytes": np.maximum.reduceat(cols.mem_bytes, starts).astype(int).tolist(),
         "batch_size": (reqs / steps).tolist(),
         "seq_len": np.divide(kv, reqs, out=np.zeros(len(starts)), where=reqs > 0).tolist(),
@@ -152,7 +160,9 @@ def _tool_fields(t: StepRecord) -> dict:
 def summarise_stage(records: Sequence[StepRecord]) -> dict:
     """SubStage fields of a reference / training / reward stage on one worker."""
     reqs = sum(r.num_decode_reqs for r in records)
-    return {"duration_s": max(r.t_end_s for r in records) - min(r.t_start_s for r in records),
+    span = max(r.t_end_s for r in records) - min(r.t_start_s for r in records)
+    lost = sum(r.duration_s * (1.0 - 1.0 / r.slowdown) for r in records)
+    return {"duration_s": span - lost,
             "mem_bytes": max(r.mem_bytes for r in records), "batch_size": float(reqs),
             "seq_len": sum(r.num_prefill_tokens for r in records) / reqs if reqs else 0.0,
             "num_steps": len(records), "num_tokens": sum(r.num_tokens for r in records),

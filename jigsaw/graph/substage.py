@@ -105,8 +105,13 @@ class StepRecord:
     """Device memory held by the worker during the step."""
     flops: float = 0.0
     """Model FLOPs of the step (0 if the engine does not report them)."""
+    slowdown: float = 1.0
+    """Slowdown the step ran under (its grant's prediction); the builder divides by it so
+    sub-stage durations are exclusive, whatever ran beside them."""
 
     def __post_init__(self) -> None:
+        if not self.slowdown > 0:
+            raise ValueError(f"StepRecord {self.pipeline}/{self.step}: slowdown must be > 0")
         if not self.pipeline or "/" in self.pipeline:
             raise ValueError(f"StepRecord: pipeline name must be non-empty without '/', got {self.pipeline!r}")
         if self.t_end_s < self.t_start_s:

@@ -3,7 +3,7 @@
     DeviceInfo + ModelSpec + PriorConfig ─► Roofline (mux.prior) ─► StepCost
         decode step    t = c0(batch) + c1 · kv_tokens        (exact: attention is linear in KV)
         prefill step   t(tokens, context)
-        reference / training   seconds per token × tokens  (micro-batch costs amortised)
+        reference / training   per micro-batch (FSDP collectives, host) + per optimizer step
         memory footprints of the rollout engine, reference and training
 
 "Exclusive" means alone on the whole device at the top memory level; the simulator
@@ -36,13 +36,8 @@ class StepCost:
         self.device, self.spec, self.config = device, MODELS[model], config
         self._roof = Roofline(device, self.spec, config)
         self._decode: dict[int, DecodeCoeffs] = {}
-        top = 0.8
-        ref, train = self._roof.work("reference", top), self._roof.work("training", top)
-        if ref is None or train is None:
-            raise ValueError(f"{model} does not fit {device.sku} for reference/training with fsdp_degree "
-                             f"{config.fsdp_degree}")
-        self._ref_s_per_token = self._roof.parts(ref, 1.0).total_s
-        self._train_s_per_token = self._roof.parts(train, 1.0).total_s
+        if self._roof.work("training", Roofline.cfg_top_mem) is None:
+            raise ValueError(f"{model} does not fit {device.sku} for training with fsdp_degree {config.fsdp_degree}")
 
     @property
     def flops_per_token(self) -> float:
@@ -87,13 +82,16 @@ class StepCost:
             fixed += 2 * m.num_layers * c.allreduce_latency_s
         return gemm + attn + act / bw + fixed
 
-    def reference_s(self, tokens: float) -> float:
-        """Log-probs of `tokens` under the frozen reference model on one FSDP rank."""
-        return self._ref_s_per_token * tokens
+    def reference_s(self, tokens: float, micro_batches: int = 1) -> float:
+        """One log-prob forward over `tokens` on one FSDP rank, in `micro_batches` micro-batches."""
+        mb = max(1, micro_batches)
+        return mb * self._roof.fsdp_micro_batch_s(tokens / mb, train=False)
 
-    def training_s(self, tokens: float) -> float:
-        """Forward, recompute, backward and optimizer share for `tokens` on one FSDP rank."""
-        return self._train_s_per_token * tokens
+    def training_s(self, tokens: float, micro_batches: int = 1, updates: int = 1) -> float:
+        """Forward, recompute, backward over `tokens` on one FSDP rank in `micro_batches`
+        micro-batches, plus `updates` optimizer steps (verl: one per PPO mini-batch)."""
+        mb = max(1, micro_batches)
+        return mb * self._roof.fsdp_micro_batch_s(tokens / mb, train=True) + updates * self._roof.optimizer_step_s()
 
     def weights_bytes(self) -> float:
         return self.spec.weight_bytes / self.config.rollout_tp

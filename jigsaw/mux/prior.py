@@ -47,6 +47,11 @@ A100 = DeviceInfo(sku="A100-SXM4-80GB", num_sms=108, mem_bytes=80 * 2**30, peak_
 DEVICES = {"h100": H100, "a100": A100}
 LINK_BW_BYTES_PER_S = {H100.sku: 450e9, A100.sku: 300e9}
 """NVLink bandwidth per direction (datasheets: 900 GB/s and 600 GB/s bidirectional)."""
+NET_BW_BYTES_PER_S = {H100.sku: 50e9, A100.sku: 25e9}
+"""Inter-node bandwidth per GPU: DGX H100 has one 400 Gb/s NDR port per GPU; the A100
+nodes of JigsawRL §5.1 are taken with one 200 Gb/s HDR port per GPU (DGX A100)."""
+GPUS_PER_NODE = {H100.sku: 8, A100.sku: 4}
+"""GPUs per node: DGX H100 (8); JigsawRL §5.1's A100 cluster has 4 GPUs per node."""
 
 DEVICE_KIND_NAMES = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 """Grid kinds, in `jigsaw.graph.substage.DEVICE_KINDS` order (names only: no graph import)."""
@@ -182,8 +187,6 @@ class PriorConfig:
     allreduce_latency_s: float = 30e-6
     """Latency of one small TP all-reduce over NVLink (NCCL, ~tens of µs); two per layer when
     rollout_tp > 1."""
-    fsdp_exposed_frac: float = 0.5
-    """Share of FSDP all-gather/reduce-scatter time not hidden behind compute."""
     train_host_s_per_micro_batch: float = 0.07
     """Host time per training micro-batch (loss, entropy and log-prob bookkeeping, FSDP hooks);
     calibrated to Fig. 7 (training 2.7x slower at 25% SMs)."""
@@ -237,7 +240,9 @@ class Roofline:
         self.device, self.model, self.cfg = device, model, cfg
         if device.sku not in LINK_BW_BYTES_PER_S:
             raise ValueError(f"no NVLink bandwidth known for {device.sku!r}; add it to LINK_BW_BYTES_PER_S")
-        self.link_bw = LINK_BW_BYTES_PER_S[device.sku]
+        # FSDP collectives cross nodes once the shard group is larger than a node.
+        inside = cfg.fsdp_degree <= GPUS_PER_NODE[device.sku]
+        self.link_bw = LINK_BW_BYTES_PER_S[device.sku] if inside else NET_BW_BYTES_PER_S[device.sku]
 
     def work(self, kind: str, mem_frac: float) -> _Work | None:
         """Per-token cost of `kind` holding `mem_frac` of device memory; None if it does not fit."""
@@ -274,10 +279,14 @@ class Roofline:
         per_row = tuple(_Kernel(k.flops / rows, k.bytes / rows, k.sat_sm_frac) for k in (gemm, attn, elementwise))
         return _Work(per_row, fixed / rows, sm_demand, c.gemm_eff)
 
-    def _fsdp(self, mem_frac: float, *, train: bool) -> _Work | None:
-        """Training (fwd + recompute + bwd + Adam) or reference (fwd) under FSDP, per token."""
+    def _fsdp(self, mem_frac: float, *, train: bool, micro_tokens: float | None = None,
+              optimizer: bool = True) -> _Work | None:
+        """Training (fwd + recompute + bwd + Adam) or reference (fwd) under FSDP, per token.
+
+        `micro_tokens` fixes the micro-batch (default: the largest that fits `mem_frac`);
+        `optimizer=False` leaves out the Adam update, amortised otherwise over a step."""
         m, c, f = self.model, self.cfg, self.cfg.fsdp_degree
-        tokens = self._micro_batch_tokens(mem_frac, train=train)
+        tokens = micro_tokens or self._micro_batch_tokens(mem_frac, train=train)
         if tokens is None:
             return None
         passes, collectives = (c.train_forward_passes, 3.0) if train else (1.0, 1.0)
@@ -289,11 +298,15 @@ class Roofline:
             # FSDP copies each gathered weight out of, and each gradient into, flat buffers.
             _Kernel(0.0, c.fsdp_copy_passes * collectives * m.weight_bytes / tokens, sat),
         ]
-        if train:
+        if train and optimizer:
             kernels.append(_Kernel(0.0, m.params / f * c.optimizer_bytes_per_param / c.train_tokens_per_step, sat))
         # All-gather for the forward, again for recompute + backward, reduce-scatter of the
-        # gradients: three weight-sized collectives per micro-batch (one for reference).
-        comm_s = c.fsdp_exposed_frac * collectives * m.weight_bytes * (f - 1) / f / self.link_bw
+        # gradients: three weight-sized collectives per micro-batch (one for reference).  FSDP
+        # prefetches the next layer while this one computes, so only communication beyond the
+        # micro-batch's GEMM time shows (all of it for tiny micro-batches across nodes).
+        comm_total = collectives * m.weight_bytes * (f - 1) / f / self.link_bw
+        gemm_s = 2 * passes * m.params * tokens / (self.device.peak_flops * c.gemm_eff)
+        comm_s = max(0.0, comm_total - gemm_s)
         host_s = c.train_host_s_per_micro_batch if train else c.ref_host_s_per_micro_batch
         fixed = comm_s + passes * m.num_layers * c.layer_latency_s + host_s
         eff = c.gemm_eff * tokens / (tokens + c.gemm_half_tokens)
@@ -312,6 +325,18 @@ class Roofline:
             act_per_token += m.num_layers * m.hidden_size * 2  # checkpointed layer inputs
         tokens = min(c.train_micro_batch_tokens if train else c.ref_micro_batch_tokens, budget / act_per_token)
         return tokens if tokens >= c.train_min_micro_batch_tokens else None
+
+    def fsdp_micro_batch_s(self, micro_tokens: float, *, train: bool) -> float:
+        """Exclusive seconds of one micro-batch of `micro_tokens` on one FSDP rank (no optimizer)."""
+        work = self._fsdp(self.cfg_top_mem, train=train, micro_tokens=max(1.0, micro_tokens), optimizer=False)
+        return self.parts(work, 1.0).total_s * max(1.0, micro_tokens)
+
+    def optimizer_step_s(self) -> float:
+        """Exclusive seconds of one Adam update of a rank's parameter shard."""
+        m, c = self.model, self.cfg
+        return m.params / c.fsdp_degree * c.optimizer_bytes_per_param / (self.device.mem_bw_bytes_per_s * c.bw_eff)
+
+    cfg_top_mem = 0.8
 
     def _activation_bytes(self, tokens: int) -> float:
         m = self.model

@@ -1,0 +1,351 @@
+"""Discrete-event simulation of K RL pipelines sharing one node under a policy.
+
+    heap of Events keyed (time_s, priority, seq)        frozen records; ties fire in that order
+        segment   a rollout worker's batch segment ended  ─► commit, re-plan the worker
+        stage     a reward / reference / training stage ended ─► next stage or next step
+    after all events at one time, if anything changed:  view ─► policy.plan ─► Plan
+        apply: migrations, starts, budgets ─► actual slowdowns from the grid (live kinds)
+               ─► workers re-timed (interrupt), gangs re-rated; invariants checked
+    every grant, release, migration and finished step goes to the Trace
+
+The simulator is the ground truth: slowdowns come from the grid for what really runs
+side by side, not from the plan's predictions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from enum import IntEnum
+
+from jigsaw.graph.plan import Budget, NodeSpec, Plan
+from jigsaw.graph.state import gang_rate
+from jigsaw.graph.substage import SubStageKind
+from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, WAITING, PipelineRun
+from jigsaw.sim.view import Policy, Progress, View, pipeline_state
+from jigsaw.trace import Trace, TraceEvent
+
+EPS = 1e-9
+
+
+class Priority(IntEnum):
+    """Order of events at the same time: stages end before segments (they free devices)."""
+
+    STAGE = 0
+    SEGMENT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time_s: float
+    priority: Priority
+    seq: int
+    kind: str
+    pipe: int
+    rank: int = -1
+    version: int = 0
+
+
+@dataclass
+class _Slot:
+    """A unit holding a device: a rollout worker or a gang replica."""
+
+    key: tuple
+    kind: SubStageKind
+    budget: Budget
+    slowdown: float = 1.0
+
+
+class NodeSim:
+    """Runs pipelines to completion under `policy`; see the module docstring."""
+
+    def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy: Policy, *, trace: bool = True):
+        self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
+        self.heap: list[tuple] = []
+        self.seq = itertools.count()
+        self.t = 0.0
+        self.versions: dict[tuple, int] = {}
+        self.granted: dict[str, Budget] = {}
+        self.slots: dict[int, list[_Slot]] = {d: [] for d in range(node.num_devices)}
+        self.trace = Trace() if trace else None
+        self.decisions = 0
+        self.violations: list[str] = []
+        self.balanced_gangs = False
+        self.fired: list[Event] = []
+
+    # ------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        for run in self.runs:
+            run.begin_step(0.0)
+        self._decide(0.0)
+        while self.heap:
+            t = self.heap[0][0]
+            self.t = t
+            changed = False
+            while self.heap and self.heap[0][0] == t:
+                ev = heapq.heappop(self.heap)[3]
+                if self.versions.get((ev.kind, ev.pipe, ev.rank)) == ev.version:
+                    self.fired.append(ev)
+                    changed |= self._handle(ev)
+            if changed:
+                self._decide(t)
+        unfinished = [r.name for r in self.runs if not r.finished_all]
+        if unfinished:
+            raise RuntimeError(f"simulation stalled at t={self.t:.3f}s: {unfinished} never finished; the policy "
+                               f"{self.policy.name!r} left work unstarted with nothing running")
+
+    def push(self, time_s: float, priority: Priority, kind: str, pipe: int, rank: int = -1) -> None:
+        key = (kind, pipe, rank)
+        self.versions[key] = version = self.versions.get(key, 0) + 1
+        ev = Event(time_s=time_s, priority=priority, seq=next(self.seq), kind=kind, pipe=pipe, rank=rank,
+                   version=version)
+        heapq.heappush(self.heap, (ev.time_s, ev.priority, ev.seq, ev))
+
+    def _handle(self, ev: Event) -> bool:
+        run = self.runs[ev.pipe]
+        if ev.kind == "segment":
+            return self._segment_end(run, ev.rank)
+        if ev.kind == "reward":
+            run.next_gang(self.t)
+            return True
+        if ev.kind == "gang":
+            self._gang_end(run)
+            return True
+        raise ValueError(f"unknown event kind {ev.kind!r}")
+
+    def _segment_end(self, run: PipelineRun, rank: int) -> bool:
+        wk = run.workers[rank]
+        was_on = wk.on_device
+        out = wk.commit()
+        abort = run.on_completed(out.completed)
+        if abort:
+            self._abort(run, abort)
+        self._reschedule_worker(run, rank)
+        changed = out.switched or out.idle_ended or out.finished or was_on != wk.on_device or bool(abort)
+        if run.stage == ROLLOUT and run.rollout_done():
+            self._end_rollout(run)
+            changed = True
+        return changed
+
+    def _abort(self, run: PipelineRun, rids: set[int]) -> None:
+        for r, wk in enumerate(run.workers):
+            if wk.take(rids) and r in run.started_workers:
+                wk.segment = None
+                self._reschedule_worker(run, r)
+
+    def _reschedule_worker(self, run: PipelineRun, rank: int) -> None:
+        wk = run.workers[rank]
+        end = wk.plan() if rank in run.started_workers else None
+        if end is not None:
+            self.push(end, Priority.SEGMENT, "segment", run.index, rank)
+        else:
+            self.versions[("segment", run.index, rank)] = self.versions.get(("segment", run.index, rank), 0) + 1
+
+    def _end_rollout(self, run: PipelineRun) -> None:
+        for r in range(len(run.workers)):
+            self._release(run, ("w", run.index, r))
+        end = run.end_rollout(self.t)
+        self.push(end, Priority.STAGE, "reward", run.index)
+
+    def _gang_end(self, run: PipelineRun) -> None:
+        g = run.gang
+        g.advance(self.t)
+        self._release(run, ("g", run.index))
+        was = run.stage
+        run.next_gang(self.t)
+        if was == TRAINING:
+            m = run.metrics[-1]
+            self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
+                                                "samples": m.samples, "round": m.round,
+                                                "flops": run.cost.flops_per_token * m.tokens * 4})
+            run.begin_step(self.t, self._routing(run))
+
+    def _routing(self, run: PipelineRun) -> tuple[float, ...] | None:
+        return getattr(self, "_last_routing", {}).get(run.name)
+
+    # ------------------------------------------------------------ decisions
+
+    def _decide(self, t: float) -> None:
+        active = [r for r in self.runs if r.stage not in (DONE, WAITING)]
+        if not active:
+            return
+        states = tuple(pipeline_state(r, t, self.granted) for r in active)
+        progress = tuple(self._progress(r) for r in active)
+        view = View(time_s=t, pipelines=states, progress=progress, node=self.node, model=self.grid)
+        plan = self.policy.plan(view)
+        self.decisions += 1
+        self._apply(plan, t)
+
+    def _progress(self, run: PipelineRun) -> Progress:
+        total = sum(len(w.finished) + w.num_active for w in run.workers) or 1
+        done = sum(len(w.finished) for w in run.workers)
+        return Progress(stage=run.stage, step=run.step, rollout_done_frac=done / total, ready_since_s=run.t_stage)
+
+    def _apply(self, plan: Plan, t: float) -> None:
+        self._last_routing = {r.pipeline: r.weights for r in plan.routing}
+        for m in plan.migrations:
+            self._migrate(m, t)
+        by_name = {r.name: r for r in self.runs}
+        for sid in plan.started:
+            self._start(by_name[sid.split("/", 1)[0]], sid, t)
+        assigned = {a.substage: a for a in plan.assignments}
+        self.balanced_gangs = any(a.micro_batch is not None for a in plan.assignments) or self.balanced_gangs
+        self._regrant(assigned, t)
+
+    def _start(self, run: PipelineRun, sid: str, t: float) -> None:
+        rank = int(sid.split("/")[2][1:])
+        if run.stage == ROLLOUT and rank < len(run.workers) and rank not in run.started_workers:
+            run.started_workers.add(rank)
+            run.workers[rank].t = max(run.workers[rank].t, t)
+            self._reschedule_worker(run, rank)
+        elif run.gang is not None and run.gang.started_s is None and sid in run.gang.ids:
+            g = run.gang
+            g.started_s, g.t_last = t, t
+            self.push(g.end_time(), Priority.STAGE, "gang", run.index)
+
+    def _migrate(self, m, t: float) -> None:
+        run = next(r for r in self.runs if r.name == m.pipeline)
+        src, dst = run.workers[m.source_rank], run.workers[m.target_rank]
+        src.interrupt(t, src.s)
+        dst.interrupt(t, dst.s)
+        moved = src.take({q.rid for q in src._active()})
+        dst.add(moved, max(t, dst.t))
+        self._trace("migration", run.name, m.source, data={"target": m.target, "requests": len(moved),
+                                                            "delta_s": m.delta_s})
+        for r in (m.source_rank, m.target_rank):
+            self._reschedule_worker(run, r)
+        self._release(run, ("w", run.index, m.source_rank))
+        if run.rollout_done():
+            self._end_rollout(run)
+
+    # ------------------------------------------------------------ budgets
+
+    def _regrant(self, assigned: dict, t: float) -> None:
+        """New budgets for every unit on a device, then actual slowdowns, then re-timing."""
+        occupants = self._occupants()
+        granted: dict[str, Budget] = {}
+        new_slots: dict[int, list[_Slot]] = {d: [] for d in range(self.node.num_devices)}
+        ungranted = set()
+        for key, run, sid, kind, device in occupants:
+            a = assigned.get(sid)
+            if a is None or a.device != device:
+                self.violations.append(f"t={t:.3f}: {sid} runs on device {device} without a grant")
+                ungranted.add(device)
+                a_budget = Budget(sm_frac=1.0, mem_frac=1.0)
+            else:
+                a_budget = Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / self.node.mem_bytes)
+            granted[sid] = a_budget
+            new_slots[device].append(_Slot(key=key, kind=kind, budget=a_budget))
+        for d in ungranted:  # the plan missed a running unit: share the device evenly
+            for slot in new_slots[d]:
+                slot.budget = Budget(sm_frac=1.0 / len(new_slots[d]), mem_frac=1.0 / len(new_slots[d]))
+                granted[self._sid(slot.key)] = slot.budget
+        self._check(new_slots, t)
+        for slots in new_slots.values():
+            self._slowdowns(slots)
+        self._retime(new_slots, t)
+        self.granted = granted
+
+    def _occupants(self):
+        """(unit key, run, live sub-stage id, live kind, device) for everything holding a device now."""
+        out = []
+        for run in self.runs:
+            if run.stage == ROLLOUT:
+                for r in sorted(run.started_workers):
+                    wk = run.workers[r]
+                    if wk.on_device or (wk.segment is not None and wk.segment.kind != "idle"):
+                        sid = wk.piece_id() or self._first_id(run, r)
+                        kind = wk.piece.kind if wk.piece and wk.piece.kind.on_device else _first_kind(run, r)
+                        out.append((("w", run.index, r), run, sid, kind, run.rollout_devices[r]))
+            g = run.gang
+            if run.stage in (REFERENCE, TRAINING) and g is not None and g.started_s is not None:
+                for sid, d in zip(g.ids, g.devices):
+                    out.append((("g", run.index, d), run, sid, g.kind, d))
+        return out
+
+    def _first_id(self, run: PipelineRun, rank: int) -> str:
+        return next((s.id for s in run.prediction if s.dp_rank == rank and s.kind.on_device), f"{run.name}/{run.step}/r{rank}/rollout_prefill/0")
+
+    def _check(self, slots: dict[int, list[_Slot]], t: float) -> None:
+        for d, ss in slots.items():
+            if len(ss) > 2:
+                raise AssertionError(f"t={t:.3f}: {len(ss)} sub-stages on device {d}")
+            sm = sum(s.budget.sm_frac for s in ss)
+            if sm > 1.0 + EPS and not (len(ss) == 2 and all(s.budget.sm_frac == 1.0 for s in ss)):
+                raise AssertionError(f"t={t:.3f}: device {d} SM shares sum to {sm:.3f}")
+            if sum(s.budget.mem_frac for s in ss) > 1.0 + EPS:
+                raise AssertionError(f"t={t:.3f}: device {d} memory over capacity")
+
+    def _slowdowns(self, ss: list[_Slot]) -> None:
+        if len(ss) == 1:
+            s = ss[0]
+            full = s.budget.sm_frac >= 1.0 - EPS and s.budget.mem_frac >= 1.0 - EPS
+            s.slowdown = 1.0 if full else self.grid.alone(s.kind.value, s.budget.sm_frac,
+                                                          min(s.budget.mem_frac, self.grid.mem_levels[-1]))
+        elif len(ss) == 2:
+            a, b = ss
+            pair = (self.grid.shared(a.kind.value, b.kind.value, a.budget.mem_frac) if a.budget.sm_frac == 1.0
+                    else self.grid.pair(a.kind.value, b.kind.value, a.budget.sm_frac, a.budget.mem_frac))
+            if pair is None:
+                self.violations.append(f"{a.key} beside {b.key}: infeasible in the grid; charged 2x")
+                pair = (2.0, 2.0)
+            a.slowdown, b.slowdown = pair
+
+    def _retime(self, slots: dict[int, list[_Slot]], t: float) -> None:
+        gangs: dict[int, dict[int, float]] = {}
+        old = {s.key: s for ss in self.slots.values() for s in ss}
+        for d, ss in slots.items():
+            for s in ss:
+                prev = old.get(s.key)
+                if prev is None or prev.budget != s.budget:
+                    run = self.runs[s.key[1]]
+                    self._trace("grant", run.name, self._sid(s.key), d, s)
+                if s.key[0] == "w" and (prev is None or abs(prev.slowdown - s.slowdown) > EPS):
+                    run = self.runs[s.key[1]]
+                    end = run.workers[s.key[2]].interrupt(t, s.slowdown)
+                    if end is not None:
+                        self.push(end, Priority.SEGMENT, "segment", run.index, s.key[2])
+                elif s.key[0] == "g":
+                    gangs.setdefault(s.key[1], {})[d] = s.slowdown
+        now = {s.key for ss in slots.values() for s in ss}
+        for d, ss in self.slots.items():
+            for s in ss:
+                if s.key not in now:  # stopped holding the device (tool wait, migrated, done)
+                    self._trace("release", self.runs[s.key[1]].name, "", d, s)
+        for pipe, slow in gangs.items():
+            g = self.runs[pipe].gang
+            rate = gang_rate(list(slow.values()), self.balanced_gangs)
+            if abs(rate - g.rate) > EPS or slow != g.slowdowns:
+                g.advance(t)
+                g.rate, g.slowdowns = rate, slow
+                self.push(g.end_time(), Priority.STAGE, "gang", pipe)
+        self.slots = slots
+
+    def _release(self, run: PipelineRun, key: tuple) -> None:
+        for d, ss in self.slots.items():
+            for s in [s for s in ss if s.key[:len(key)] == key]:
+                ss.remove(s)
+                self._trace("release", run.name, "", d, s)
+
+    def _sid(self, key: tuple) -> str:
+        run = self.runs[key[1]]
+        if key[0] == "w":
+            return run.workers[key[2]].piece_id() or self._first_id(run, key[2])
+        g = run.gang
+        return g.ids[g.devices.index(key[2])]
+
+    def _trace(self, event: str, pipeline: str, substage: str = "", device: int | None = None,
+               slot: _Slot | None = None, data: dict | None = None) -> None:
+        if self.trace is None:
+            return
+        self.trace.add(TraceEvent(t_s=self.t, event=event, pipeline=pipeline, substage=substage, device=device,
+                                  sm_frac=slot.budget.sm_frac if slot else 0.0,
+                                  mem_bytes=int(slot.budget.mem_frac * self.node.mem_bytes) if slot else 0,
+                                  slowdown=slot.slowdown if slot else 1.0, data=data or {}))
+
+
+def _first_kind(run: PipelineRun, rank: int) -> SubStageKind:
+    return next((s.kind for s in run.prediction if s.dp_rank == rank and s.kind.on_device),
+                SubStageKind.ROLLOUT_PREFILL)

@@ -1,0 +1,319 @@
+"""Scheduling policies for the simulator (and the runtime): jigsaw and the baselines.
+
+    View (graphs, progress, node, grid) ─► policy.plan(view) ─► Plan
+    placement(k, gpus) ─► which GPUs each pipeline's rollout and training use
+
+    serial    verl: each pipeline alone on all GPUs, whole steps back to back
+    muxserve  JigsawRL §5.1 "JigsawRL-MuxServe": rollouts of different pipelines share GPUs
+              under a static SM split; reference and training run exclusively, one at a time
+    rollmux   RollMux §4 (paper 000): disaggregated rollout / training pools, phases
+              round-robin (FIFO per pool), long-tail consolidation at 80% of samples done
+    hrrs      PlexRL §4 (paper 004): each job keeps its rollout GPUs; its reference and
+              training requests queue on a shared training pool ordered by the highest
+              response ratio 1 + wait / estimated time (non-preemptive)
+    greedy    jigsaw with W = 1 (JigsawRL Fig. 11)
+    jigsaw    the windowed look-ahead scheduler with merging and balancing (JigsawRL §4)
+
+Baselines keep a little state between calls (whose turn it is, what was consolidated);
+jigsaw's scheduler is a pure function of the view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan, SchedulerConfig
+from jigsaw.graph.schedule import schedule
+from jigsaw.graph.substage import SubStage
+from jigsaw.sim.view import View
+
+Placement = tuple[tuple[int, ...], tuple[int, ...]]
+"""(rollout GPUs, training GPUs) of one pipeline."""
+
+
+def colocated(k: int, gpus: int) -> list[Placement]:
+    every = tuple(range(gpus))
+    return [(every, every)] * k
+
+
+# ---------------------------------------------------------------- shared helpers
+
+def _frontier(ps: PipelineState) -> list[SubStage]:
+    return [s for s in ps.graph if s.id not in ps.running and not ps.graph.deps[s.id]]
+
+
+def _device(ps: PipelineState, s: SubStage) -> int | None:
+    return ps.devices[s.dp_rank] if s.kind.on_device else None
+
+
+@dataclass
+class _Builder:
+    """Accumulates exclusive (whole-device) grants and starts for one plan."""
+
+    view: View
+    busy: dict[int, str] = field(default_factory=dict)
+    assignments: list[Assignment] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for ps in self.view.pipelines:
+            for sid in ps.running:
+                d = _device(ps, ps.graph[sid])
+                if d is not None:
+                    self.busy[d] = ps.graph.pipeline
+
+    def keep_running(self, ps: PipelineState) -> None:
+        for sid in ps.running:
+            d = _device(ps, ps.graph[sid])
+            if d is not None:
+                self._grant(ps, sid, d)
+
+    def start(self, ps: PipelineState, s: SubStage) -> None:
+        d = _device(ps, s)
+        if d is not None:
+            self.busy[d] = ps.graph.pipeline
+            self._grant(ps, s.id, d)
+        self.started.append(s.id)
+
+    def _grant(self, ps: PipelineState, sid: str, d: int) -> None:
+        self.assignments.append(Assignment(substage=sid, pipeline=ps.graph.pipeline, device=d, sm_frac=1.0,
+                                           mem_bytes=self.view.node.mem_bytes, slowdown=1.0))
+
+    def free(self, devices) -> bool:
+        return all(d not in self.busy for d in devices)
+
+    def plan(self, migrations=()) -> Plan:
+        return Plan(time_s=self.view.time_s, started=tuple(self.started), assignments=tuple(self.assignments),
+                    migrations=tuple(migrations))
+
+
+# ---------------------------------------------------------------- policies
+
+@dataclass
+class Serial:
+    """verl: one pipeline holds the node for a whole step, then the next one's turn."""
+
+    name: str = "serial"
+    turn: str | None = None
+    turn_step: int = -1
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        return colocated(k, gpus)
+
+    def plan(self, view: View) -> Plan:
+        names = [ps.graph.pipeline for ps in view.pipelines]
+        prog = dict(zip(names, view.progress))
+        b = _Builder(view)
+        if self.turn not in prog or (prog[self.turn].step > self.turn_step and not self._busy(view, self.turn)):
+            self._next_turn(names, prog)
+        for ps in view.pipelines:
+            b.keep_running(ps)
+            if ps.graph.pipeline == self.turn:
+                for s in _frontier(ps):
+                    if s.kind.on_device is False or b.free([_device(ps, s)]) or s.id in ps.urgent:
+                        b.start(ps, s)
+        return b.plan()
+
+    def _busy(self, view: View, name: str) -> bool:
+        return any(ps.running for ps in view.pipelines if ps.graph.pipeline == name)
+
+    def _next_turn(self, names: list[str], prog) -> None:
+        if self.turn in names:
+            nxt = names[(names.index(self.turn) + 1) % len(names)]
+        else:
+            nxt = names[0]
+        self.turn, self.turn_step = nxt, prog[nxt].step
+
+
+@dataclass
+class MuxServe:
+    """Rollouts share GPUs at a static SM split; reference and training exclusive, serialized."""
+
+    name: str = "muxserve"
+    sm_frac: float = 0.5
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        return colocated(k, gpus)
+
+    def plan(self, view: View) -> Plan:
+        occ: dict[int, list[tuple[PipelineState, str]]] = {}
+        for ps in view.pipelines:
+            for sid in ps.running:
+                if (d := _device(ps, ps.graph[sid])) is not None:
+                    occ.setdefault(d, []).append((ps, sid))
+        started: list[str] = []
+        gang_waits = False  # a waiting training stage blocks new rollouts, or it would starve
+        order = sorted(range(len(view.pipelines)), key=lambda i: view.progress[i].ready_since_s)
+        for ps in (view.pipelines[i] for i in order):
+            ready = _frontier(ps)
+            gang = [s for s in ready if s.kind.collective]
+            if gang:
+                devs = [ps.devices[s.dp_rank] for s in gang]
+                if not gang_waits and not any(occ.get(d) for d in devs):
+                    for s, d in zip(gang, devs):
+                        occ[d] = [(ps, s.id)]
+                        started.append(s.id)
+                else:
+                    gang_waits = True
+            for s in (s for s in ready if not s.kind.collective):
+                d = _device(ps, s)
+                if d is None:
+                    started.append(s.id)
+                elif s.id in ps.urgent or (not gang_waits and self._room(occ.get(d, []), ps)):
+                    occ.setdefault(d, []).append((ps, s.id))
+                    started.append(s.id)
+        assignments = [a for d, units in occ.items() for a in self._grants(view, d, units)]
+        return Plan(time_s=view.time_s, started=tuple(started), assignments=tuple(assignments))
+
+    @staticmethod
+    def _room(units: list, ps: PipelineState) -> bool:
+        """A rollout may join one rollout of another pipeline; nothing joins a gang."""
+        if not units:
+            return True
+        other, sid = units[0]
+        return len(units) == 1 and other is not ps and other.graph[sid].kind.is_rollout
+
+    def _grants(self, view: View, d: int, units: list) -> list[Assignment]:
+        cap = view.node.mem_bytes
+        if len(units) == 1:
+            ps, sid = units[0]
+            return [Assignment(substage=sid, pipeline=ps.graph.pipeline, device=d, sm_frac=1.0, mem_bytes=cap,
+                               slowdown=1.0)]
+        (pa, a), (pb, b) = units
+        ka, kb = pa.graph[a], pb.graph[b]
+        fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
+                if abs(o[0] - self.sm_frac) < 1e-9 and ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
+        sm, mem, sa, sb = min(fits, key=lambda o: max(o[2], o[3])) if fits else (self.sm_frac, 0.5, 1.0, 1.0)
+        return [Assignment(substage=a, pipeline=pa.graph.pipeline, device=d, sm_frac=sm, mem_bytes=int(mem * cap),
+                           slowdown=sa),
+                Assignment(substage=b, pipeline=pb.graph.pipeline, device=d, sm_frac=1 - sm,
+                           mem_bytes=int((1 - mem) * cap), slowdown=sb)]
+
+
+@dataclass
+class Jigsaw:
+    """The look-ahead scheduler (W = 3, merging, balancing); W = 1 is `greedy`."""
+
+    name: str = "jigsaw"
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        return colocated(k, gpus)
+
+    def plan(self, view: View) -> Plan:
+        return schedule(view.pipelines, view.node, view.model, self.config, view.time_s)
+
+
+def greedy() -> Jigsaw:
+    return Jigsaw(name="greedy", config=SchedulerConfig(window=1))
+
+
+@dataclass
+class RollMux:
+    """Disaggregated pools, phase-level round-robin, long-tail consolidation (RollMux §4.3-4.4)."""
+
+    name: str = "rollmux"
+    tail_trigger_frac: float = 0.8
+    """Share of samples done that makes a rollout tail-bound (RollMux §4.4: 'e.g. 80%')."""
+    consolidated: set = field(default_factory=set)
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        half = max(1, gpus // 2)
+        return [(tuple(range(half)), tuple(range(half, gpus)))] * k
+
+    def plan(self, view: View) -> Plan:
+        b = _Builder(view)
+        for ps in view.pipelines:
+            b.keep_running(ps)
+        migrations = self._consolidate(view, b)
+        order = sorted(range(len(view.pipelines)), key=lambda i: view.progress[i].ready_since_s)
+        for i in order:
+            ps = view.pipelines[i]
+            ready = _frontier(ps)
+            for s in ready:
+                if not s.kind.on_device:
+                    b.started.append(s.id)
+                elif s.kind.collective:
+                    devs = {ps.devices[x.dp_rank] for x in ps.graph if x.kind is s.kind and x.step == s.step}
+                    if b.free(devs) and s.id not in b.started:
+                        for x in [x for x in ready if x.kind is s.kind]:
+                            b.start(ps, x)
+                elif s.id in ps.urgent or b.free([_device(ps, s)]):
+                    b.start(ps, s)
+        return b.plan(migrations)
+
+    def _consolidate(self, view: View, b: _Builder) -> list[Migration]:
+        """At ≥80% of samples done, move the stragglers onto a quarter of the rollout GPUs so
+        the next job's rollout can start on the others (RollMux §4.4)."""
+        out = []
+        for ps, prog in zip(view.pipelines, view.progress):
+            key = (ps.graph.pipeline, prog.step)
+            if prog.stage != "rollout" or prog.rollout_done_frac < self.tail_trigger_frac or key in self.consolidated:
+                continue
+            live = sorted({ps.graph[sid].dp_rank for sid in ps.running if ps.graph[sid].kind.is_rollout})
+            keep = max(1, len(live) // 4)
+            if len(live) <= keep:
+                continue
+            self.consolidated.add(key)
+            targets, sources = live[:keep], live[keep:]
+            ids = {ps.graph[sid].dp_rank: sid for sid in ps.running if ps.graph[sid].kind.is_rollout}
+            for n, r in enumerate(sources):
+                t = targets[n % keep]
+                out.append(Migration(pipeline=ps.graph.pipeline, source=ids[r], target=ids[t], source_rank=r,
+                                     target_rank=t, delta_s=0.0, target_remaining_s=ps.remaining_s.get(ids[t], 0.0)))
+                b.busy.pop(ps.devices[r], None)
+                b.assignments = [a for a in b.assignments if a.substage != ids[r]]
+        return out
+
+
+@dataclass
+class HRRS:
+    """PlexRL: rollout on each job's own GPUs; reference / training requests share a training
+    pool, ordered by highest response ratio 1 + wait / estimated time (PlexRL Alg. 1)."""
+
+    name: str = "hrrs"
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        pool = tuple(range(gpus // 2, gpus)) or (0,)
+        own = max(1, (gpus // 2) // k)
+        return [(tuple((i * own + j) % max(1, gpus // 2) for j in range(own)), pool) for i in range(k)]
+
+    def plan(self, view: View) -> Plan:
+        b = _Builder(view)
+        gangs = []
+        for i, ps in enumerate(view.pipelines):
+            b.keep_running(ps)
+            for s in _frontier(ps):
+                if s.kind.collective:
+                    if s.dp_rank == min(x.dp_rank for x in ps.graph if x.kind is s.kind and x.step == s.step):
+                        gangs.append((i, ps, s))
+                elif not s.kind.on_device or s.id in ps.urgent or b.free([_device(ps, s)]):
+                    b.start(ps, s)
+        for i, ps, s in sorted(gangs, key=lambda g: -self._ratio(view, g[0], g[1], g[2])):
+            members = [x for x in _frontier(ps) if x.kind is s.kind and x.step == s.step]
+            if b.free([_device(ps, x) for x in members]):
+                for x in members:
+                    b.start(ps, x)
+        return b.plan()
+
+    @staticmethod
+    def _ratio(view: View, i: int, ps: PipelineState, s: SubStage) -> float:
+        wait = max(0.0, view.time_s - view.progress[i].ready_since_s)
+        return 1.0 + wait / max(s.duration_s, 1e-6)
+
+
+POLICIES = {
+    "serial": Serial,
+    "muxserve": MuxServe,
+    "rollmux": RollMux,
+    "hrrs": HRRS,
+    "greedy": greedy,
+    "jigsaw": Jigsaw,
+}
+"""Policy name -> factory (a fresh, stateless-at-start instance per simulation)."""
+
+
+def make(name: str):
+    if name not in POLICIES:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name]()

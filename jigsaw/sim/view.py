@@ -1,0 +1,190 @@
+"""What a policy sees: live pipelines as scheduler inputs (the runtime builds the same).
+
+    PipelineRun (live) + its prediction ─► remaining graph:
+        each worker: [live sub-stage, remaining = predicted − elapsed] ─► predicted rest of its chain
+        ─► reward ─► reference ─► training          (this step)
+        ─► the predicted next step, renumbered      (so the window can see past the barrier)
+    ─► PipelineState(graph, devices, running = granted budgets, urgent = new live sub-stages)
+
+Done work is left out of the graph.  A live sub-stage the prediction does not have (a
+regime this step did not show last time) keeps its elapsed time as its estimate and has
+no predicted successors on its worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, Plan
+from jigsaw.graph.substage import SubStage, SubStageKind
+from jigsaw.sim.pipeline import REFERENCE, REWARD, ROLLOUT, TRAINING, PipelineRun
+
+MIN_REMAINING_FRAC = 0.05
+"""An overdue sub-stage is still expected to need this share of its prediction."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Per-pipeline facts some baselines use besides the graph."""
+
+    stage: str
+    step: int
+    rollout_done_frac: float
+    """Share of this step's samples finished (RollMux's tail trigger)."""
+    ready_since_s: float
+    """When the pipeline's current stage became ready or started (HRRS waiting time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """Everything a policy decides from."""
+
+    time_s: float
+    pipelines: tuple[PipelineState, ...]
+    progress: tuple[Progress, ...]
+    node: NodeSpec
+    model: object
+    """The slowdown grid (jigsaw.mux.slowdown.SlowdownGrid)."""
+
+
+class Policy(Protocol):
+    """A scheduling policy: the simulator and the runtime call it at every decision point."""
+
+    name: str
+
+    def plan(self, view: View) -> Plan: ...
+
+
+def pipeline_state(run: PipelineRun, t: float, granted: Mapping[str, Budget]) -> PipelineState:
+    nodes: list[SubStage] = []
+    deps: dict[str, tuple[str, ...]] = {}
+    running: dict[str, Budget] = {}
+    remaining: dict[str, float] = {}
+    urgent: set[str] = set()
+    pred = run.prediction
+    sinks: list[str] = []
+    if run.stage == ROLLOUT:
+        for r, wk in enumerate(run.workers):
+            if not wk.done:
+                chain = _rollout_chain(run, r, t, granted, running, remaining, urgent)
+                _link(nodes, deps, chain, ())
+                sinks.append(chain[-1].id)
+    rest = _after_rollout(run, t, granted, running, remaining)
+    for layer in rest:
+        for s in layer:
+            nodes.append(s)
+            deps[s.id] = tuple(sinks)
+        sinks = [s.id for s in layer]
+    graph = SubStageGraph(nodes, deps)
+    if run.step + 1 < run.steps_total and pred is not None:
+        graph = _chain_next(graph, pred, run.step + 1) if nodes else _renumber(pred, run.step + 1)
+    return PipelineState(graph=graph, devices=run.devices, running=running, remaining_s=remaining,
+                         urgent=frozenset(urgent))
+
+
+def _link(nodes, deps, chain, before) -> None:
+    prev = before
+    for s in chain:
+        nodes.append(s)
+        deps[s.id] = tuple(prev)
+        prev = (s.id,)
+
+
+def _rollout_chain(run, r, t, granted, running, remaining, urgent) -> list[SubStage]:
+    wk, pred = run.workers[r], run.prediction
+    chain = [s for s in pred if s.dp_rank == r and s.kind.is_rollout or (s.dp_rank == r and s.kind is SubStageKind.TOOL)]
+    if not chain:  # the prediction has no such worker: one piece of unknown length
+        chain = [SubStage(id=f"{run.name}/{run.step}/r{r}/rollout_decode/0", pipeline=run.name, step=run.step,
+                          kind=SubStageKind.ROLLOUT_DECODE, dp_rank=r, duration_s=1.0, mem_bytes=run.rollout_mem)]
+    chain = [replace(s, id=_with_step(s.id, run.step), step=run.step) for s in chain]
+    if r not in run.started_workers:
+        return chain
+    live = wk.piece
+    if live is None:  # started, no forward step finished yet: it is in its first predicted piece
+        cur, j, elapsed = chain[0], 0, t - run.t_stage
+    else:
+        j = _match(chain, live.kind, live.ordinal)
+        elapsed = t - live.start_s
+        base = chain[j] if j is not None else None
+        sid = wk.piece_id()
+        cur = SubStage(id=sid, pipeline=run.name, step=run.step, kind=live.kind, dp_rank=r,
+                       duration_s=base.duration_s if base else max(elapsed, 1e-3),
+                       mem_bytes=0 if live.kind is SubStageKind.TOOL else run.rollout_mem,
+                       batch_size=float(len(wk.decoding)), num_steps=1)
+    left = max(cur.duration_s - elapsed, MIN_REMAINING_FRAC * cur.duration_s, 1e-3)
+    cur = replace(cur, duration_s=max(cur.duration_s, 1e-3))
+    if cur.id in granted or not cur.kind.on_device:
+        running[cur.id] = granted.get(cur.id, Budget(sm_frac=1.0, mem_frac=1.0))
+        remaining[cur.id] = left
+    else:  # a new regime (or its first piece): it starts now, only its budget is a choice
+        urgent.add(cur.id)
+        cur = replace(cur, duration_s=left)
+    tail = chain[j + 1:] if j is not None else []
+    return [cur, *[s for s in tail if s.id != cur.id]]
+
+
+def _match(chain: list[SubStage], kind: SubStageKind, ordinal: int) -> int | None:
+    suffix = f"/{kind.value}/{ordinal}"
+    for j, s in enumerate(chain):
+        if s.id.endswith(suffix):
+            return j
+    same = [j for j, s in enumerate(chain) if s.kind is kind]
+    return same[-1] if same else None
+
+
+def _after_rollout(run, t, granted, running, remaining) -> list[list[SubStage]]:
+    pred = run.prediction
+    by_kind = {k: [s for s in pred if s.kind is k] for k in (SubStageKind.REWARD, SubStageKind.REFERENCE,
+                                                              SubStageKind.TRAINING)}
+    layers = []
+    stages = [(REWARD, SubStageKind.REWARD), (REFERENCE, SubStageKind.REFERENCE), (TRAINING, SubStageKind.TRAINING)]
+    order = [ROLLOUT, REWARD, REFERENCE, TRAINING]
+    now = order.index(run.stage) if run.stage in order else len(order)
+    for stage, kind in stages:
+        if order.index(stage) < now:
+            continue
+        if order.index(stage) == now and kind is not SubStageKind.REWARD and run.gang is not None:
+            layers.append(_live_gang(run, t, granted, running, remaining))
+            continue
+        layer = [replace(s, id=_with_step(s.id, run.step), step=run.step) for s in by_kind[kind]]
+        if stage == REWARD and run.stage == REWARD:
+            layer = [replace(s, duration_s=max(run.reward_end_s - t, 1e-6)) for s in layer] or [
+                SubStage(id=f"{run.name}/{run.step}/r0/reward/0", pipeline=run.name, step=run.step,
+                         kind=SubStageKind.REWARD, dp_rank=0, duration_s=max(run.reward_end_s - t, 1e-6))]
+            for s in layer:
+                running[s.id] = Budget(sm_frac=1.0, mem_frac=1.0)
+        if layer:
+            layers.append(layer)
+    return layers
+
+
+def _live_gang(run, t, granted, running, remaining) -> list[SubStage]:
+    g = run.gang
+    g.advance(t) if g.started_s is not None else None
+    out = []
+    for sid, rank in zip(g.ids, g.ranks):
+        out.append(SubStage(id=sid, pipeline=run.name, step=run.step, kind=g.kind, dp_rank=rank,
+                            duration_s=max(g.excl_s, 1e-6), mem_bytes=g.mem_bytes,
+                            batch_size=g.seqs_per_rank, num_steps=1))
+        if g.started_s is not None:
+            running[sid] = granted.get(sid, Budget(sm_frac=1.0, mem_frac=1.0))
+            remaining[sid] = max(g.rem_s, 1e-6)
+    return out
+
+
+def _with_step(sid: str, step: int) -> str:
+    name, _, rest = sid.split("/", 2)
+    return f"{name}/{step}/{rest}"
+
+
+def _renumber(g: SubStageGraph, step: int) -> SubStageGraph:
+    ren = {s.id: _with_step(s.id, step) for s in g}
+    return SubStageGraph([replace(s, id=ren[s.id], step=step) for s in g],
+                         {ren[k]: tuple(ren[d] for d in v) for k, v in g.deps.items()})
+
+
+def _chain_next(graph: SubStageGraph, pred: SubStageGraph, step: int) -> SubStageGraph:
+    return graph.then(_renumber(pred, step))
