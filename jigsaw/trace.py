@@ -1,14 +1,17 @@
 """One trace format for the simulator and the runtime: JSON lines of small events.
 
     TraceEvent(t_s, event, pipeline, substage, device, sm_frac, mem_bytes, slowdown, data)
-        event ∈ grant      a sub-stage replica runs on a device under a budget from t_s on
+        event ∈ pipeline   a pipeline joined (data: model, device, rollout_tp)
+                grant      a sub-stage replica runs on a device under a budget from t_s on
                 release    it stops holding the device (done, migrated away, or waiting on a tool)
-                migration  requests moved between DP workers (data: source, target, delta_s)
-                step       an RL step finished (data: latency_s, tokens, flops)
+                host       a host sub-stage (tool wait, reward) ran from t_s (data: end_s)
+                migration  requests moved between DP workers (data: target, delta_s)
+                step       an RL step finished (data: latency_s, tokens, samples, flops)
     Trace.write(path) / Trace.read(path)    one JSON object per line, keys as above
 
 `jigsaw timeline` draws per-device utilisation from grant/release pairs and MFU from step
-FLOPs over the device's peak.
+FLOPs over the device's peak; `jigsaw sim --replay` rebuilds the step graphs from grants
+(exclusive time = interval / slowdown), host events and the pipeline metadata.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EVENTS = ("grant", "release", "migration", "step")
+EVENTS = ("pipeline", "grant", "release", "host", "migration", "step")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,7 +27,7 @@ def test_help_lists_the_subcommands_without_torch_or_scipy():
     assert out.returncode == 0, out.stderr
     for name in COMMANDS:
         assert name in out.stdout
-    assert "LOADED False False" in out.stdout
+    assert "LOADED False False" in out.stdout  # neither for `jigsaw sim --help`
 
 
 def test_prior_writes_a_valid_labelled_grid(tmp_path):
@@ -58,3 +58,23 @@ def test_inspect_prints_tables_and_rejects_a_malformed_file(tmp_path):
 def test_bad_arguments_fail_cleanly(argv):
     res = _run(*argv)
     assert res.returncode != 0 and "Traceback" not in res.stderr
+
+
+def test_sim_compares_policies_and_writes_a_trace(tmp_path):
+    out = tmp_path / "trace.jsonl"
+    res = _run("sim", "--workload", "qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k", "--gpus", "2", "--steps", "2",
+               "--policy", "serial,jigsaw", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "serial" in res.stdout and "jigsaw" in res.stdout and "lower bound" in res.stdout
+    from jigsaw.trace import Trace
+
+    events = Trace.read(out).events
+    assert {e.event for e in events} >= {"grant", "release", "step"}
+    assert sum(e.event == "step" for e in events) == 4
+
+
+def test_sim_lists_workloads_and_rejects_unknown_policies():
+    listed = _run("sim", "--list")
+    assert listed.returncode == 0 and "qwen3-4b-search-r1" in listed.stdout
+    bad = _run("sim", "--policy", "fifo", "--steps", "1")
+    assert bad.returncode == 2 and "unknown policy" in bad.stderr and "Traceback" not in bad.stderr

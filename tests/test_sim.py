@@ -50,6 +50,15 @@ def test_policies_respect_device_budgets_and_finish_every_sample_once(policy):
     _budgets_from_trace(res.trace, 80 * 2**30)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_tool_waits_free_or_keep_gpus_without_overcommitting(policy):
+    # Blocked tool calls idle whole workers; whole-GPU policies must keep their GPUs, the
+    # sharing ones may lend them and re-split when the worker comes back.
+    res = simulate(replace(SMALL, workload=("qwen3-4b-search-r1",) * 2, policy=policy, steps=2))
+    assert not res.violations, res.violations[:3]
+    _budgets_from_trace(res.trace, 80 * 2**30)
+
+
 def test_tail_batching_trains_exactly_one_batch_per_step_and_runs_long_rounds():
     res = simulate(replace(SMALL, workload=("qwen3-4b-gsm8k",), policy="serial", steps=6, tailbatch=True))
     steps = [e for e in res.trace.events if e.event == "step"]

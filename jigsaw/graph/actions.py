@@ -132,7 +132,7 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
         devs = P.tasks[i].devices
         if i in S.deferred or not devs:
             continue
-        if all(len(S.dev[d]) < 2 and d not in S.closed for d in devs):
+        if all(st.places_taken(P, S, i, d) < 2 and d not in S.closed for d in devs):
             groups.setdefault((P.tasks[i].pipe, P.kinds[i]), []).append(i)
     # Urgent groups first: they are already on their devices, nothing may take them.
     for key in sorted(groups, key=lambda k: (not any(i in S.urgent for i in groups[k]), k)):

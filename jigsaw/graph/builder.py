@@ -152,7 +152,11 @@ def build_step_graph(records: Iterable[StepRecord] = (), config: GraphConfig = G
     if len(keys) > 1:
         raise ValueError(f"records of several pipelines/steps given: {sorted(keys)[:4]}")
     pipeline, step = keys.pop()
-    layers = [_chains(pipeline, step, stage, rs, cs, config) for stage, rs, cs in _stage_groups(recs, cols)]
+    return _layered([_chains(pipeline, step, stage, rs, cs, config) for stage, rs, cs in _stage_groups(recs, cols)])
+
+
+def _layered(layers: list[list[list[SubStage]]]) -> SubStageGraph:
+    """Stage layers, each a chain per worker: chains in order, a barrier between layers."""
     deps: dict[str, tuple[str, ...]] = {}
     prev_sinks: tuple[str, ...] = ()
     for chains in layers:
@@ -161,8 +165,22 @@ def build_step_graph(records: Iterable[StepRecord] = (), config: GraphConfig = G
             for a, b in zip(chain, chain[1:]):
                 deps[b.id] = (a.id,)
         prev_sinks = tuple(chain[-1].id for chain in chains)
-    nodes = [s for chains in layers for chain in chains for s in chain]
-    return SubStageGraph(nodes, deps)
+    return SubStageGraph([s for chains in layers for chain in chains for s in chain], deps)
+
+
+STAGE_ORDER = (Stage.ROLLOUT, Stage.REWARD, Stage.REFERENCE, Stage.TRAINING)
+_STAGE_OF = {SubStageKind.TOOL: Stage.ROLLOUT, SubStageKind.REWARD: Stage.REWARD,
+             SubStageKind.REFERENCE: Stage.REFERENCE, SubStageKind.TRAINING: Stage.TRAINING}
+
+
+def assemble_step_graph(pieces: Iterable[SubStage], first_start_s: dict[str, float]) -> SubStageGraph:
+    """One step's graph from finished sub-stages (e.g. rebuilt from a trace): per stage, one
+    chain per worker in order of `first_start_s`, stages in RL order, barriers between."""
+    by_stage: dict[Stage, dict[int, list[SubStage]]] = {}
+    for s in sorted(pieces, key=lambda s: first_start_s[s.id]):
+        stage = _STAGE_OF.get(s.kind, Stage.ROLLOUT)
+        by_stage.setdefault(stage, {}).setdefault(s.dp_rank, []).append(s)
+    return _layered([[chains[r] for r in sorted(chains)] for st in STAGE_ORDER if (chains := by_stage.get(st))])
 
 
 def _stage_groups(recs: list[StepRecord], cols: list[StepColumns]):

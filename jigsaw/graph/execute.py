@@ -72,7 +72,7 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             raise RuntimeError(f"no completion after {max_plans} plans")
         plan = policy([tr.state() for tr in trackers.values()], node, model, config, t)
         plans.append(plan)
-        slow = _apply(plan, trackers, t, node)
+        slow = _apply(plan, trackers, t, node, model)
         units = _units(trackers, slow, config.balance)
         if not units:
             raise RuntimeError(f"schedule stuck at t={t}: nothing runs and work is left")
@@ -87,7 +87,7 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
                      plans=tuple(plans))
 
 
-def _apply(plan: Plan, trackers: dict[str, _Tracker], t: float, node: NodeSpec) -> dict[str, float]:
+def _apply(plan: Plan, trackers: dict[str, _Tracker], t: float, node: NodeSpec, model) -> dict[str, float]:
     """Take the plan's migrations, starts and budgets; return each replica's slowdown."""
     for tr in trackers.values():
         for sid in plan.started:
@@ -101,18 +101,44 @@ def _apply(plan: Plan, trackers: dict[str, _Tracker], t: float, node: NodeSpec) 
         tr.done.add(m.source)
         tr.remaining[m.target] = m.target_remaining_s
     assigned = {a.substage: a for a in plan.assignments}
-    slow = {}
+    slow, kinds = {}, {}
     for tr in trackers.values():
         for sid in list(tr.running):
             if sid in assigned:
                 a = assigned[sid]
                 tr.running[sid] = Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / node.mem_bytes)
-                slow[sid] = a.slowdown
+                kinds[sid] = tr.ps.graph[sid].kind.value
             elif tr.ps.graph[sid].kind.on_device:
                 raise RuntimeError(f"plan at t={t} dropped running sub-stage {sid} (no preemption)")
             else:
                 slow[sid] = 1.0
+    by_device: dict[int, list] = {}
+    for a in plan.assignments:
+        if a.substage in kinds:
+            by_device.setdefault(a.device, []).append(a)
+    for d, group in by_device.items():
+        slow.update(_slowdowns(model, group, kinds, t, d))
     return slow
+
+
+def _slowdowns(model, group: list, kinds: dict[str, str], t: float, d: int) -> dict[str, float]:
+    """What the grid says for what really shares the device (a plan's own prediction is not
+    trusted: this is the effect side)."""
+    if len(group) > 2:
+        raise RuntimeError(f"plan at t={t} puts {len(group)} sub-stages on device {d}")
+    if len(group) == 1:
+        (a,) = group
+        full = a.sm_frac >= 1.0 - 1e-9 and a.mem_bytes >= a.mem_bytes  # alone: the whole device
+        return {a.substage: 1.0 if full and a.sm_frac >= 1.0 - 1e-9 else
+                model.alone(kinds[a.substage], a.sm_frac, model.mem_levels[-1])}
+    a, b = group
+    mem_a = a.mem_bytes / (a.mem_bytes + b.mem_bytes)
+    pair = (model.shared(kinds[a.substage], kinds[b.substage], mem_a) if a.sm_frac >= 1.0 - 1e-9
+            else model.pair(kinds[a.substage], kinds[b.substage], a.sm_frac, mem_a))
+    if pair is None:
+        raise RuntimeError(f"plan at t={t} co-locates {a.substage} and {b.substage} on device {d}, "
+                           "which the slowdown grid says does not fit")
+    return {a.substage: pair[0], b.substage: pair[1]}
 
 
 def _units(trackers: dict[str, _Tracker], slow: dict[str, float], balanced: bool):

@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec, PipelineState
+from jigsaw.graph.substage import SubStageKind
 
 EPS_S = 1e-9
 PENDING, READY, RUNNING, DONE = 0, 1, 2, 3
@@ -29,7 +30,7 @@ SOLO = (1.0, 1.0, 1.0)
 class Task:
     """A schedulable unit (see module docstring); immutable once the Problem is built."""
 
-    __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "excl_s", "mem", "preds",
+    __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "hold", "excl_s", "mem", "preds",
                  "succs", "tail_s", "batch", "mergeable", "context_tokens", "num_steps", "flops_per_token")
 
     def __repr__(self) -> str:
@@ -138,21 +139,35 @@ def gang_keys(graph: SubStageGraph) -> list[tuple]:
     return keys
 
 
+_KIND = {k: (k.value, k.on_device, k.is_rollout) for k in SubStageKind}
+"""Enum properties looked up once: task construction runs at every scheduling call."""
+
+
 def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe: int, idx: int,
                task_of: dict[str, int]) -> Task:
     t = Task()
     first = group[0]
-    t.idx, t.pipe, t.kind = idx, pipe, first.kind.value
-    t.ids = tuple(s.id for s in group)
-    t.ranks = tuple(s.dp_rank for s in group)
-    t.devices = tuple(devices[r] for r in t.ranks) if first.kind.on_device else ()
-    t.excl_s = max(s.duration_s for s in group)
-    t.mem = max(s.mem_bytes for s in group)
-    t.preds = tuple(sorted({task_of[d] for s in group for d in graph.deps[s.id]} - {idx}))
-    t.succs = tuple(sorted({task_of[n] for s in group for n in graph.successors(s.id)} - {idx}))
-    t.batch = sum(s.batch_size for s in group)
-    t.mergeable = first.kind.value == "rollout_tail" and all(
-        not graph[n].kind.is_rollout for n in graph.successors(first.id))
+    kind, on_device, _ = _KIND[first.kind]
+    t.idx, t.pipe, t.kind = idx, pipe, kind
+    deps, succ = graph.deps, graph._succ
+    if len(group) == 1:
+        t.ids, t.ranks = (first.id,), (first.dp_rank,)
+        t.excl_s, t.mem, t.batch = first.duration_s, first.mem_bytes, first.batch_size
+        t.preds = tuple(sorted({task_of[d] for d in deps[first.id]}))
+        t.succs = tuple(sorted({task_of[n] for n in succ[first.id]}))
+    else:
+        t.ids = tuple(s.id for s in group)
+        t.ranks = tuple(s.dp_rank for s in group)
+        t.excl_s = max(s.duration_s for s in group)
+        t.mem = max(s.mem_bytes for s in group)
+        t.batch = sum(s.batch_size for s in group)
+        t.preds = tuple(sorted({task_of[d] for s in group for d in deps[s.id]} - {idx}))
+        t.succs = tuple(sorted({task_of[n] for s in group for n in succ[s.id]} - {idx}))
+    t.devices = tuple(devices[r] for r in t.ranks) if on_device else ()
+    # A worker waiting on a tool keeps its engine (and the waiting requests' KV cache) on
+    # its device: it holds one of the device's two places for its return.
+    t.hold = devices[first.dp_rank] if kind == "tool" else None
+    t.mergeable = kind == "rollout_tail" and not any(_KIND[graph[n].kind][2] for n in succ[first.id])
     t.context_tokens = int(first.batch_size * first.seq_len)
     t.num_steps = first.num_steps
     t.flops_per_token = first.flops / first.num_tokens if first.num_tokens and first.flops else 0.0
@@ -176,7 +191,7 @@ class State:
     """Mutable simulation state; `copy()` is cheap enough to branch on."""
 
     __slots__ = ("t", "rem", "status", "npred", "dev", "split", "rate", "ready", "running",
-                 "closed", "deferred", "touched", "pipe_end", "started", "log", "load", "urgent")
+                 "closed", "deferred", "touched", "pipe_end", "started", "log", "load", "urgent", "held")
 
     def copy(self) -> State:
         c = State.__new__(State)
@@ -185,7 +200,7 @@ class State:
         c.ready, c.running = set(self.ready), set(self.running)
         c.closed, c.deferred, c.touched = set(self.closed), set(self.deferred), set(self.touched)
         c.pipe_end, c.started, c.log = self.pipe_end[:], self.started[:], self.log[:]
-        c.load = self.load[:]
+        c.load, c.held = self.load[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         return c
 
@@ -196,6 +211,7 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     n = len(P.tasks)
     S.t, S.rem, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
     S.dev, S.split, S.rate = [()] * P.num_devices, {}, [0.0] * n
+    S.held = [()] * P.num_devices
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.pipe_end, S.started, S.log = [time_s] * len(pipelines), [], []
@@ -244,12 +260,24 @@ def _init_task(P: Problem, S: State, task: Task, ps: PipelineState) -> None:
         return
     S.status[task.idx] = RUNNING
     S.running.add(task.idx)
+    if task.hold is not None:
+        S.held[task.hold] = S.held[task.hold] + (task.idx,)
     for sid, d in zip(task.ids, task.devices):
         if len(S.dev[d]) >= 2:
             raise ValueError(f"more than two sub-stages running on device {d}")
         S.dev[d] = S.dev[d] + (task.idx,)
         b = ps.running[sid]
         S.split[(task.idx, d)] = (b.sm_frac, b.mem_frac, 1.0)
+
+
+def places_taken(P: Problem, S: State, i: int, d: int) -> int:
+    """Places of device d's two that task i cannot have: running partners, and workers of
+    other pipelines waiting on a tool there (task i's own pipeline's hold is its own)."""
+    held = S.held[d]
+    if not held:
+        return len(S.dev[d])
+    pipe = P.tasks[i].pipe
+    return len(S.dev[d]) + sum(1 for h in held if P.tasks[h].pipe != pipe)
 
 
 def refresh_rate(P: Problem, S: State, i: int, balanced: bool) -> None:
@@ -268,6 +296,8 @@ def start(P: Problem, S: State, i: int) -> None:
     S.ready.discard(i)
     S.running.add(i)
     S.started.append(i)
+    if (h := P.tasks[i].hold) is not None:
+        S.held[h] = S.held[h] + (i,)
     for d in P.tasks[i].devices:
         S.dev[d] = S.dev[d] + (i,)
         S.split[(i, d)] = SOLO
@@ -281,6 +311,8 @@ def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
     S.status[i] = DONE
     S.running.discard(i)
     S.rem[i] = 0.0
+    if task.hold is not None:
+        S.held[task.hold] = tuple(j for j in S.held[task.hold] if j != i)
     if S.t > S.pipe_end[task.pipe]:
         S.pipe_end[task.pipe] = S.t
     for d in task.devices:

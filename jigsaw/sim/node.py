@@ -21,7 +21,7 @@ from enum import IntEnum
 
 from jigsaw.graph.plan import Budget, NodeSpec, Plan
 from jigsaw.graph.state import gang_rate
-from jigsaw.graph.substage import SubStageKind
+from jigsaw.graph.substage import Stage, SubStageKind
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, WAITING, PipelineRun
 from jigsaw.sim.view import Policy, Progress, View, pipeline_state
 from jigsaw.trace import Trace, TraceEvent
@@ -55,6 +55,8 @@ class _Slot:
     kind: SubStageKind
     budget: Budget
     slowdown: float = 1.0
+    sid: str = ""
+    """Live sub-stage id it was granted for (a worker moves through several)."""
 
 
 class NodeSim:
@@ -73,11 +75,15 @@ class NodeSim:
         self.violations: list[str] = []
         self.balanced_gangs = False
         self.fired: list[Event] = []
+        self._pairs: dict[tuple, tuple[float, float] | None] = {}
 
     # ------------------------------------------------------------ loop
 
     def run(self) -> None:
         for run in self.runs:
+            self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
+                                                    "device": run.spec.device, "rollout_tp": run.spec.rollout_tp,
+                                                    "devices": list(run.devices)})
             run.begin_step(0.0)
         self._decide(0.0)
         while self.heap:
@@ -156,11 +162,23 @@ class NodeSim:
         was = run.stage
         run.next_gang(self.t)
         if was == TRAINING:
+            self._trace_host(run)
             m = run.metrics[-1]
             self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
                                                 "samples": m.samples, "round": m.round,
                                                 "flops": run.cost.flops_per_token * m.tokens * 4})
             run.begin_step(self.t, self._routing(run))
+
+    def _trace_host(self, run: PipelineRun) -> None:
+        """Host sub-stages of the finished step (tool waits, reward), numbered as the builder does."""
+        if self.trace is None:
+            return
+        seen: dict[tuple, int] = {}
+        for r in sorted((r for r in run.records if r.stage in (Stage.TOOL, Stage.REWARD)), key=lambda r: r.t_start_s):
+            kind = "tool" if r.stage is Stage.TOOL else "reward"
+            n = seen[(r.dp_rank, kind)] = seen.get((r.dp_rank, kind), -1) + 1
+            self.trace.add(TraceEvent(t_s=r.t_start_s, event="host", pipeline=run.name,
+                                      substage=f"{run.name}/{run.step}/r{r.dp_rank}/{kind}/{n}", data={"end_s": r.t_end_s}))
 
     def _routing(self, run: PipelineRun) -> tuple[float, ...] | None:
         return getattr(self, "_last_routing", {}).get(run.name)
@@ -237,7 +255,7 @@ class NodeSim:
             else:
                 a_budget = Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / self.node.mem_bytes)
             granted[sid] = a_budget
-            new_slots[device].append(_Slot(key=key, kind=kind, budget=a_budget))
+            new_slots[device].append(_Slot(key=key, kind=kind, budget=a_budget, sid=sid))
         for d in ungranted:  # the plan missed a running unit: share the device evenly
             for slot in new_slots[d]:
                 slot.budget = Budget(sm_frac=1.0 / len(new_slots[d]), mem_frac=1.0 / len(new_slots[d]))
@@ -286,12 +304,18 @@ class NodeSim:
                                                           min(s.budget.mem_frac, self.grid.mem_levels[-1]))
         elif len(ss) == 2:
             a, b = ss
-            pair = (self.grid.shared(a.kind.value, b.kind.value, a.budget.mem_frac) if a.budget.sm_frac == 1.0
-                    else self.grid.pair(a.kind.value, b.kind.value, a.budget.sm_frac, a.budget.mem_frac))
+            pair = self._pair(a.kind.value, b.kind.value, a.budget.sm_frac, a.budget.mem_frac)
             if pair is None:
                 self.violations.append(f"{a.key} beside {b.key}: infeasible in the grid; charged 2x")
                 pair = (2.0, 2.0)
             a.slowdown, b.slowdown = pair
+
+    def _pair(self, ka: str, kb: str, sm: float, mem: float) -> tuple[float, float] | None:
+        """Grid slowdowns of a pair (memoised: plans grant the same few grid points)."""
+        key = (ka, kb, round(sm, 9), round(mem, 9))
+        if key not in self._pairs:
+            self._pairs[key] = (self.grid.shared(ka, kb, mem) if sm == 1.0 else self.grid.pair(ka, kb, sm, mem))
+        return self._pairs[key]
 
     def _retime(self, slots: dict[int, list[_Slot]], t: float) -> None:
         gangs: dict[int, dict[int, float]] = {}
@@ -299,9 +323,8 @@ class NodeSim:
         for d, ss in slots.items():
             for s in ss:
                 prev = old.get(s.key)
-                if prev is None or prev.budget != s.budget:
-                    run = self.runs[s.key[1]]
-                    self._trace("grant", run.name, self._sid(s.key), d, s)
+                if prev is None or prev.budget != s.budget or prev.sid != s.sid or abs(prev.slowdown - s.slowdown) > EPS:
+                    self._trace("grant", self.runs[s.key[1]].name, s.sid, d, s)
                 if s.key[0] == "w" and (prev is None or abs(prev.slowdown - s.slowdown) > EPS):
                     run = self.runs[s.key[1]]
                     end = run.workers[s.key[2]].interrupt(t, s.slowdown)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.schedule import schedule
-from jigsaw.graph.substage import SubStage
+from jigsaw.graph.substage import SubStage, SubStageKind
 from jigsaw.sim.view import View
 
 Placement = tuple[tuple[int, ...], tuple[int, ...]]
@@ -39,7 +39,7 @@ def colocated(k: int, gpus: int) -> list[Placement]:
 # ---------------------------------------------------------------- shared helpers
 
 def _frontier(ps: PipelineState) -> list[SubStage]:
-    return [s for s in ps.graph if s.id not in ps.running and not ps.graph.deps[s.id]]
+    return list(ps.graph.frontier(ps.done, ps.running))
 
 
 def _device(ps: PipelineState, s: SubStage) -> int | None:
@@ -58,7 +58,10 @@ class _Builder:
     def __post_init__(self) -> None:
         for ps in self.view.pipelines:
             for sid in ps.running:
-                d = _device(ps, ps.graph[sid])
+                s = ps.graph[sid]
+                # A worker waiting on a tool still owns its GPU: whole-GPU policies do not
+                # lend it out (its engine stays loaded with the waiting requests' KV cache).
+                d = ps.devices[s.dp_rank] if s.kind is SubStageKind.TOOL else _device(ps, s)
                 if d is not None:
                     self.busy[d] = ps.graph.pipeline
 
@@ -131,16 +134,21 @@ class MuxServe:
 
     name: str = "muxserve"
     sm_frac: float = 0.5
+    """Static SM share of the first rollout on a device (MuxServe fixes the split per group)."""
 
     def placement(self, k: int, gpus: int) -> list[Placement]:
         return colocated(k, gpus)
 
     def plan(self, view: View) -> Plan:
         occ: dict[int, list[tuple[PipelineState, str]]] = {}
+        held: dict[int, set[str]] = {}  # device -> pipelines with a worker waiting on a tool there
         for ps in view.pipelines:
             for sid in ps.running:
-                if (d := _device(ps, ps.graph[sid])) is not None:
+                s = ps.graph[sid]
+                if (d := _device(ps, s)) is not None:
                     occ.setdefault(d, []).append((ps, sid))
+                elif s.kind is SubStageKind.TOOL:
+                    held.setdefault(ps.devices[s.dp_rank], set()).add(ps.graph.pipeline)
         started: list[str] = []
         gang_waits = False  # a waiting training stage blocks new rollouts, or it would starve
         order = sorted(range(len(view.pipelines)), key=lambda i: view.progress[i].ready_since_s)
@@ -149,7 +157,7 @@ class MuxServe:
             gang = [s for s in ready if s.kind.collective]
             if gang:
                 devs = [ps.devices[s.dp_rank] for s in gang]
-                if not gang_waits and not any(occ.get(d) for d in devs):
+                if not gang_waits and not any(occ.get(d) or held.get(d, set()) - {ps.graph.pipeline} for d in devs):
                     for s, d in zip(gang, devs):
                         occ[d] = [(ps, s.id)]
                         started.append(s.id)
@@ -159,19 +167,27 @@ class MuxServe:
                 d = _device(ps, s)
                 if d is None:
                     started.append(s.id)
-                elif s.id in ps.urgent or (not gang_waits and self._room(occ.get(d, []), ps)):
+                elif s.id in ps.urgent or (not gang_waits and self._room(view, occ.get(d, []), held.get(d, ()), ps, s)):
                     occ.setdefault(d, []).append((ps, s.id))
                     started.append(s.id)
         assignments = [a for d, units in occ.items() for a in self._grants(view, d, units)]
         return Plan(time_s=view.time_s, started=tuple(started), assignments=tuple(assignments))
 
-    @staticmethod
-    def _room(units: list, ps: PipelineState) -> bool:
-        """A rollout may join one rollout of another pipeline; nothing joins a gang."""
-        if not units:
-            return True
+    def _room(self, view: View, units: list, holders, ps: PipelineState, s: SubStage) -> bool:
+        """A rollout may join one rollout of another pipeline if both fit in memory at the
+        static split; nothing joins a gang, and another pipeline's tool wait keeps a place."""
+        others = len(units) + len(set(holders) - {ps.graph.pipeline})
+        if others != 1 or not units:  # an empty device, a full one, or one place held
+            return others <= 1
         other, sid = units[0]
-        return len(units) == 1 and other is not ps and other.graph[sid].kind.is_rollout
+        return other is not ps and other.graph[sid].kind.is_rollout and bool(self._splits(view, (other, sid), (ps, s.id)))
+
+    def _splits(self, view: View, a, b) -> list[tuple[float, float, float, float]]:
+        """Grid points at the static split (a at `sm_frac`) where both fit in memory."""
+        (pa, ia), (pb, ib) = a, b
+        ka, kb, cap = pa.graph[ia], pb.graph[ib], view.node.mem_bytes
+        return [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
+                if abs(o[0] - self.sm_frac) < 1e-9 and ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
 
     def _grants(self, view: View, d: int, units: list) -> list[Assignment]:
         cap = view.node.mem_bytes
@@ -179,11 +195,17 @@ class MuxServe:
             ps, sid = units[0]
             return [Assignment(substage=sid, pipeline=ps.graph.pipeline, device=d, sm_frac=1.0, mem_bytes=cap,
                                slowdown=1.0)]
+        if len(units) != 2:
+            raise RuntimeError(f"muxserve put {len(units)} sub-stages on device {d}")
         (pa, a), (pb, b) = units
-        ka, kb = pa.graph[a], pb.graph[b]
-        fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
-                if abs(o[0] - self.sm_frac) < 1e-9 and ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
-        sm, mem, sa, sb = min(fits, key=lambda o: max(o[2], o[3])) if fits else (self.sm_frac, 0.5, 1.0, 1.0)
+        fits = self._splits(view, units[0], units[1])
+        if not fits:  # a worker back from a tool beside a gang: the best split the grid allows
+            ka, kb = pa.graph[a], pb.graph[b]
+            fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
+                    if ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
+        if not fits:
+            raise RuntimeError(f"muxserve: {a} and {b} do not fit together on device {d}")
+        sm, mem, sa, sb = min(fits, key=lambda o: max(o[2], o[3]))
         return [Assignment(substage=a, pipeline=pa.graph.pipeline, device=d, sm_frac=sm, mem_bytes=int(mem * cap),
                            slowdown=sa),
                 Assignment(substage=b, pipeline=pb.graph.pipeline, device=d, sm_frac=1 - sm,

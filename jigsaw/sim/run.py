@@ -138,6 +138,8 @@ class LowerBound:
     """The slowest pipeline run alone on the whole node."""
     resource_s: float
     """Device-seconds of all exclusive work / (GPUs × best packing efficiency of the grid)."""
+    alone_s: tuple[float, ...] = ()
+    """Each pipeline alone on the node: its whole run, all steps."""
 
 
 def lower_bound(config: SimConfig) -> LowerBound:
@@ -154,7 +156,7 @@ def lower_bound(config: SimConfig) -> LowerBound:
     devices = (config.gpus or first.gpus) // first.rollout_tp
     resource = work / (devices * max(1.0, grid.max_pack_efficiency()))
     cp = max(alone)
-    return LowerBound(makespan_s=max(cp, resource), critical_path_s=cp, resource_s=resource)
+    return LowerBound(makespan_s=max(cp, resource), critical_path_s=cp, resource_s=resource, alone_s=tuple(alone))
 
 
 def stage_shares(spec: workload.WorkloadSpec, gpus: int, steps: int, seed: int = 0) -> tuple[float, ...]:

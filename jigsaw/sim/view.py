@@ -78,11 +78,26 @@ def pipeline_state(run: PipelineRun, t: float, granted: Mapping[str, Budget]) ->
             nodes.append(s)
             deps[s.id] = tuple(sinks)
         sinks = [s.id for s in layer]
-    graph = SubStageGraph(nodes, deps)
     if run.step + 1 < run.steps_total and pred is not None:
-        graph = _chain_next(graph, pred, run.step + 1) if nodes else _renumber(pred, run.step + 1)
-    return PipelineState(graph=graph, devices=run.devices, running=running, remaining_s=remaining,
-                         urgent=frozenset(urgent))
+        _append_next(run, nodes, deps)
+    return PipelineState(graph=SubStageGraph(nodes, deps), devices=run.devices, running=running,
+                         remaining_s=remaining, urgent=frozenset(urgent))
+
+
+def _append_next(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[str, ...]]) -> None:
+    """The predicted next step behind a barrier (renumbered once per step, then reused)."""
+    key = (run.step + 1, id(run.prediction))
+    cached = getattr(run, "_next_graph", None)
+    if cached is None or cached[0] != key:
+        g = _renumber(run.prediction, run.step + 1)
+        cached = run._next_graph = (key, g.substages, g.deps, tuple(s.id for s in g.sources()))
+    _, next_nodes, next_deps, sources = cached
+    has_succ = {d for ds in deps.values() for d in ds}
+    sinks = tuple(s.id for s in nodes if s.id not in has_succ)
+    nodes.extend(next_nodes)
+    deps.update(next_deps)
+    for sid in sources:
+        deps[sid] = sinks
 
 
 def _link(nodes, deps, chain, before) -> None:
@@ -94,12 +109,11 @@ def _link(nodes, deps, chain, before) -> None:
 
 
 def _rollout_chain(run, r, t, granted, running, remaining, urgent) -> list[SubStage]:
-    wk, pred = run.workers[r], run.prediction
-    chain = [s for s in pred if s.dp_rank == r and s.kind.is_rollout or (s.dp_rank == r and s.kind is SubStageKind.TOOL)]
+    wk = run.workers[r]
+    chain = _chains(run).get(r)
     if not chain:  # the prediction has no such worker: one piece of unknown length
         chain = [SubStage(id=f"{run.name}/{run.step}/r{r}/rollout_decode/0", pipeline=run.name, step=run.step,
                           kind=SubStageKind.ROLLOUT_DECODE, dp_rank=r, duration_s=1.0, mem_bytes=run.rollout_mem)]
-    chain = [replace(s, id=_with_step(s.id, run.step), step=run.step) for s in chain]
     if r not in run.started_workers:
         return chain
     live = wk.piece
@@ -126,6 +140,19 @@ def _rollout_chain(run, r, t, granted, running, remaining, urgent) -> list[SubSt
     return [cur, *[s for s in tail if s.id != cur.id]]
 
 
+def _chains(run: PipelineRun) -> dict[int, list[SubStage]]:
+    """The prediction's rollout chain of every worker (computed once per step).  Predicted
+    ids already carry the current step: the builder predicts the step after its history."""
+    cached = getattr(run, "_chains_cache", None)
+    if cached is None or cached[0] is not run.prediction:
+        out: dict[int, list[SubStage]] = {}
+        for s in run.prediction:
+            if s.kind.is_rollout or s.kind is SubStageKind.TOOL:
+                out.setdefault(s.dp_rank, []).append(s)
+        cached = run._chains_cache = (run.prediction, out)
+    return cached[1]
+
+
 def _match(chain: list[SubStage], kind: SubStageKind, ordinal: int) -> int | None:
     suffix = f"/{kind.value}/{ordinal}"
     for j, s in enumerate(chain):
@@ -149,7 +176,7 @@ def _after_rollout(run, t, granted, running, remaining) -> list[list[SubStage]]:
         if order.index(stage) == now and kind is not SubStageKind.REWARD and run.gang is not None:
             layers.append(_live_gang(run, t, granted, running, remaining))
             continue
-        layer = [replace(s, id=_with_step(s.id, run.step), step=run.step) for s in by_kind[kind]]
+        layer = list(by_kind[kind])
         if stage == REWARD and run.stage == REWARD:
             layer = [replace(s, duration_s=max(run.reward_end_s - t, 1e-6)) for s in layer] or [
                 SubStage(id=f"{run.name}/{run.step}/r0/reward/0", pipeline=run.name, step=run.step,
@@ -185,6 +212,3 @@ def _renumber(g: SubStageGraph, step: int) -> SubStageGraph:
     return SubStageGraph([replace(s, id=ren[s.id], step=step) for s in g],
                          {ren[k]: tuple(ren[d] for d in v) for k, v in g.deps.items()})
 
-
-def _chain_next(graph: SubStageGraph, pred: SubStageGraph, step: int) -> SubStageGraph:
-    return graph.then(_renumber(pred, step))

@@ -1,0 +1,55 @@
+"""Shared by the paper benches: run every policy on one workload mix and tabulate ratios."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+from rich.table import Table
+
+from jigsaw.sim.run import LowerBound, SimConfig, lower_bound, simulate
+
+BASELINES = ("serial", "rollmux", "muxserve", "hrrs", "greedy")
+
+
+@dataclass
+class Row:
+    label: str
+    tokens_per_s: dict[str, float]
+    latency_x: dict[str, float]
+    """Mean over pipelines of (mean step latency / mean step time alone)."""
+    bound: LowerBound
+    makespan_s: dict[str, float]
+
+
+def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed: int,
+            policies: tuple[str, ...] = BASELINES + ("jigsaw",)) -> Row:
+    cfg = SimConfig(workload=workloads, gpus=gpus, steps=steps, seed=seed, trace=False)
+    res = {p: simulate(replace(cfg, policy=p)) for p in policies}
+    bound = lower_bound(replace(cfg, policy="serial"))
+    return Row(label=label, tokens_per_s={p: r.tokens_per_s for p, r in res.items()},
+               latency_x={p: statistics.fmean(x.mean_step_latency_s / (a / steps) for x, a in zip(r.pipelines, bound.alone_s))
+                          for p, r in res.items()},
+               bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()})
+
+
+def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
+    t = Table(title=title)
+    t.add_column("workload")
+    others = [p for p in policies if p != "jigsaw"]
+    for p in others:
+        t.add_column(f"jigsaw / {p}", justify="right")
+    t.add_column("jigsaw tok/s", justify="right")
+    t.add_column("gap to bound", justify="right")
+    t.add_column("latency × alone", justify="right")
+    for r in rows:
+        t.add_row(r.label, *[f"{r.tokens_per_s['jigsaw'] / r.tokens_per_s[p]:.2f}" for p in others],
+                  f"{r.tokens_per_s['jigsaw']:,.0f}", f"{r.makespan_s['jigsaw'] / r.bound.makespan_s - 1:+.0%}",
+                  f"{r.latency_x['jigsaw']:.2f}")
+    ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows] for p in others}
+    t.add_section()
+    t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], "",
+              f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
+              f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")
+    t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], "", "", "")
+    return t
