@@ -1,8 +1,9 @@
 """One trace format for the simulator and the runtime: JSON lines of small events.
 
     TraceEvent(t_s, event, pipeline, substage, device, sm_frac, mem_bytes, slowdown, data)
-        event ∈ pipeline   a pipeline joined (data: model, device, rollout_tp)
+        event ∈ pipeline   a pipeline joined (data: workload, model, device, devices, prior)
                 grant      a sub-stage replica runs on a device under a budget from t_s on
+                           (data: need_bytes, the memory it needs)
                 release    it stops holding the device (done, migrated away, or waiting on a tool)
                 host       a host sub-stage (tool wait, reward) ran from t_s (data: end_s)
                 migration  requests moved between DP workers (data: target, delta_s)

@@ -73,6 +73,21 @@ def test_sim_compares_policies_and_writes_a_trace(tmp_path):
     assert sum(e.event == "step" for e in events) == 4
 
 
+def test_sim_replays_a_recorded_trace_under_every_policy(tmp_path):
+    out = tmp_path / "trace.jsonl"
+    rec = _run("sim", "--workload", "qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k", "--gpus", "2", "--steps", "2",
+               "--policy", "serial", "--no-bound", "--out", str(out))
+    assert rec.returncode == 0, rec.stderr
+    res = _run("sim", "--replay", str(out), "--policy", "all")
+    assert res.returncode == 0, res.stderr
+    assert all(p in res.stdout for p in ("serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"))
+    assert "recorded makespan" in res.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    failed = _run("sim", "--replay", str(bad))
+    assert failed.returncode != 0 and "bad.jsonl:1" in failed.stderr and "Traceback" not in failed.stderr
+
+
 def test_sim_lists_workloads_and_rejects_unknown_policies():
     listed = _run("sim", "--list")
     assert listed.returncode == 0 and "qwen3-4b-search-r1" in listed.stdout

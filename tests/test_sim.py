@@ -59,6 +59,17 @@ def test_tool_waits_free_or_keep_gpus_without_overcommitting(policy):
     _budgets_from_trace(res.trace, 80 * 2**30)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_three_pipelines_never_crowd_a_device_a_tool_wait_holds(policy):
+    # A worker back from a tool call resumes on its device at once: a third pipeline must
+    # not have taken the place it left.
+    mix = ("qwen3-4b-search-r1", "qwen3-4b-aime-multiturn", "qwen3-0.6b-math")
+    res = simulate(replace(SMALL, workload=mix, policy=policy, steps=2))
+    assert not res.violations, res.violations[:3]
+    assert all(p.steps == 2 for p in res.pipelines)
+    _budgets_from_trace(res.trace, 80 * 2**30)
+
+
 def test_tail_batching_trains_exactly_one_batch_per_step_and_runs_long_rounds():
     res = simulate(replace(SMALL, workload=("qwen3-4b-gsm8k",), policy="serial", steps=6, tailbatch=True))
     steps = [e for e in res.trace.events if e.event == "step"]

@@ -4,6 +4,8 @@
         ─► lower bound (each pipeline alone; resource bound)
         ─► one simulate() per policy, same samples ─► table: tokens/s, ×serial, gap to bound,
            mean step latency per pipeline ─► trace of jigsaw (or the one policy) to --out
+    --replay TRACE --policy all
+        ─► sub-stage graphs rebuilt from the trace ─► each policy re-packs them (graph executor)
 
 No torch is imported: the simulator runs on any CPU.
 """
@@ -33,6 +35,11 @@ class Args:
     """Compute the lower bound (runs each pipeline alone once more)."""
     list: bool = False
     """List the shipped workloads and exit."""
+    replay: Path | None = None
+    """Replay this trace (written by `jigsaw sim` or `jigsaw run`) under the policies instead
+    of simulating workloads: the recorded sub-stages, re-packed."""
+    profile: Path | None = None
+    """Slowdown grid for --replay (default: the analytic prior of the trace's model and device)."""
 
 
 def run(args: Args) -> int:
@@ -46,6 +53,9 @@ def run(args: Args) -> int:
             console.print(f"{name:36s} {wl.get(name).description}")
         return 0
     policies = _policies(args.sim.policy)
+    if args.replay is not None:
+        console.print(_replay(args.replay, args.profile, policies))
+        return 0
     results = {}
     for name in policies:
         with console.status(f"simulating {name} ..."):
@@ -96,4 +106,28 @@ def _table(results: dict, bound, config: SimConfig):
     if bound:
         t.caption = (f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
                      f"resource {bound.resource_s:,.1f} s)")
+    return t
+
+
+def _replay(path: Path, profile: Path | None, policies: list[str]):
+    from rich.table import Table
+
+    from jigsaw.mux.slowdown import load_grid
+    from jigsaw.sim import policies as pol
+    from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay
+    from jigsaw.trace import Trace
+
+    trace = Trace.read(path)
+    rec = recorded(trace)
+    grid = load_grid(profile) if profile else grid_of(rec)
+    tokens = sum(rec.tokens.values())
+    t = Table(title=f"replay of {path}: {len(rec.pipelines)} pipelines on {rec.num_devices} devices",
+              caption=f"recorded makespan {recorded_makespan_s(trace):,.1f} s; recorded placement kept")
+    for col in ("policy", "makespan s", "tokens/s", *[f"done s {ps.graph.pipeline}" for ps in rec.pipelines]):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for name in policies:
+        ex = replay(rec, pol.make(name) if name != "jigsaw" else pol.Jigsaw(), grid)
+        finish = dict(ex.finish_s)
+        t.add_row(name, f"{ex.makespan_s:,.1f}", f"{tokens / ex.makespan_s:,.0f}" if ex.makespan_s else "—",
+                  *[f"{finish[ps.graph.pipeline]:,.1f}" for ps in rec.pipelines])
     return t

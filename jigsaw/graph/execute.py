@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.schedule import schedule
 from jigsaw.graph.state import EPS_S, gang_keys, gang_rate
+from jigsaw.graph.substage import SubStageKind
 
 Policy = Callable[..., Plan]
 
@@ -56,21 +57,39 @@ class _Tracker:
         self.finish_s = 0.0
         self.gang = {s.id: key for s, key in zip(ps.graph, gang_keys(ps.graph)) if s.kind.collective}
 
-    def state(self) -> PipelineState:
+    def state(self, continuous: bool) -> PipelineState:
         return PipelineState(graph=self.ps.graph, devices=self.ps.devices, done=frozenset(self.done),
-                             running=dict(self.running), remaining_s=dict(self.remaining))
+                             running=dict(self.running), remaining_s=dict(self.remaining),
+                             urgent=self.continuing() if continuous else frozenset())
+
+    def continuing(self) -> frozenset[str]:
+        """Ready rollout pieces that continue their worker's rollout (its previous piece, or
+        the tool call it waited on, just ended): an engine does not stop between them."""
+        g = self.ps.graph
+        out = set()
+        for s in g.frontier(self.done, self.running):
+            if s.kind.is_rollout and any(g[d].dp_rank == s.dp_rank and (g[d].kind.is_rollout or
+                                         g[d].kind is SubStageKind.TOOL) for d in g.deps[s.id]):
+                out.add(s.id)
+        return frozenset(out)
 
 
 def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             config: SchedulerConfig = SchedulerConfig(), policy: Policy = schedule,
-            max_plans: int = 1_000_000) -> Execution:
-    """Run `policy` at every completion event until all sub-stages are done."""
+            max_plans: int = 1_000_000, continuous: bool = False) -> Execution:
+    """Run `policy` at every completion event until all sub-stages are done.  With
+    `continuous`, a rollout piece that follows its worker's previous piece is urgent (as in
+    a live engine) and a plan that does not start it is an error."""
     trackers = {ps.graph.pipeline: _Tracker(ps) for ps in pipelines}
     t, plans, open_iv, intervals = 0.0, [], {}, []
     while any(len(tr.done) < len(tr.ps.graph) for tr in trackers.values()):
         if len(plans) >= max_plans:
             raise RuntimeError(f"no completion after {max_plans} plans")
-        plan = policy([tr.state() for tr in trackers.values()], node, model, config, t)
+        states = [tr.state(continuous) for tr in trackers.values()]
+        plan = policy(states, node, model, config, t)
+        missed = [sid for ps in states for sid in ps.urgent if sid not in plan.started]
+        if missed:
+            raise RuntimeError(f"plan at t={t} does not continue rollout piece(s) {missed[:3]}")
         plans.append(plan)
         slow = _apply(plan, trackers, t, node, model)
         units = _units(trackers, slow, config.balance)
@@ -127,9 +146,8 @@ def _slowdowns(model, group: list, kinds: dict[str, str], t: float, d: int) -> d
     if len(group) > 2:
         raise RuntimeError(f"plan at t={t} puts {len(group)} sub-stages on device {d}")
     if len(group) == 1:
-        (a,) = group
-        full = a.sm_frac >= 1.0 - 1e-9 and a.mem_bytes >= a.mem_bytes  # alone: the whole device
-        return {a.substage: 1.0 if full and a.sm_frac >= 1.0 - 1e-9 else
+        (a,) = group  # alone: its SM share is all that can slow it (memory bounds batch, not pace)
+        return {a.substage: 1.0 if a.sm_frac >= 1.0 - 1e-9 else
                 model.alone(kinds[a.substage], a.sm_frac, model.mem_levels[-1])}
     a, b = group
     mem_a = a.mem_bytes / (a.mem_bytes + b.mem_bytes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import IntEnum
 
 from jigsaw.graph.plan import Budget, NodeSpec, Plan
@@ -82,8 +82,8 @@ class NodeSim:
     def run(self) -> None:
         for run in self.runs:
             self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
-                                                    "device": run.spec.device, "rollout_tp": run.spec.rollout_tp,
-                                                    "devices": list(run.devices)})
+                                                    "device": run.spec.device, "devices": list(run.devices),
+                                                    "prior": asdict(run.cost.config)})
             run.begin_step(0.0)
         self._decide(0.0)
         while self.heap:
@@ -324,7 +324,9 @@ class NodeSim:
             for s in ss:
                 prev = old.get(s.key)
                 if prev is None or prev.budget != s.budget or prev.sid != s.sid or abs(prev.slowdown - s.slowdown) > EPS:
-                    self._trace("grant", self.runs[s.key[1]].name, s.sid, d, s)
+                    run = self.runs[s.key[1]]
+                    need = run.rollout_mem if s.key[0] == "w" else run.gang.mem_bytes
+                    self._trace("grant", run.name, s.sid, d, s, data={"need_bytes": need})
                 if s.key[0] == "w" and (prev is None or abs(prev.slowdown - s.slowdown) > EPS):
                     run = self.runs[s.key[1]]
                     end = run.workers[s.key[2]].interrupt(t, s.slowdown)

@@ -279,10 +279,14 @@ class RollMux:
             self.consolidated.add(key)
             targets, sources = live[:keep], live[keep:]
             ids = {ps.graph[sid].dp_rank: sid for sid in ps.running if ps.graph[sid].kind.is_rollout}
+            rem = {r: ps.remaining_s.get(ids[r], 0.0) for r in live}
             for n, r in enumerate(sources):
                 t = targets[n % keep]
+                # A decode batch's pace barely depends on its size: the merged tail takes about
+                # as long as the longest of its parts (what the graph-level replay needs).
+                longest = max(rem[x] for x in [t, *sources[n % keep::keep]])
                 out.append(Migration(pipeline=ps.graph.pipeline, source=ids[r], target=ids[t], source_rank=r,
-                                     target_rank=t, delta_s=0.0, target_remaining_s=ps.remaining_s.get(ids[t], 0.0)))
+                                     target_rank=t, delta_s=0.0, target_remaining_s=longest))
                 b.busy.pop(ps.devices[r], None)
                 b.assignments = [a for a in b.assignments if a.substage != ids[r]]
         return out

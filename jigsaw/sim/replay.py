@@ -7,7 +7,9 @@
 
 What replays is the recorded work at sub-stage granularity: the same sub-stages with
 their exclusive durations, re-packed by another policy (no forward-step re-simulation,
-so rollout regimes and tails are as recorded).
+so rollout regimes and tails are as recorded).  The placement is the recorded one:
+policies that split the node into pools (rollmux, hrrs) keep their ordering rules but
+not their pools, and a consolidated tail keeps its worker's later pieces.
 """
 
 from __future__ import annotations
@@ -67,20 +69,34 @@ def _pieces(trace: Trace) -> tuple[list[SubStage], dict[str, float]]:
         if e.event == "grant":
             _close(held, excl, (e.pipeline, e.device), e.t_s)
             held[(e.pipeline, e.device)] = (e.substage, e.t_s, e.slowdown)
-            mem[e.substage] = max(mem[e.substage], e.mem_bytes)
+            # The footprint, not the budget (a sub-stage alone is granted the whole device).
+            mem[e.substage] = max(mem[e.substage], int(e.data.get("need_bytes", e.mem_bytes)))
             first.setdefault(e.substage, e.t_s)
         elif e.event == "release":
             _close(held, excl, (e.pipeline, e.device), e.t_s)
         elif e.event == "host":
             excl[e.substage] += float(e.data["end_s"]) - e.t_s
             first.setdefault(e.substage, e.t_s)
+    end = max((e.t_s for e in trace.events), default=0.0)
+    for key in list(held):  # a trace cut short: what still held a device ran until its end
+        _close(held, excl, key, end)
     out = []
     for sid, dur in excl.items():
-        name, step, rank, kind, _ = sid.split("/")
-        k = SubStageKind(kind)
-        out.append(SubStage(id=sid, pipeline=name, step=int(step), kind=k, dp_rank=int(rank[1:]),
+        name, step, rank, kind = _parse_id(sid)
+        out.append(SubStage(id=sid, pipeline=name, step=step, kind=kind, dp_rank=rank,
                             duration_s=dur, mem_bytes=mem.get(sid, 0)))
     return _one_per_replica(out), first
+
+
+def _parse_id(sid: str) -> tuple[str, int, int, SubStageKind]:
+    """(pipeline, step, rank, kind) of a builder id `pipeline/step/rRANK/kind/n`."""
+    parts = sid.split("/")
+    try:
+        if len(parts) != 5 or not parts[2].startswith("r"):
+            raise ValueError
+        return parts[0], int(parts[1]), int(parts[2][1:]), SubStageKind(parts[3])
+    except ValueError:
+        raise ValueError(f"trace sub-stage id {sid!r} is not pipeline/step/rRANK/kind/n") from None
 
 
 def _close(held: dict, excl: dict, key: tuple, t: float) -> None:
@@ -128,7 +144,26 @@ class ViewAdapter:
                         ready_since_s=prev[1])
 
 
+def grid_of(rec: Recorded):
+    """The slowdown grid the recording pipelines were simulated with: the analytic prior of
+    the first pipeline's model, device and deployment (pipeline events of the trace)."""
+    from jigsaw.mux.prior import DEVICES, PriorConfig, analytic_prior
+
+    first = rec.meta.get(rec.pipelines[0].graph.pipeline) or {}
+    missing = [k for k in ("model", "device", "prior") if k not in first]
+    if missing:
+        raise ValueError(f"the trace does not say the pipelines' {', '.join(missing)}: pass a profiled grid")
+    if first["device"] not in DEVICES:
+        raise ValueError(f"unknown device {first['device']!r} in the trace; known: {sorted(DEVICES)}")
+    return analytic_prior(DEVICES[first["device"]], first["model"], PriorConfig(**first["prior"]))
+
+
+def recorded_makespan_s(trace: Trace) -> float:
+    """When the recorded run's last step ended."""
+    return max((e.t_s for e in trace.events if e.event == "step"), default=0.0)
+
+
 def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig()) -> Execution:
     """Run the recorded pipelines' work to completion under `policy` (a View policy)."""
     node = NodeSpec(num_devices=rec.num_devices, mem_bytes=grid.device.mem_bytes)
-    return execute(rec.pipelines, node, grid, config, policy=ViewAdapter(policy))
+    return execute(rec.pipelines, node, grid, config, policy=ViewAdapter(policy), continuous=True)
