@@ -174,7 +174,7 @@ def test_lookahead_stays_close_to_the_exhaustive_optimum():
 
 # ---------------------------------------------------------------- merging and balancing
 
-def tails_scenario(prefill_mfu: float | None = None):
+def tails_scenario(prefill_mfu: float | None = None, steps_known: bool = True):
     """Paper Fig. 10: A's long tails on every worker slow B's (critical) training on all of them."""
     nodes, deps, last = [], {}, []
     for r, tail in enumerate([10.0, 9.0, 8.0, 10.0]):
@@ -185,7 +185,7 @@ def tails_scenario(prefill_mfu: float | None = None):
             nodes.append(p)
             deps[d.id] = (p.id,)
         t = sub("A", "tail", K.ROLLOUT_TAIL, tail, rank=r, mem_gib=10, batch=4, seq=3000,
-                steps=int(tail * 40), flops=8e9 * 4 * int(tail * 40))
+                steps=int(tail * 40) if steps_known else 1, flops=8e9 * 4 * int(tail * 40))
         nodes += [d, t]
         deps[t.id] = (d.id,)
         last.append(t.id)
@@ -216,6 +216,12 @@ def test_migration_cost_uses_the_measured_prefill_mfu():
     slow, node = tails_scenario(prefill_mfu=1e-4)  # recomputing a tail's KV would take minutes
     assert any(p.migrations for p in execute(fast, node, PRIOR).plans)
     assert not any(p.migrations for p in execute(slow, node, PRIOR).plans)
+
+
+def test_tails_without_a_step_count_are_not_merged():
+    # A cold prediction says how long a tail runs but not in how many steps: T(K) cannot be priced.
+    pipes, node = tails_scenario(steps_known=False)
+    assert not any(p.migrations for p in execute(pipes, node, PRIOR).plans)
 
 
 def test_collective_stage_beside_partners_gets_balanced_micro_batches():

@@ -222,6 +222,11 @@ def _merge_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Opti
 
 
 def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
+    # Only tails whose engine reports requests and a step count can be priced (a cold
+    # prediction, or a worker between requests, says neither).
+    tails = [i for i in tails if P.tasks[i].batch > 0 and P.tasks[i].num_steps > 1]
+    if len(tails) < 2:
+        return None
     fpt = max(P.tasks[i].flops_per_token for i in tails)
     if fpt <= 0.0:
         return None  # FLOPs of the migrated context unknown: the recompute cannot be costed
@@ -230,7 +235,8 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     flops, seconds = P.prefill[P.tasks[tails[0]].pipe]
     if flops > 0 and seconds > 0:  # the pipeline's own prefill MFU, measured, beats the default
         cfg = replace(cfg, prefill_mfu_frac=min(1.0, flops / (seconds * ctx.peak_flops)))
-    return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg)
+    return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg,
+                      decode=P.decode[P.tasks[tails[0]].pipe])
 
 
 def _tail_worker(P: Problem, S: State, i: int) -> TailWorker:

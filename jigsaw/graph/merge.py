@@ -15,7 +15,10 @@
 T(K), the aggregated tail on the target, assumes tail decode is memory-bound on
 weight reads, so a forward step costs about the same for any batch below the tail
 bucket edge (paper Fig. 7: small-batch rollout is insensitive); a per-request term
-can be added with `MergeConfig.step_time_per_request_s`.  M is the KV-cache
+can be added with `MergeConfig.step_time_per_request_s`.  When the pipeline's own
+decode steps are known, `DecodeFit` (step = a + b·KV tokens, least squares over its
+rollout sub-stages) prices the KV reads the merged batch adds: for small models with
+long contexts they, not the weights, set the step time.  M is the KV-cache
 recompute: FLOPs of the migrated context over the prefill MFU times peak FLOP/s.
 """
 
@@ -40,6 +43,9 @@ class MergeConfig:
     step_time_per_request_s: float = 0.0
     """Extra seconds per request per decode step of the aggregated tail (0: step
     latency independent of batch inside the tail bucket)."""
+    min_gain_frac: float = 0.0
+    """Migrate only if ΔT is at least this share of T_origin: predicted tails are
+    uncertain, and an aborted request's recompute is certain."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.prefill_mfu_frac <= 1.0:
@@ -90,15 +96,47 @@ class MergeDecision:
         return self.t_origin_s - self.t_migr_s
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecodeFit:
+    """Decode step latency of one pipeline's engine: base_s + per_kv_token_s · KV tokens."""
+
+    base_s: float
+    """Seconds per step that do not depend on the batch (weight reads, launches)."""
+    per_kv_token_s: float
+    """Seconds per step per token of KV cache read (attention over the batch's context)."""
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[float, float]]) -> DecodeFit | None:
+        """Least squares over (KV tokens, seconds per step) points, both terms kept ≥ 0;
+        None with fewer than two distinct KV sizes."""
+        if len({round(x) for x, _ in points}) < 2:
+            return None
+        x = np.array([p[0] for p in points], dtype=float)
+        y = np.array([p[1] for p in points], dtype=float)
+        slope = float(np.cov(x, y, bias=True)[0, 1] / np.var(x))
+        slope = max(slope, 0.0)
+        base = float(y.mean() - slope * x.mean())
+        if base < 0.0:  # all of it is KV-bound: a line through the origin
+            base, slope = 0.0, float((x @ y) / (x @ x))
+        return cls(base_s=base, per_kv_token_s=slope)
+
+
 def migration_cost_s(context_tokens: int, flops_per_token: float, peak_flops: float,
                      prefill_mfu_frac: float) -> float:
     """M(k): seconds to recompute the KV cache of `context_tokens` on the target."""
     return context_tokens * flops_per_token / (prefill_mfu_frac * peak_flops)
 
 
-def aggregated_time_s(workers: Sequence[TailWorker], config: MergeConfig = MergeConfig()) -> float:
+def aggregated_time_s(workers: Sequence[TailWorker], config: MergeConfig = MergeConfig(),
+                      decode: DecodeFit | None = None) -> float:
     """T(K): the merged tail runs as long as its longest request; each step costs the
-    slowest worker's step latency plus the per-request term for the added requests."""
+    slowest worker's step latency plus the per-request term for the added requests.
+    With a decode fit, a step costs its base plus the KV reads of every worker's requests
+    (their context growing as they decode) for the steps they still run."""
+    if decode is not None:  # each request's context grows by one token a step: n/2 on average
+        steps = max(w.num_steps for w in workers)
+        kv_steps = sum(w.num_steps * (w.context_tokens + w.batch_size * w.num_steps / 2) for w in workers)
+        return steps * decode.base_s + decode.per_kv_token_s * kv_steps
     step_s = max(w.remaining_s / w.num_steps for w in workers if w.num_steps > 0)
     steps = max(w.num_steps for w in workers)
     merged_req_steps = sum(w.batch_size * w.num_steps for w in workers)
@@ -109,7 +147,7 @@ def aggregated_time_s(workers: Sequence[TailWorker], config: MergeConfig = Merge
 
 def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per_token: float,
                    peak_flops: float, partner_slowdown_beside_merged: float | None = None,
-                   config: MergeConfig = MergeConfig()) -> MergeDecision:
+                   config: MergeConfig = MergeConfig(), decode: DecodeFit | None = None) -> MergeDecision:
     """ΔT of migrating every tail in `workers` onto `target_rank` (DESIGN §2.6).
 
     `partner_slowdown_beside_merged` is s(k'_t, K); by default the target partner's
@@ -125,7 +163,7 @@ def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per
                 + max(w.partner_slowdown * w.partner_remaining_s for w in workers))
     recompute = sum(migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
                     for w in others)
-    t_k = aggregated_time_s(workers, config)
+    t_k = aggregated_time_s(workers, config, decode)
     s_pt = tgt.partner_slowdown if partner_slowdown_beside_merged is None else partner_slowdown_beside_merged
     t_migr = t_k + recompute + max(s_pt * tgt.partner_remaining_s, max(w.partner_remaining_s for w in others))
     return MergeDecision(target_rank=target_rank, source_ranks=tuple(w.dp_rank for w in others),
@@ -133,7 +171,7 @@ def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per
 
 
 def best_merge(workers: Sequence[TailWorker], *, flops_per_token: float, peak_flops: float,
-               config: MergeConfig = MergeConfig()) -> MergeDecision | None:
+               config: MergeConfig = MergeConfig(), decode: DecodeFit | None = None) -> MergeDecision | None:
     """The target with the largest positive ΔT, or None when no migration pays off or the
     merged batch would leave the tail regime.
 
@@ -143,7 +181,7 @@ def best_merge(workers: Sequence[TailWorker], *, flops_per_token: float, peak_fl
         return None
     t_origin = (max(w.slowdown * w.remaining_s for w in workers)
                 + max(w.partner_slowdown * w.partner_remaining_s for w in workers))
-    t_k = aggregated_time_s(workers, config)
+    t_k = aggregated_time_s(workers, config, decode)
     costs = [migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
              for w in workers]
     partners = sorted((w.partner_remaining_s for w in workers), reverse=True)
@@ -155,7 +193,7 @@ def best_merge(workers: Sequence[TailWorker], *, flops_per_token: float, peak_fl
         if best is None or key > best[0]:
             best = (key, w, t_migr, sum(costs) - m)
     (delta, _), tgt, t_migr, recompute = best
-    if delta <= 0:
+    if delta <= max(0.0, config.min_gain_frac * t_origin):
         return None
     return MergeDecision(target_rank=tgt.dp_rank, source_ranks=tuple(w.dp_rank for w in workers if w is not tgt),
                          t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute)

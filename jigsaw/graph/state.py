@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.merge import DecodeFit
 from jigsaw.graph.plan import NodeSpec, PipelineState
 from jigsaw.graph.substage import SubStageKind
 
@@ -41,7 +42,7 @@ class Problem:
     """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
 
     __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill",
-                 "dominant")
+                 "decode", "dominant")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec):
         self.tasks: list[Task] = []
@@ -59,6 +60,8 @@ class Problem:
         self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
         # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
         self.prefill = tuple(_prefill_stats(graph) for graph, _ in pipelines)
+        # Per pipeline: its decode step latency against KV tokens (prices merged tails).
+        self.decode = tuple(_decode_fit(graph) for graph, _ in pipelines)
         self.dominant = _dominant_kinds(self.tasks)
 
 
@@ -92,6 +95,17 @@ def _dominant_kinds(tasks: list[Task]) -> tuple[str, ...]:
 def _prefill_stats(graph: SubStageGraph) -> tuple[float, float]:
     pre = [s for s in graph if s.kind.value == "rollout_prefill" and s.flops > 0]
     return sum(s.flops for s in pre), sum(s.duration_s for s in pre)
+
+
+def _decode_fit(graph: SubStageGraph) -> DecodeFit | None:
+    """Fit over the graph's last step: predicted pieces, whose batch, context and step time
+    all come from the same measured history (a live piece pairs the engine's current batch
+    with a predicted duration)."""
+    last = max((s.step for s in graph), default=0)
+    points = [(s.batch_size * s.seq_len, s.duration_s / s.num_steps) for s in graph
+              if s.step == last and s.kind.value in ("rollout_decode", "rollout_tail")
+              and s.num_steps > 1 and s.batch_size > 0]
+    return DecodeFit.fit(points)
 
 
 def _check_placement(graph: SubStageGraph, devices: tuple[int, ...], node: NodeSpec) -> None:

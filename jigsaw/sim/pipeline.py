@@ -24,6 +24,7 @@ import numpy as np
 
 from jigsaw.graph.builder import GraphBuilder, GraphConfig
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.residual import ResidualLength
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
 from jigsaw.mux.costmodel import StepCost
 from jigsaw.sim.rollout import Request, RolloutWorker
@@ -110,6 +111,8 @@ class PipelineRun:
         self.deferred_scales: list[float] = []
         self._round: dict = {}
         self.prediction: SubStageGraph | None = None
+        self.lengths = ResidualLength(max_tokens=spec.lengths.max_tokens)
+        """Turn lengths of finished requests: how long a live tail still runs."""
         self._stage_s: dict[str, float] = {}
         self._step_start = 0.0
 
@@ -245,6 +248,7 @@ class PipelineRun:
 
     def _make_gang(self, kind: SubStageKind) -> Gang:
         samples = self.trained_samples()
+        self.lengths.observe(n for wk in self.workers for q in wk.finished for n in q.turns)
         tokens = sum(q.context for q in samples)  # final context = prompt + response (+ tool text)
         ranks = len(self.train_devices)
         gpus = ranks * self.cost.config.rollout_tp  # FSDP ranks: every GPU of every TP group
@@ -280,6 +284,7 @@ class PipelineRun:
 
     def _end_step(self, t: float) -> None:
         samples = self.trained_samples()
+        self.lengths.observe(n for wk in self.workers for q in wk.finished for n in q.turns)
         self.metrics.append(StepMetrics(step=self.step, start_s=self._step_start, end_s=t,
                                         tokens=sum(q.context for q in samples), samples=len(samples),
                                         round=self._round.get("kind", "plain"), stage_s=dict(self._stage_s)))

@@ -122,13 +122,12 @@ def _rollout_chain(run, r, t, granted, running, remaining, urgent) -> list[SubSt
     else:
         j = _match(chain, live.kind, live.ordinal)
         elapsed = t - live.start_s
-        base = chain[j] if j is not None else None
-        sid = wk.piece_id()
-        cur = SubStage(id=sid, pipeline=run.name, step=run.step, kind=live.kind, dp_rank=r,
-                       duration_s=base.duration_s if base else max(elapsed, 1e-3),
-                       mem_bytes=0 if live.kind is SubStageKind.TOOL else run.rollout_mem,
-                       batch_size=float(len(wk.decoding)), num_steps=1)
+        cur = _live_piece(run, wk, chain[j] if j is not None else None, elapsed)
     left = max(cur.duration_s - elapsed, MIN_REMAINING_FRAC * cur.duration_s, 1e-3)
+    if cur.kind is SubStageKind.ROLLOUT_TAIL and wk.decoding and run.lengths.known and cur.num_steps > 0:
+        # A tail lasts as long as its longest request: what they generated so far says more
+        # than the prediction once the tail has outlived it (jigsaw.graph.residual).
+        left = max(1e-3, run.lengths.steps_left(q.generated for q in wk.decoding) * cur.duration_s / cur.num_steps)
     cur = replace(cur, duration_s=max(cur.duration_s, 1e-3))
     if cur.id in granted or not cur.kind.on_device:
         running[cur.id] = granted.get(cur.id, Budget(sm_frac=1.0, mem_frac=1.0))
@@ -138,6 +137,21 @@ def _rollout_chain(run, r, t, granted, running, remaining, urgent) -> list[SubSt
         cur = replace(cur, duration_s=left)
     tail = chain[j + 1:] if j is not None else []
     return [cur, *[s for s in tail if s.id != cur.id]]
+
+
+def _live_piece(run, wk, base: SubStage | None, elapsed: float) -> SubStage:
+    """The worker's current piece as its client reports it: what the engine knows now (the
+    active batch and its KV context) over the prediction's length and step count."""
+    live = wk.piece
+    batch = len(wk.decoding)
+    context = sum(q.context for q in wk.decoding) / batch if batch else (base.seq_len if base else 0.0)
+    steps = base.num_steps if base else 1
+    tokens = max(1, batch * steps)
+    return SubStage(id=wk.piece_id(), pipeline=run.name, step=run.step, kind=live.kind, dp_rank=wk.rank,
+                    duration_s=base.duration_s if base else max(elapsed, 1e-3),
+                    mem_bytes=0 if live.kind is SubStageKind.TOOL else run.rollout_mem,
+                    batch_size=float(batch), seq_len=context, num_steps=steps, num_tokens=tokens,
+                    flops=run.cost.flops_per_token * tokens)
 
 
 def _chains(run: PipelineRun) -> dict[int, list[SubStage]]:
