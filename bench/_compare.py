@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 from rich.table import Table
 
+from jigsaw.sim import workload
+from jigsaw.sim.breakdown import Breakdown, breakdown
 from jigsaw.sim.run import LowerBound, SimConfig, lower_bound, simulate
 
 BASELINES = ("serial", "rollmux", "muxserve", "hrrs", "greedy")
@@ -20,17 +22,21 @@ class Row:
     """Mean over pipelines of (mean step latency / mean step time alone)."""
     bound: LowerBound
     makespan_s: dict[str, float]
+    where: Breakdown | None = None
+    """Where jigsaw's device time went (from its trace)."""
 
 
 def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed: int,
             policies: tuple[str, ...] = BASELINES + ("jigsaw",)) -> Row:
     cfg = SimConfig(workload=workloads, gpus=gpus, steps=steps, seed=seed, trace=False)
-    res = {p: simulate(replace(cfg, policy=p)) for p in policies}
+    res = {p: simulate(replace(cfg, policy=p, trace=p == "jigsaw")) for p in policies}
     bound = lower_bound(replace(cfg, policy="serial"))
+    first = workload.get(workloads[0])
+    where = breakdown(res["jigsaw"].trace, gpus // first.rollout_tp) if "jigsaw" in res else None
     return Row(label=label, tokens_per_s={p: r.tokens_per_s for p, r in res.items()},
                latency_x={p: statistics.fmean(x.mean_step_latency_s / (a / steps) for x, a in zip(r.pipelines, bound.alone_s))
                           for p, r in res.items()},
-               bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()})
+               bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()}, where=where)
 
 
 def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
@@ -42,10 +48,12 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     t.add_column("jigsaw tok/s", justify="right")
     t.add_column("gap to bound", justify="right")
     t.add_column("latency × alone", justify="right")
+    for col in ("idle", "one alone", "work / device-s"):
+        t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r.label, *[f"{r.tokens_per_s['jigsaw'] / r.tokens_per_s[p]:.2f}" for p in others],
                   f"{r.tokens_per_s['jigsaw']:,.0f}", f"{r.makespan_s['jigsaw'] / r.bound.makespan_s - 1:+.0%}",
-                  f"{r.latency_x['jigsaw']:.2f}")
+                  f"{r.latency_x['jigsaw']:.2f}", *_where(r.where))
     ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows] for p in others}
     t.add_section()
     t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], "",
@@ -53,3 +61,12 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
               f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")
     t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], "", "", "")
     return t
+
+
+def _where(bd: Breakdown | None) -> list[str]:
+    """jigsaw's idle device time, time with one sub-stage alone, and work per device-second."""
+    if bd is None:
+        return ["", "", ""]
+    idle = sum(v for k, v in bd.by_occupancy_s.items() if k.startswith("idle"))
+    alone = sum(v for k, v in bd.by_occupancy_s.items() if not k.startswith("idle") and " + " not in k)
+    return [f"{idle / bd.device_s:.0%}", f"{alone / bd.device_s:.0%}", f"{bd.work_per_device_s:.2f}"]

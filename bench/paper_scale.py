@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 and 16 GPUs, 4 steps")
     args = ap.parse_args()
     gpus, steps = ([8, 16], 4) if args.quick else (args.gpus, args.steps)
-    console = Console(width=160)
+    console = Console(width=200)
     t0 = time.time()
     rows = []
     for w in FIG13:

@@ -63,9 +63,10 @@ def test_bad_arguments_fail_cleanly(argv):
 def test_sim_compares_policies_and_writes_a_trace(tmp_path):
     out = tmp_path / "trace.jsonl"
     res = _run("sim", "--workload", "qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k", "--gpus", "2", "--steps", "2",
-               "--policy", "serial,jigsaw", "--out", str(out))
+               "--policy", "serial,jigsaw", "--out", str(out), "--breakdown")
     assert res.returncode == 0, res.stderr
     assert "serial" in res.stdout and "jigsaw" in res.stdout and "lower bound" in res.stdout
+    assert "device time went" in res.stdout and "work per device-second" in res.stdout
     from jigsaw.trace import Trace
 
     events = Trace.read(out).events

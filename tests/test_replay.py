@@ -59,3 +59,26 @@ def test_malformed_traces_are_rejected_with_the_reason():
     no_meta = Trace([TraceEvent(t_s=0.0, event="host", pipeline="p", substage="p/0/r0/reward/0", data={"end_s": 1.0})])
     with pytest.raises(ValueError, match="pass a profiled grid"):
         grid_of(recorded(no_meta))
+
+
+def test_breakdown_accounts_every_device_second_and_the_work_done():
+    from jigsaw.sim.breakdown import breakdown
+
+    ev = [TraceEvent(t_s=0.0, event="pipeline", pipeline="a", data={"devices": [0, 1]}),
+          TraceEvent(t_s=0.0, event="grant", pipeline="a", substage="a/0/r0/rollout_tail/0", device=0, slowdown=1.0),
+          TraceEvent(t_s=2.0, event="grant", pipeline="b", substage="b/0/r0/training/0", device=0, slowdown=1.25),
+          TraceEvent(t_s=2.0, event="grant", pipeline="a", substage="a/0/r0/rollout_tail/0", device=0, slowdown=2.0),
+          TraceEvent(t_s=4.0, event="release", pipeline="a", device=0),
+          TraceEvent(t_s=4.0, event="grant", pipeline="b", substage="b/0/r0/training/0", device=0, slowdown=1.0),
+          TraceEvent(t_s=4.0, event="host", pipeline="a", substage="a/0/r1/tool/0", data={"end_s": 5.0}),
+          TraceEvent(t_s=6.0, event="release", pipeline="b", device=0)]
+    bd = breakdown(Trace(ev), num_devices=2)
+    assert bd.device_s == pytest.approx(12.0)
+    occ = bd.by_occupancy_s
+    assert occ["rollout_tail"] == pytest.approx(2.0) and occ["rollout_tail + training"] == pytest.approx(2.0)
+    assert occ["training"] == pytest.approx(2.0)
+    assert occ["idle, tool wait"] == pytest.approx(1.0)  # device 1 while worker r1 waited
+    assert occ["idle"] == pytest.approx(5.0)
+    assert sum(occ.values()) == pytest.approx(bd.device_s)
+    # 2 s alone + 2 s at (1/2 + 1/1.25) + 2 s of training alone
+    assert sum(bd.work_s.values()) == pytest.approx(2.0 + 2.0 * (0.5 + 0.8) + 2.0)

@@ -35,6 +35,8 @@ class Args:
     """Compute the lower bound (runs each pipeline alone once more)."""
     list: bool = False
     """List the shipped workloads and exit."""
+    breakdown: bool = False
+    """Also print where the traced run's device time went (occupancy of every device)."""
     replay: Path | None = None
     """Replay this trace (written by `jigsaw sim` or `jigsaw run`) under the policies instead
     of simulating workloads: the recorded sub-stages, re-packed."""
@@ -71,6 +73,12 @@ def run(args: Args) -> int:
     if keep.trace is not None:
         keep.trace.write(args.out)
         console.print(f"trace of {keep.config.policy}: {args.out}")
+        if args.breakdown:
+            from jigsaw.sim.breakdown import breakdown, table
+            from jigsaw.sim.run import build
+
+            _, node, _, _ = build(replace(keep.config, trace=False))
+            console.print(table(breakdown(keep.trace, node.num_devices), f"where {keep.config.policy}'s device time went"))
     return 0
 
 

@@ -48,9 +48,12 @@ def breakdown(trace: Trace, num_devices: int) -> Breakdown:
     work: dict[str, float] = defaultdict(float)
     t0 = events[0].t_s if events else 0.0
     last = t0
+    cuts = sorted({x for starts, ends in waits.values() for x in (*starts, *ends)})
     for e in events:
         if e.t_s > last:
-            _account(held, waits, num_devices, last, e.t_s, occ, work)
+            inner = cuts[bisect.bisect_right(cuts, last):bisect.bisect_left(cuts, e.t_s)]
+            for a, b in zip([last, *inner], [*inner, e.t_s]):  # a tool wait starts or ends inside
+                _account(held, waits, num_devices, a, b, occ, work)
             last = e.t_s
         if e.event == "grant":
             held[e.device][e.pipeline] = (_kind(e.substage), e.slowdown)
