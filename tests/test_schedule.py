@@ -174,7 +174,7 @@ def test_lookahead_stays_close_to_the_exhaustive_optimum():
 
 # ---------------------------------------------------------------- merging and balancing
 
-def tails_scenario(prefill_mfu: float | None = None, steps_known: bool = True):
+def tails_scenario(prefill_mfu: float | None = None, steps_known: bool = True, tool: bool = False):
     """Paper Fig. 10: A's long tails on every worker slow B's (critical) training on all of them."""
     nodes, deps, last = [], {}, []
     for r, tail in enumerate([10.0, 9.0, 8.0, 10.0]):
@@ -184,6 +184,10 @@ def tails_scenario(prefill_mfu: float | None = None, steps_known: bool = True):
                     flops=prefill_mfu * PRIOR.device.peak_flops * 1.0)
             nodes.append(p)
             deps[d.id] = (p.id,)
+        if tool:  # a multi-turn pipeline: the decode follows a tool call
+            w = sub("A", "search", K.TOOL, 1.0, rank=r, mem_gib=0)
+            nodes.append(w)
+            deps[d.id] = deps.get(d.id, ()) + (w.id,)
         t = sub("A", "tail", K.ROLLOUT_TAIL, tail, rank=r, mem_gib=10, batch=4, seq=3000,
                 steps=int(tail * 40) if steps_known else 1, flops=8e9 * 4 * int(tail * 40))
         nodes += [d, t]
@@ -216,6 +220,12 @@ def test_migration_cost_uses_the_measured_prefill_mfu():
     slow, node = tails_scenario(prefill_mfu=1e-4)  # recomputing a tail's KV would take minutes
     assert any(p.migrations for p in execute(fast, node, PRIOR).plans)
     assert not any(p.migrations for p in execute(slow, node, PRIOR).plans)
+
+
+def test_multi_turn_tails_are_not_merged():
+    # Their requests may come back from a tool for more turns, which ΔT does not price.
+    pipes, node = tails_scenario(tool=True)
+    assert not any(p.migrations for p in execute(pipes, node, PRIOR).plans)
 
 
 def test_tails_without_a_step_count_are_not_merged():
@@ -288,3 +298,22 @@ def test_urgent_substages_are_started_and_only_their_budget_is_chosen():
         assert not any("defer" in d for d in plan.decisions)
     with pytest.raises(ValueError, match="urgent"):
         schedule([PipelineState(graph=a, devices=(0,), urgent=frozenset({"A/0/r0/tail"}))], NODE, PRIOR)
+
+
+def test_continuing_rollouts_on_busy_and_idle_devices_all_start():
+    # A's tails continue on GPU 0 (beside B's tail) and on GPU 1 (idle); C's long training
+    # waits for both GPUs.  Starting only A's tail on the idle GPU would let C take the
+    # place A's other worker needs, stalling it mid-rollout.
+    a = SubStageGraph([sub("A", "tail", K.ROLLOUT_TAIL, 2.0, rank=r, mem_gib=15) for r in range(2)], {})
+    b = chain("B", [("tail", K.ROLLOUT_TAIL, 30.0, 15)])
+    c = SubStageGraph([sub("C", "train", K.TRAINING, 60.0, rank=r, mem_gib=40) for r in range(2)], {})
+    urgent = frozenset({"A/0/r0/tail", "A/0/r1/tail"})
+    pipes = [PipelineState(graph=a, devices=(0, 1), urgent=urgent),
+             PipelineState(graph=b, devices=(0,), running={"B/0/r0/tail": Budget(sm_frac=1.0, mem_frac=1.0)},
+                           remaining_s={"B/0/r0/tail": 30.0}),
+             PipelineState(graph=c, devices=(0, 1))]
+    node = NodeSpec(num_devices=2, mem_bytes=80 * GIB)
+    for window in (1, 3):
+        plan = schedule(pipes, node, PRIOR, SchedulerConfig(window=window))
+        assert urgent <= set(plan.started)
+        check_plan(plan, pipes, node)

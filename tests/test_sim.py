@@ -170,3 +170,30 @@ def test_simulator_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first():
+    # The target's own request ends its turn with a tool call at the step in flight; requests
+    # arriving then must be prefilled there, not hidden behind a tool wait (whose record
+    # would overlap their forward steps).
+    from jigsaw.mux.costmodel import StepCost
+    from jigsaw.mux.prior import H100
+    from jigsaw.sim.rollout import Request, RolloutWorker
+
+    def target() -> RolloutWorker:
+        wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=StepCost(H100, "qwen3-4b"), mem_bytes=40 << 30)
+        wk.add([Request(rid=0, context=100, turns=[1, 50], appended=[20], tool_s=[5.0])], 0.0)
+        wk.plan()
+        wk.commit()  # prefilled; the decode step that ends the turn is in flight
+        wk.plan()
+        return wk
+
+    migrated = [Request(rid=1, context=300, turns=[10], appended=[], tool_s=[])]
+    wk = target()
+    wk.settle(float(wk.segment.ends[-1]))  # what a migration does first
+    wk.add(migrated, wk.t)
+    wk.plan()
+    assert wk.segment.kind == "prefill" and not wk.tools
+    alone = target()
+    alone.interrupt(float(alone.segment.ends[-1]), 1.0)  # without the requests it would wait
+    assert alone.segment.kind == "idle" and len(alone.tools) == 1

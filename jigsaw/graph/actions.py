@@ -150,7 +150,10 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
     idle_devs = {d for i in members if i not in busy for d in P.tasks[i].devices}
     joinable = [i for i in busy if _joinable(P, S, ctx, i)]
     opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in joinable)]
-    if any(i in S.urgent for i in members):  # a continuing rollout: only its budget is a choice
+    stuck = [i for i in busy if i in S.urgent]
+    if stuck:  # continuing rollouts beside a partner: they join it, only the share is a choice
+        return [o for o in opts if all(_fits(P, S, ctx, i, o[1]) for i in stuck)] or opts or [("start", None)]
+    if any(i in S.urgent for i in members):  # continuing on idle devices: nothing to choose
         return opts + [("start", None)] if idle_devs or not opts else opts
     # Keeping the devices to itself, or yielding them, only differs from starting if
     # another group could use them now (a schedule never leaves a device idle).

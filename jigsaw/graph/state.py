@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.merge import DecodeFit
@@ -50,19 +51,39 @@ class Problem:
         self.pipe_tasks: list[tuple[int, ...]] = []
         self.num_devices = node.num_devices
         self.mem_cap = node.mem_bytes
+        parts = []
         for p, (graph, devices) in enumerate(pipelines):
-            _check_placement(graph, devices, node)
             start = len(self.tasks)
-            self.tasks.extend(_tasks_of(graph, devices, p, start, node))
+            part = _part(graph, devices, p, start, node)
+            parts.append(part)
+            self.tasks.extend(part.tasks)
             self.names.append(graph.pipeline)
             self.pipe_tasks.append(tuple(range(start, len(self.tasks))))
         self.kinds = tuple(t.kind for t in self.tasks)
         self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
         # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
-        self.prefill = tuple(_prefill_stats(graph) for graph, _ in pipelines)
+        self.prefill = tuple(part.prefill for part in parts)
         # Per pipeline: its decode step latency against KV tokens (prices merged tails).
-        self.decode = tuple(_decode_fit(graph) for graph, _ in pipelines)
-        self.dominant = _dominant_kinds(self.tasks)
+        self.decode = tuple(part.decode for part in parts)
+        self.dominant = tuple(k for part in parts for k in part.dominant)
+
+
+class _Part(NamedTuple):
+    """One pipeline's share of a Problem (its tasks never change once built)."""
+
+    tasks: tuple[Task, ...]
+    dominant: tuple[str, ...]
+    prefill: tuple[float, float]
+    decode: DecodeFit | None
+
+
+@lru_cache(maxsize=64)
+def _part(graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int, node: NodeSpec) -> _Part:
+    """Cached per pipeline: between two decisions usually only one pipeline's graph changed."""
+    _check_placement(graph, devices, node)
+    tasks = tuple(_tasks_of(graph, devices, pipe, start, node))
+    return _Part(tasks=tasks, dominant=_dominant_kinds(tasks, start), prefill=_prefill_stats(graph),
+                 decode=_decode_fit(graph))
 
 
 @lru_cache(maxsize=16)
@@ -71,10 +92,10 @@ def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], no
     return Problem(pipelines, node)
 
 
-def _dominant_kinds(tasks: list[Task]) -> tuple[str, ...]:
+def _dominant_kinds(tasks: Sequence[Task], start: int = 0) -> tuple[str, ...]:
     """What each task mostly is: for a rollout piece, the kind with the most exclusive time in
     its worker's rollout chain from there on (a rollout opens with a short prefill but is
-    mostly its tail); other tasks are their own kind."""
+    mostly its tail); other tasks are their own kind.  Task indices start at `start`."""
     chain: dict[int, dict[str, float]] = {}
     out = [t.kind for t in tasks]
     for t in reversed(tasks):  # topological order reversed: a task's successors come first
@@ -82,13 +103,12 @@ def _dominant_kinds(tasks: list[Task]) -> tuple[str, ...]:
             continue
         totals = {t.kind: t.excl_s} if t.devices else {}
         for j in t.succs:
-            nxt = tasks[j]
-            if j in chain and nxt.pipe == t.pipe and nxt.ranks == t.ranks:
+            if j in chain and tasks[j - start].ranks == t.ranks:
                 for kind, sec in chain[j].items():
                     totals[kind] = totals.get(kind, 0.0) + sec
         chain[t.idx] = totals
         if t.devices and totals:
-            out[t.idx] = max(totals, key=totals.get)
+            out[t.idx - start] = max(totals, key=totals.get)
     return tuple(out)
 
 
@@ -137,6 +157,11 @@ def _tasks_of(graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: 
         task_of[s.id] = start + slot
     tasks = [_make_task(graph, group, devices, pipe, start + i, task_of) for i, group in enumerate(members)]
     _fill_tails(tasks, start)
+    if any(t.kind == "tool" for t in tasks):
+        # Multi-turn requests may come back from a tool for more turns: migrating them moves
+        # their later turns and tool calls onto one worker, which ΔT does not price.
+        for t in tasks:
+            t.mergeable = False
     return tasks
 
 

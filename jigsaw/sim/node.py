@@ -226,10 +226,12 @@ class NodeSim:
     def _migrate(self, m, t: float) -> None:
         run = next(r for r in self.runs if r.name == m.pipeline)
         src, dst = run.workers[m.source_rank], run.workers[m.target_rank]
-        src.interrupt(t, src.s)
-        dst.interrupt(t, dst.s)
+        # Both stop where they are before anything is re-planned: a target planned first
+        # could start a tool wait just as the migrated requests arrive.
+        src.settle(t)
+        dst.settle(t)
         moved = src.take({q.rid for q in src._active()})
-        dst.add(moved, max(t, dst.t))
+        dst.add(moved, t)
         self._trace("migration", run.name, m.source, data={"target": m.target, "requests": len(moved),
                                                             "delta_s": m.delta_s})
         for r in (m.source_rank, m.target_rank):

@@ -221,6 +221,12 @@ class RolloutWorker:
         out.finished = self.done
         return out
 
+    def settle(self, t: float) -> None:
+        """Finish the steps started before `t` and plan nothing: requests are about to move."""
+        if self.segment is not None:
+            self.commit(upto_s=t)
+        self.t = max(self.t, t)
+
     def interrupt(self, t: float, slowdown: float) -> float | None:
         """A new slowdown from `t`: finish the steps already started, re-plan from there."""
         if self.segment is not None and self.segment.kind == "idle":

@@ -80,8 +80,19 @@ def pipeline_state(run: PipelineRun, t: float, granted: Mapping[str, Budget]) ->
         sinks = [s.id for s in layer]
     if run.step + 1 < run.steps_total and pred is not None:
         _append_next(run, nodes, deps)
-    return PipelineState(graph=SubStageGraph(nodes, deps), devices=run.devices, running=running,
+    return PipelineState(graph=_graph(run, nodes, deps), devices=run.devices, running=running,
                          remaining_s=remaining, urgent=frozenset(urgent))
+
+
+def _graph(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[str, ...]]) -> SubStageGraph:
+    """The same graph object as last time if nothing in it changed: the scheduler caches
+    its per-pipeline tables by graph identity, and most decisions concern one pipeline."""
+    cached = getattr(run, "_graph_cache", None)
+    if cached is not None and cached[0] == nodes and cached[1] == deps:
+        return cached[2]
+    graph = SubStageGraph(nodes, deps)
+    run._graph_cache = (nodes, deps, graph)
+    return graph
 
 
 def _append_next(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[str, ...]]) -> None:
