@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jigsaw.graph import actions as act
 from jigsaw.graph.plan import SchedulerConfig
-from jigsaw.graph.state import problem_for
+from jigsaw.graph.problem import problem_for
 
 
 def optimal_makespan(pipelines, node, model, config: SchedulerConfig = SchedulerConfig(),

@@ -197,3 +197,59 @@ def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first
     alone = target()
     alone.interrupt(float(alone.segment.ends[-1]), 1.0)  # without the requests it would wait
     assert alone.segment.kind == "idle" and len(alone.tools) == 1
+
+
+def test_view_graphs_are_valid_sub_stage_graphs():
+    # The view builds its graphs without the checks (from_ordered); they must pass them.
+    from jigsaw.graph.graph import SubStageGraph
+    from jigsaw.sim.view import pipeline_state
+
+    runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",) * 2, steps=2, trace=False))
+    sim = NodeSim(runs, node, grid, pol, trace=False)
+    seen = []
+
+    def checked(run, t, granted):
+        ps = pipeline_state(run, t, granted)
+        g = ps.graph
+        full = SubStageGraph(list(g), g.deps)  # validates ids, deps, acyclicity
+        assert set(full.substages) == set(g.substages) and full.deps == g.deps
+        assert {k: set(v) for k, v in full._succ.items()} == {k: set(v) for k, v in g._succ.items()}
+        pos = {s.id: k for k, s in enumerate(g)}
+        assert all(pos[d] < pos[sid] for sid, ds in g.deps.items() for d in ds)  # topological
+        seen.append(len(g))
+        return ps
+
+    import jigsaw.sim.node as node_mod
+    original = node_mod.pipeline_state
+    node_mod.pipeline_state = checked
+    try:
+        sim.run()
+    finally:
+        node_mod.pipeline_state = original
+    assert len(seen) > 50
+
+
+def test_summarised_next_step_keeps_chain_lengths_and_device_work():
+    # The look-ahead sees the next step through its longest chain and per-device work only.
+    from jigsaw.sim.view import _summarised
+
+    runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",), steps=2, trace=False))
+    NodeSim(runs, node, grid, pol, trace=False).run()
+    full, short = runs[0].prediction, _summarised(runs[0])
+
+    def longest(g):
+        end = {}
+        for s in g:  # topological order
+            end[s.id] = s.duration_s + max((end[d] for d in g.deps[s.id]), default=0.0)
+        return max(end.values())
+
+    def work(g):
+        out = {}
+        for s in g:
+            if s.kind.on_device:
+                out[s.dp_rank] = out.get(s.dp_rank, 0.0) + s.duration_s
+        return out
+
+    assert len(short) < len(full) / 2
+    assert longest(short) == pytest.approx(longest(full), rel=1e-9)
+    assert work(short) == pytest.approx(work(full), rel=1e-9)

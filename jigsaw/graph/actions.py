@@ -26,7 +26,8 @@ from dataclasses import replace
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import MergeConfig, TailWorker, best_merge
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
-from jigsaw.graph.state import Problem, State
+from jigsaw.graph.problem import Problem
+from jigsaw.graph.state import State
 
 Item = tuple
 Option = tuple
@@ -36,12 +37,13 @@ class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
     __slots__ = ("config", "balanced", "mem_cap", "budgets", "model", "_table", "peak_flops", "_feasible",
-                 "min_pack")
+                 "min_pack", "decode")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec):
         self.config, self.balanced, self.model = config, config.balance, model
         self.mem_cap, self.budgets = node.mem_bytes, config.sm_budgets_frac
         self.min_pack = config.min_pack_efficiency
+        self.decode: tuple = ()  # per pipeline: its engine's decode fit, when the caller knows it
         self.peak_flops = model.device.peak_flops
         self._table = _tables(model)
         self._feasible: dict[tuple, list] = {}
@@ -238,8 +240,9 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     flops, seconds = P.prefill[P.tasks[tails[0]].pipe]
     if flops > 0 and seconds > 0:  # the pipeline's own prefill MFU, measured, beats the default
         cfg = replace(cfg, prefill_mfu_frac=min(1.0, flops / (seconds * ctx.peak_flops)))
-    return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg,
-                      decode=P.decode[P.tasks[tails[0]].pipe])
+    pipe = P.tasks[tails[0]].pipe
+    decode = ctx.decode[pipe] if pipe < len(ctx.decode) and ctx.decode[pipe] is not None else P.decode[pipe]
+    return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg, decode=decode)
 
 
 def _tail_worker(P: Problem, S: State, i: int) -> TailWorker:

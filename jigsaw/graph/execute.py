@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.schedule import schedule
-from jigsaw.graph.state import EPS_S, gang_keys, gang_rate
+from jigsaw.graph.problem import gang_keys
+from jigsaw.graph.state import EPS_S, gang_rate
 from jigsaw.graph.substage import SubStageKind
 
 Policy = Callable[..., Plan]

@@ -72,6 +72,23 @@ class SubStageGraph:
                 succ[d].append(sid)
         self._succ = {k: tuple(v) for k, v in succ.items()}
 
+    @classmethod
+    def from_ordered(cls, substages: Sequence[SubStage], deps: Mapping[str, tuple[str, ...]]) -> SubStageGraph:
+        """Trusted construction for a caller that lists sub-stages in a topological order with
+        unique ids and duplicate-free deps on earlier ids, all of one pipeline (the simulator's
+        view, rebuilt at every decision); skips the checks and the sort."""
+        g = cls.__new__(cls)
+        g.substages = tuple(substages)
+        g._index = {s.id: s for s in g.substages}
+        g.pipeline = g.substages[0].pipeline if g.substages else ""
+        g.deps = {sid: deps.get(sid, ()) for sid in g._index}
+        succ: dict[str, list[str]] = {sid: [] for sid in g._index}
+        for sid, ds in g.deps.items():
+            for d in ds:
+                succ[d].append(sid)
+        g._succ = {k: tuple(v) for k, v in succ.items()}
+        return g
+
     def __len__(self) -> int:
         return len(self.substages)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from jigsaw.graph.graph import SubStageGraph
-from jigsaw.graph.merge import MergeConfig
+from jigsaw.graph.merge import DecodeFit, MergeConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,6 +89,9 @@ class PipelineState:
     urgent: frozenset[str] = frozenset()
     """Ready sub-stages that start now whatever the plan: a rollout worker entering its
     next regime cannot pause, so the scheduler only chooses their budget."""
+    decode_fit: DecodeFit | None = None
+    """The rollout engine's decode step latency against KV tokens, which prices merged
+    tails (None: fitted from the graph's last step)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -57,14 +57,11 @@ class ResidualLength:
         if g.size == 0:
             return 0.0
         xs = np.linspace(0.0, float(self.max_tokens), grid_points)
-        below = np.ones_like(xs)
         n = self._sorted.size
-        for gi in g:
-            over = n - int(np.searchsorted(self._sorted, gi, side="right"))
-            if over == 0:  # past every observed length: uniform up to the cap
-                below *= np.clip(xs / max(1.0, self.max_tokens - gi), 0.0, 1.0)
-                continue
-            ends = n - np.searchsorted(self._sorted, gi + xs, side="right")  # lengths still > g + x
-            below *= 1.0 - ends / over
-        above = 1.0 - below
+        over = n - np.searchsorted(self._sorted, g, side="right")  # observed lengths above each g
+        beyond = n - np.searchsorted(self._sorted, g[:, None] + xs[None, :], side="right")
+        # P(R_i <= x) per request (rows); past every observed length: uniform up to the cap.
+        cdf = np.where(over[:, None] > 0, 1.0 - beyond / np.maximum(over, 1)[:, None],
+                       np.clip(xs[None, :] / np.maximum(1.0, self.max_tokens - g)[:, None], 0.0, 1.0))
+        above = 1.0 - np.prod(cdf, axis=0)
         return float(np.sum((above[1:] + above[:-1]) * 0.5 * np.diff(xs)))

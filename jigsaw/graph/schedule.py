@@ -28,7 +28,8 @@ from jigsaw.graph import state as st
 from jigsaw.graph.merge import balance
 from jigsaw.graph.plan import (Assignment, Migration, NodeSpec, PipelineState, Plan, Routing,
                                SchedulerConfig)
-from jigsaw.graph.state import Problem, State, problem_for
+from jigsaw.graph.problem import Problem, problem_for
+from jigsaw.graph.state import State
 
 _TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier one wins
 
@@ -46,6 +47,7 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
         raise ValueError(f"pipeline names must be unique, got {names}")
     P = problem_for(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
     ctx = act.Context(model, config, node)
+    ctx.decode = tuple(ps.decode_fit for ps in pipelines)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:

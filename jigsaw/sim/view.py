@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.merge import DecodeFit
+from jigsaw.graph.problem import decode_fit
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, Plan
 from jigsaw.graph.substage import SubStage, SubStageKind
 from jigsaw.sim.pipeline import REFERENCE, REWARD, ROLLOUT, TRAINING, PipelineRun
@@ -81,7 +83,16 @@ def pipeline_state(run: PipelineRun, t: float, granted: Mapping[str, Budget]) ->
     if run.step + 1 < run.steps_total and pred is not None:
         _append_next(run, nodes, deps)
     return PipelineState(graph=_graph(run, nodes, deps), devices=run.devices, running=running,
-                         remaining_s=remaining, urgent=frozenset(urgent))
+                         remaining_s=remaining, urgent=frozenset(urgent), decode_fit=_decode_fit(run))
+
+
+def _decode_fit(run: PipelineRun) -> DecodeFit | None:
+    """The engine's decode step model, from the prediction (refitted once per step)."""
+    cached = getattr(run, "_decode_cache", None)
+    if cached is None or cached[0] is not run.prediction:
+        fit = decode_fit(run.prediction) if run.prediction is not None else None
+        cached = run._decode_cache = (run.prediction, fit)
+    return cached[1]
 
 
 def _graph(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[str, ...]]) -> SubStageGraph:
@@ -90,17 +101,18 @@ def _graph(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[str, .
     cached = getattr(run, "_graph_cache", None)
     if cached is not None and cached[0] == nodes and cached[1] == deps:
         return cached[2]
-    graph = SubStageGraph(nodes, deps)
+    graph = SubStageGraph.from_ordered(nodes, deps)  # built in topological order above
     run._graph_cache = (nodes, deps, graph)
     return graph
 
 
 def _append_next(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[str, ...]]) -> None:
-    """The predicted next step behind a barrier (renumbered once per step, then reused)."""
+    """The predicted next step behind a barrier (built once per step, then reused), each
+    worker's rollout summarised in at most two pieces (see _summary)."""
     key = (run.step + 1, id(run.prediction))
     cached = getattr(run, "_next_graph", None)
     if cached is None or cached[0] != key:
-        g = _renumber(run.prediction, run.step + 1)
+        g = _renumber(_summarised(run), run.step + 1)
         cached = run._next_graph = (key, g.substages, g.deps, tuple(s.id for s in g.sources()))
     _, next_nodes, next_deps, sources = cached
     has_succ = {d for ds in deps.values() for d in ds}
@@ -109,6 +121,52 @@ def _append_next(run: PipelineRun, nodes: list[SubStage], deps: dict[str, tuple[
     deps.update(next_deps)
     for sid in sources:
         deps[sid] = sinks
+
+
+def _summarised(run: PipelineRun) -> SubStageGraph:
+    """The prediction with each worker's rollout chain replaced by its summary."""
+    nodes: list[SubStage] = []
+    deps: dict[str, tuple[str, ...]] = {}
+    sinks: list[str] = []
+    for chain in _chains(run).values():
+        short = _summary(chain)
+        _link(nodes, deps, short, ())
+        sinks.append(short[-1].id)
+    for kind in (SubStageKind.REWARD, SubStageKind.REFERENCE, SubStageKind.TRAINING):
+        layer = [s for s in run.prediction if s.kind is kind]
+        for s in layer:
+            nodes.append(s)
+            deps[s.id] = tuple(sinks)
+        sinks = [s.id for s in layer] or sinks
+    return SubStageGraph.from_ordered(nodes, deps)
+
+
+def _summary(chain: list[SubStage]) -> list[SubStage]:
+    """A worker's rollout as one device piece (its dominant kind; all its device time,
+    tokens and FLOPs) then one tool wait (all of them).  The look-ahead reads a step it
+    will not start within its window only through chain lengths and device loads, which
+    this keeps; and it is a fraction of the sub-stages to build at every decision."""
+    on = [s for s in chain if s.kind.on_device]
+    tools = [s for s in chain if not s.kind.on_device]
+    out = []
+    if on:
+        time = {}
+        for s in on:
+            time[s.kind] = time.get(s.kind, 0.0) + s.duration_s
+        total = sum(time.values()) or 1.0
+        kind, first = max(time, key=time.get), on[0]
+        out.append(SubStage(id=f"{first.pipeline}/{first.step}/r{first.dp_rank}/{kind.value}/all",
+                            pipeline=first.pipeline, step=first.step, kind=kind, dp_rank=first.dp_rank,
+                            duration_s=sum(time.values()), mem_bytes=max(s.mem_bytes for s in on),
+                            batch_size=sum(s.batch_size * s.duration_s for s in on) / total,
+                            seq_len=sum(s.seq_len * s.duration_s for s in on) / total,
+                            num_steps=sum(s.num_steps for s in on), num_tokens=sum(s.num_tokens for s in on),
+                            flops=sum(s.flops for s in on)))
+    if tools:
+        t = tools[0]
+        out.append(replace(t, id=f"{t.pipeline}/{t.step}/r{t.dp_rank}/tool/all",
+                           duration_s=sum(s.duration_s for s in tools)))
+    return out
 
 
 def _link(nodes, deps, chain, before) -> None:

@@ -1,0 +1,295 @@
+"""The static side of a scheduling instance: tasks of every pipeline in one index space.
+
+    (SubStageGraph, devices) per pipeline ─► Part: its Tasks, dominant kinds, prefill MFU,
+                                             decode step fit (cached per graph; patched when
+                                             only a few sub-stages changed since last time)
+    Parts ─► Problem (tasks, kinds, mergeable tails, ...)            used by state.py
+
+A *task* is what the scheduler places: one sub-stage replica, or all replicas of a
+collective (reference / training) stage, which run in lockstep on their devices.
+Tasks never change once built, so Problems built from mostly the same graphs share them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import NamedTuple
+
+from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.merge import DecodeFit
+from jigsaw.graph.plan import NodeSpec
+from jigsaw.graph.substage import SubStageKind
+
+
+class Task:
+    """A schedulable unit (see module docstring); immutable once the Problem is built."""
+
+    __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "hold", "excl_s", "mem", "preds",
+                 "succs", "tail_s", "batch", "mergeable", "context_tokens", "num_steps", "flops_per_token")
+
+    def __repr__(self) -> str:
+        return f"Task({self.idx}, {self.ids[0]}{'...' if len(self.ids) > 1 else ''})"
+
+
+class Problem:
+    """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
+
+    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill",
+                 "decode", "dominant")
+
+    def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec):
+        self.tasks: list[Task] = []
+        self.names: list[str] = []
+        self.pipe_tasks: list[tuple[int, ...]] = []
+        self.num_devices = node.num_devices
+        self.mem_cap = node.mem_bytes
+        parts = []
+        for p, (graph, devices) in enumerate(pipelines):
+            start = len(self.tasks)
+            part = _part(graph, devices, p, start, node)
+            parts.append(part)
+            self.tasks.extend(part.tasks)
+            self.names.append(graph.pipeline)
+            self.pipe_tasks.append(tuple(range(start, len(self.tasks))))
+        self.kinds = tuple(t.kind for t in self.tasks)
+        self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
+        # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
+        self.prefill = tuple(part.prefill for part in parts)
+        # Per pipeline: its decode step latency against KV tokens (prices merged tails).
+        self.decode = tuple(part.decode for part in parts)
+        self.dominant = tuple(k for part in parts for k in part.dominant)
+
+
+class _Part(NamedTuple):
+    """One pipeline's share of a Problem (its tasks never change once built)."""
+
+    tasks: tuple[Task, ...]
+    dominant: tuple[str, ...]
+    prefill: tuple[float, float]
+    decode: DecodeFit | None
+
+
+@lru_cache(maxsize=64)
+def _part(graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int, node: NodeSpec) -> _Part:
+    """Cached per graph; a graph with the shape of an earlier one (same ids, same deps: the
+    next decision of a running pipeline) patches that one's tasks instead of rebuilding."""
+    _check_placement(graph, devices, node)
+    key = (pipe, start, devices, node, tuple(s.id for s in graph))
+    shape = _SHAPES.get(key)
+    if shape is None or shape.graph.deps != graph.deps:
+        shape = _SHAPES[key] = _Shape.build(graph, devices, pipe, start, node)
+        while len(_SHAPES) > 32:
+            _SHAPES.popitem(last=False)
+    else:
+        shape.patch(graph, devices)
+    _SHAPES.move_to_end(key)
+    return shape.part
+
+
+class _Shape:
+    """The structure of one pipeline's graph (which sub-stages form which task) and the
+    part last built on it."""
+
+    __slots__ = ("graph", "pipe", "start", "members", "task_of", "slot_of", "chain", "tools", "part")
+
+    @classmethod
+    def build(cls, graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int, node: NodeSpec) -> _Shape:
+        sh = cls()
+        sh.graph, sh.pipe, sh.start = graph, pipe, start
+        sh.members, sh.task_of = _groups(graph, start)
+        sh.slot_of = [0] * len(graph)
+        for slot, group in enumerate(sh.members):
+            for k in group:
+                sh.slot_of[k] = slot
+        nodes = graph.substages
+        tasks = [_make_task(graph, [nodes[k] for k in group], devices, pipe, start + i, sh.task_of)
+                 for i, group in enumerate(sh.members)]
+        _fill_tails(tasks, start)
+        sh.tools = any(t.kind == "tool" for t in tasks)
+        if sh.tools:  # multi-turn: no merging (see _make_task)
+            for t in tasks:
+                t.mergeable = False
+        sh.chain = {}
+        dominant = [_dominant(t, tasks, start, sh.chain) for t in reversed(tasks)][::-1]
+        sh.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=_prefill_stats(graph),
+                        decode=decode_fit(graph))
+        return sh
+
+    def patch(self, graph: SubStageGraph, devices: tuple[int, ...]) -> None:
+        """Rebuild the tasks whose sub-stages changed, and re-derive what depends on them
+        (tails and dominant kinds of their ancestors); the rest are shared."""
+        old, new, start = self.graph.substages, graph.substages, self.start
+        changed = {self.slot_of[k] for k, (a, b) in enumerate(zip(old, new)) if a is not b and a != b}
+        tasks = list(self.part.tasks)
+        dirty = _with_ancestors(changed, tasks, start)
+        for i in dirty:
+            tasks[i] = (_make_task(graph, [new[k] for k in self.members[i]], devices, self.pipe, start + i,
+                                   self.task_of) if i in changed else _copy(tasks[i]))
+        dominant = list(self.part.dominant)
+        for i in sorted(dirty, reverse=True):  # successors first
+            t = tasks[i]
+            t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
+            dominant[i] = _dominant(t, tasks, start, self.chain)
+        if self.tools:
+            for i in changed:
+                tasks[i].mergeable = False
+        self.graph = graph
+        self.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=_prefill_stats(graph),
+                          decode=decode_fit(graph))
+
+
+_SHAPES: OrderedDict[tuple, _Shape] = OrderedDict()
+
+
+def _with_ancestors(changed: set[int], tasks: Sequence[Task], start: int) -> set[int]:
+    out, stack = set(changed), list(changed)
+    while stack:
+        for j in tasks[stack.pop()].preds:
+            if j - start not in out:
+                out.add(j - start)
+                stack.append(j - start)
+    return out
+
+
+def _copy(t: Task) -> Task:
+    c = Task.__new__(Task)
+    for name in Task.__slots__:
+        setattr(c, name, getattr(t, name))
+    return c
+
+
+@lru_cache(maxsize=16)
+def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
+    """Problems are rebuilt only when a graph or a placement changes (graphs hash by identity)."""
+    return Problem(pipelines, node)
+
+
+def _dominant(t: Task, tasks: Sequence[Task], start: int, chain: dict[int, dict[str, float]]) -> str:
+    """What task t mostly is: for a rollout piece, the kind with the most exclusive time in
+    its worker's rollout chain from there on (a rollout opens with a short prefill but is
+    mostly its tail); other tasks are their own kind.  Needs its successors' entries in
+    `chain` (call in reverse topological order); records its own."""
+    if not t.kind.startswith("rollout") and t.kind != "tool":
+        return t.kind
+    totals = {t.kind: t.excl_s} if t.devices else {}
+    for j in t.succs:
+        if j in chain and tasks[j - start].ranks == t.ranks:
+            for kind, sec in chain[j].items():
+                totals[kind] = totals.get(kind, 0.0) + sec
+    chain[t.idx] = totals
+    return max(totals, key=totals.get) if t.devices and totals else t.kind
+
+
+def _prefill_stats(graph: SubStageGraph) -> tuple[float, float]:
+    pre = [s for s in graph if s.kind.value == "rollout_prefill" and s.flops > 0]
+    return sum(s.flops for s in pre), sum(s.duration_s for s in pre)
+
+
+def decode_fit(graph: SubStageGraph) -> DecodeFit | None:
+    """Fit over the graph's last step: predicted pieces, whose batch, context and step time
+    all come from the same measured history (a live piece pairs the engine's current batch
+    with a predicted duration)."""
+    last = max((s.step for s in graph), default=0)
+    points = [(s.batch_size * s.seq_len, s.duration_s / s.num_steps) for s in graph
+              if s.step == last and s.kind.value in ("rollout_decode", "rollout_tail")
+              and s.num_steps > 1 and s.batch_size > 0]
+    return DecodeFit.fit(points)
+
+
+def _check_placement(graph: SubStageGraph, devices: tuple[int, ...], node: NodeSpec) -> None:
+    if len(devices) < graph.num_dp_ranks:
+        raise ValueError(f"pipeline {graph.pipeline!r} has {graph.num_dp_ranks} DP ranks but "
+                         f"{len(devices)} devices were given")
+    if len(set(devices)) != len(devices) or any(not 0 <= d < node.num_devices for d in devices):
+        raise ValueError(f"pipeline {graph.pipeline!r}: devices {devices} must be distinct and in "
+                         f"[0, {node.num_devices})")
+    for s in graph:
+        if s.mem_bytes > node.mem_bytes and _KIND[s.kind][1]:
+            raise ValueError(f"sub-stage {s.id} needs {s.mem_bytes} bytes; a device has {node.mem_bytes}")
+
+
+def _groups(graph: SubStageGraph, start: int) -> tuple[list[list[int]], dict[str, int]]:
+    """Positions of the sub-stages of each task (a collective's replicas form one: the k-th
+    sub-stage of a collective kind in a step on every worker), and every id's task index."""
+    members: list[list[int]] = []
+    task_of: dict[str, int] = {}
+    gang_slot: dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}
+    for k, s in enumerate(graph):  # topological order, so tasks are sorted too
+        if _KIND[s.kind][3]:
+            base = (s.step, s.kind, s.dp_rank)
+            nth = seen[base] = seen.get(base, -1) + 1
+            key = (s.step, s.kind, nth)
+            slot = gang_slot.get(key)
+            if slot is None:
+                slot = gang_slot[key] = len(members)
+                members.append([])
+        else:
+            slot = len(members)
+            members.append([])
+        members[slot].append(k)
+        task_of[s.id] = start + slot
+    return members, task_of
+
+
+def gang_keys(graph: SubStageGraph) -> list[tuple]:
+    """Lockstep key of each sub-stage (in graph order): the k-th collective sub-stage of a
+    kind in a step on every worker forms one gang."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for s in graph:
+        base = (s.step, s.kind.value, s.dp_rank)
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        keys.append((s.step, s.kind.value, k))
+    return keys
+
+
+_KIND = {k: (k.value, k.on_device, k.is_rollout, k.collective) for k in SubStageKind}
+"""Enum properties looked up once: task construction runs at every scheduling call."""
+
+
+def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe: int, idx: int,
+               task_of: dict[str, int]) -> Task:
+    t = Task()
+    first = group[0]
+    kind, on_device, _, _ = _KIND[first.kind]
+    t.idx, t.pipe, t.kind = idx, pipe, kind
+    deps, succ = graph.deps, graph._succ
+    if len(group) == 1:  # most tasks: written out, this runs for every task at every decision
+        sid, rank = first.id, first.dp_rank
+        t.ids, t.ranks = (sid,), (rank,)
+        t.excl_s, t.mem, t.batch = first.duration_s, first.mem_bytes, first.batch_size
+        pre, nxt = deps[sid], succ[sid]
+        t.preds = (task_of[pre[0]],) if len(pre) == 1 else tuple(sorted({task_of[d] for d in pre}))
+        t.succs = (task_of[nxt[0]],) if len(nxt) == 1 else tuple(sorted({task_of[n] for n in nxt}))
+        t.devices = (devices[rank],) if on_device else ()
+    else:
+        t.ids = tuple(s.id for s in group)
+        t.ranks = tuple(s.dp_rank for s in group)
+        t.excl_s = max(s.duration_s for s in group)
+        t.mem = max(s.mem_bytes for s in group)
+        t.batch = sum(s.batch_size for s in group)
+        t.preds = tuple(sorted({task_of[d] for s in group for d in deps[s.id]} - {idx}))
+        t.succs = tuple(sorted({task_of[n] for s in group for n in succ[s.id]} - {idx}))
+        t.devices = tuple(devices[r] for r in t.ranks) if on_device else ()
+    # A worker waiting on a tool keeps its engine (and the waiting requests' KV cache) on
+    # its device: it holds one of the device's two places for its return.
+    t.hold = devices[first.dp_rank] if kind == "tool" else None
+    # A tail with no rollout after it on its worker may take other workers' requests; not in
+    # a multi-turn pipeline, whose requests may come back from a tool for more turns (moving
+    # their later turns and tool calls onto one worker, which ΔT does not price): the
+    # caller clears the flag there.
+    t.mergeable = kind == "rollout_tail" and not any(_KIND[graph[n].kind][2] for n in succ[first.id])
+    t.context_tokens = int(first.batch_size * first.seq_len)
+    t.num_steps = first.num_steps
+    t.flops_per_token = first.flops / first.num_tokens if first.num_tokens and first.flops else 0.0
+    return t
+
+
+def _fill_tails(tasks: list[Task], start: int) -> None:
+    """tail_s: longest chain of exclusive durations after the task (to its pipeline's sink)."""
+    for t in reversed(tasks):
+        t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
