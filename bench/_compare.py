@@ -24,24 +24,32 @@ class Row:
     makespan_s: dict[str, float]
     where: Breakdown | None = None
     """Where jigsaw's device time went (from its trace)."""
+    infeasible: dict[str, str] | None = None
+    """Policies that cannot run this mix, and why (e.g. training does not fit their pool)."""
 
 
 def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed: int,
             policies: tuple[str, ...] = BASELINES + ("jigsaw",)) -> Row:
     cfg = SimConfig(workload=workloads, gpus=gpus, steps=steps, seed=seed, trace=False)
-    res = {p: simulate(replace(cfg, policy=p, trace=p == "jigsaw")) for p in policies}
+    res, infeasible = {}, {}
+    for p in policies:
+        try:
+            res[p] = simulate(replace(cfg, policy=p, trace=p == "jigsaw"))
+        except ValueError as exc:  # the policy's placement cannot host this deployment
+            infeasible[p] = str(exc)
     bound = lower_bound(replace(cfg, policy="serial"))
     first = workload.get(workloads[0])
     where = breakdown(res["jigsaw"].trace, gpus // first.rollout_tp) if "jigsaw" in res else None
     return Row(label=label, tokens_per_s={p: r.tokens_per_s for p, r in res.items()},
                latency_x={p: statistics.fmean(x.mean_step_latency_s / (a / steps) for x, a in zip(r.pipelines, bound.alone_s))
                           for p, r in res.items()},
-               bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()}, where=where)
+               bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()}, where=where,
+               infeasible=infeasible or None)
 
 
 def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     t = Table(title=title)
-    t.add_column("workload")
+    t.add_column("workload", no_wrap=True)
     others = [p for p in policies if p != "jigsaw"]
     for p in others:
         t.add_column(f"jigsaw / {p}", justify="right")
@@ -50,17 +58,24 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     t.add_column("latency × alone", justify="right")
     for col in ("idle", "one alone", "work / device-s"):
         t.add_column(col, justify="right")
+    notes = []
     for r in rows:
-        t.add_row(r.label, *[f"{r.tokens_per_s['jigsaw'] / r.tokens_per_s[p]:.2f}" for p in others],
+        t.add_row(r.label, *[_ratio(r, p) for p in others],
                   f"{r.tokens_per_s['jigsaw']:,.0f}", f"{r.makespan_s['jigsaw'] / r.bound.makespan_s - 1:+.0%}",
                   f"{r.latency_x['jigsaw']:.2f}", *_where(r.where))
-    ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows] for p in others}
+        notes += [f"n/a: {p} on {r.label}: {why}" for p, why in (r.infeasible or {}).items()]
+    ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows if p in r.tokens_per_s] for p in others}
+    t.caption = "\n".join(notes) or None
     t.add_section()
     t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], "",
               f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
               f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")
     t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], "", "", "")
     return t
+
+
+def _ratio(r: Row, p: str) -> str:
+    return f"{r.tokens_per_s['jigsaw'] / r.tokens_per_s[p]:.2f}" if p in r.tokens_per_s else "n/a"
 
 
 def _where(bd: Breakdown | None) -> list[str]:

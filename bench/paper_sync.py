@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="three workloads, 8 steps, no mixes")
     args = ap.parse_args()
-    console = Console(width=200)
+    console = Console(width=240)
     workloads, steps = (FIG12[:3], 8) if args.quick else (FIG12, args.steps)
     policies = BASELINES + ("jigsaw",)
     t0 = time.time()

@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jigsaw.sim import workload as wl
@@ -253,3 +254,25 @@ def test_summarised_next_step_keeps_chain_lengths_and_device_work():
     assert len(short) < len(full) / 2
     assert longest(short) == pytest.approx(longest(full), rel=1e-9)
     assert work(short) == pytest.approx(work(full), rel=1e-9)
+
+
+def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
+    # A tail holding a few requests needs far less than the pool sized for the whole batch:
+    # that is what lets it share a device with a training stage.
+    from jigsaw.mux.costmodel import StepCost
+    from jigsaw.mux.prior import A100
+    from jigsaw.sim.rollout import Request, RolloutWorker
+
+    cost = StepCost(A100, "qwen3-4b")
+    pool = cost.rollout_mem_bytes(200_000)
+    wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=cost, mem_bytes=pool)
+    wk.add([Request(rid=i, context=500, turns=[20 * (i + 1)], appended=[], tool_s=[]) for i in range(8)], 0.0)
+    while wk.plan() is not None:
+        wk.commit()
+    cols = wk.columns()
+    floor = cost.weights_bytes() + cost.config.rollout_reserve_bytes
+    assert np.all(cols.mem_bytes >= floor) and np.all(cols.mem_bytes <= pool)
+    expected = floor + cols.kv_tokens_used * cost.kv_bytes_per_token()
+    assert np.allclose(cols.mem_bytes, expected, rtol=1e-6)
+    assert cols.mem_bytes[-1] < cols.mem_bytes.max()  # the tail frees what finished requests held
+    assert int(wk.need_bytes(10**9)) == pool

@@ -327,7 +327,8 @@ class NodeSim:
                 prev = old.get(s.key)
                 if prev is None or prev.budget != s.budget or prev.sid != s.sid or abs(prev.slowdown - s.slowdown) > EPS:
                     run = self.runs[s.key[1]]
-                    need = run.rollout_mem if s.key[0] == "w" else run.gang.mem_bytes
+                    need = (int(run.workers[s.key[2]].need_bytes(run.workers[s.key[2]].held_kv_tokens()))
+                            if s.key[0] == "w" else run.gang.mem_bytes)
                     self._trace("grant", run.name, s.sid, d, s, data={"need_bytes": need})
                 if s.key[0] == "w" and (prev is None or abs(prev.slowdown - s.slowdown) > EPS):
                     run = self.runs[s.key[1]]

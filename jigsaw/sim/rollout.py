@@ -343,9 +343,21 @@ class RolloutWorker:
         self._cols.append({
             "t_start_s": starts, "t_end_s": ends, "num_prefill_tokens": np.full(n, prefill),
             "num_decode_reqs": np.full(n, decode), "kv_tokens_used": np.asarray(kv, dtype=np.int64),
-            "mem_bytes": np.full(n, self.mem_bytes), "flops": np.full(n, self.cost.flops_per_token * (prefill + decode)),
+            "mem_bytes": self.need_bytes(np.asarray(kv)), "flops": np.full(n, self.cost.flops_per_token * (prefill + decode)),
             "slowdown": np.full(n, self.s),
         })
+
+    def need_bytes(self, kv_tokens) -> np.ndarray:
+        """Memory the engine needs to hold `kv_tokens` of KV cache: weights, that KV and the
+        reserve, at most its pool (what a memory budget must leave it; less KV is a smaller
+        batch, which the slowdown grid's memory axis prices)."""
+        c = self.cost
+        need = c.weights_bytes() + np.asarray(kv_tokens, dtype=float) * c.kv_bytes_per_token() + c.config.rollout_reserve_bytes
+        return np.minimum(need, self.mem_bytes).astype(np.int64)
+
+    def held_kv_tokens(self) -> int:
+        """KV the engine holds now: every request it has started, waiting on a tool or not."""
+        return int(sum(r.context - r.pending for r in [*self.queue, *self.decoding, *self.in_tool, *self.barrier]))
 
     def columns(self) -> StepColumns | None:
         if not self._cols:

@@ -218,9 +218,15 @@ def _live_piece(run, wk, base: SubStage | None, elapsed: float) -> SubStage:
     tokens = max(1, batch * steps)
     return SubStage(id=wk.piece_id(), pipeline=run.name, step=run.step, kind=live.kind, dp_rank=wk.rank,
                     duration_s=base.duration_s if base else max(elapsed, 1e-3),
-                    mem_bytes=0 if live.kind is SubStageKind.TOOL else run.rollout_mem,
+                    mem_bytes=0 if live.kind is SubStageKind.TOOL else _need(wk, base),
                     batch_size=float(batch), seq_len=context, num_steps=steps, num_tokens=tokens,
                     flops=run.cost.flops_per_token * tokens)
+
+
+def _need(wk, base: SubStage | None) -> int:
+    """Memory of a live piece: its predicted peak, or what the engine holds now if more."""
+    now = int(wk.need_bytes(wk.held_kv_tokens()))
+    return max(now, base.mem_bytes) if base is not None else now
 
 
 def _chains(run: PipelineRun) -> dict[int, list[SubStage]]:
