@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 from dataclasses import replace
 
 from jigsaw.sim import workload as wl

@@ -9,6 +9,7 @@ exit 2 instead of a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,9 @@ COMMANDS = {
     "sim": "jigsaw.cli.sim",
     "prior": "jigsaw.cli.prior",
     "inspect": "jigsaw.cli.inspect_grid",
+    "timeline": "jigsaw.cli.timeline",
+    "daemon": "jigsaw.cli.daemon",
+    "run": "jigsaw.cli.run",
 }
 """Subcommand name -> module defining `Args` and `run`."""
 
@@ -27,10 +31,16 @@ DESCRIPTION = ("jigsaw multiplexes LLM RL post-training pipelines on shared GPUs
 def main(argv: Sequence[str] | None = None) -> int:
     import tyro
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `jigsaw run [flags] -- CMD ...`: CMD is not ours to parse
+        cut = argv.index("--")
+        argv, cmd = argv[:cut], argv[cut + 1:]
     modules = {name: importlib.import_module(path) for name, path in COMMANDS.items()}
     args = tyro.extras.subcommand_cli_from_dict(
-        {name: mod.Args for name, mod in modules.items()}, prog="jigsaw", description=DESCRIPTION,
-        args=list(argv) if argv is not None else None)
+        {name: mod.Args for name, mod in modules.items()}, prog="jigsaw", description=DESCRIPTION, args=argv)
+    if cmd:
+        args = dataclasses.replace(args, cmd=tuple(cmd))
     module = next(m for m in modules.values() if isinstance(args, m.Args))
     try:
         return int(module.run(args) or 0)

@@ -1,0 +1,100 @@
+"""`jigsaw run [--name N] [--profile FILE] -- CMD ...`: run a pipeline under the node daemon.
+
+    daemon answering? ── no ─► start `jigsaw daemon` detached (log in the runtime dir)
+        │                        still none after start_timeout_s ─► run CMD unscheduled
+        ▼
+    register the pipeline (this process heartbeats for it) ─► CMD as a child with
+    JIGSAW_ENDPOINT / JIGSAW_PIPELINE ─► signals forwarded ─► unregister on exit
+        ─► CMD's exit code (128 + N when it died of signal N)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_PIPELINE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Args:
+    """Run CMD (after `--`) as a pipeline scheduled by the node's jigsaw daemon; start the
+    daemon if none is running.  If the daemon cannot be reached CMD still runs, alone."""
+
+    name: str | None = None
+    """Pipeline name (default: the command's basename and this process's pid)."""
+    profile: Path | None = None
+    """Slowdown grid for a daemon started on demand."""
+    devices: int = 1
+    """Devices of a daemon started on demand."""
+    start_daemon: bool = True
+    """Start a daemon when none answers (--no-start-daemon: run CMD unscheduled instead)."""
+    start_timeout_s: float = 10.0
+    """How long to wait for a daemon started on demand."""
+    cmd: tuple[str, ...] = ()
+    """The pipeline's command (give it after `--`)."""
+
+
+def run(args: Args) -> int:
+    from jigsaw.runtime.client import Client
+    from jigsaw.runtime.paths import endpoint, runtime_dir
+
+    if not args.cmd:
+        raise ValueError("jigsaw run needs a command after `--`, e.g. jigsaw run -- python train.py")
+    name = args.name or f"{Path(args.cmd[0]).name}-{os.getpid()}"
+    directory = runtime_dir()
+    ep = endpoint(directory)
+    up = _ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep))
+    if not up:
+        print(f"jigsaw run: no daemon at {ep}; running {name} unscheduled (see {directory / 'daemon.log'})",
+              file=sys.stderr)
+    owner = Client(name, ep if up else None)
+    env = dict(os.environ, **{ENV_PIPELINE: name}, **({ENV_ENDPOINT: ep} if up else {}))
+    try:
+        proc = subprocess.Popen(list(args.cmd), env=env)
+    except OSError as exc:
+        owner.close(pipeline_done=True)
+        raise ValueError(f"cannot run {args.cmd[0]!r}: {exc}") from None
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, f: proc.send_signal(s))
+    rc = proc.wait()
+    owner.close(pipeline_done=True)
+    return 128 - rc if rc < 0 else rc
+
+
+def _ping(ep: str, timeout_s: float) -> bool:
+    import zmq
+
+    from jigsaw.runtime import protocol as pr
+
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(ep)
+        s.send(pr.encode(pr.Status(req=1)))
+        if s.poll(timeout=int(timeout_s * 1000)):
+            return isinstance(pr.decode_reply(s.recv()), pr.StatusReply)
+        return False
+    except (zmq.ZMQError, pr.ProtocolError):
+        return False
+    finally:
+        s.close()
+
+
+def _start_daemon(args: Args, directory: Path, ep: str) -> bool:
+    cmd = [sys.executable, "-m", "jigsaw.cli.main", "daemon", "--devices", str(args.devices)]
+    if args.profile is not None:
+        cmd += ["--profile", str(args.profile)]
+    with open(directory / "daemon.log", "ab") as log:
+        subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + args.start_timeout_s
+    while time.monotonic() < deadline:
+        if _ping(ep, 0.3):
+            return True
+    return False

@@ -1,0 +1,265 @@
+"""Pipeline-side client: admission of sub-stages, budgets, step summaries; fails open.
+
+    worker ── connect() ──► Register ──► session          (JIGSAW_ENDPOINT, JIGSAW_PIPELINE)
+       │  with client.substage(kind, dp_rank=, step=) as grant:    Admit ─► … ─► Grant
+       │      work under grant.sm_frac / grant.micro_batch / …      (blocks until admitted)
+       │      grant.report(num_tokens=…, flops=…)
+       │  (exit)                                                    Done (no wait)
+       │  client.step_end(step, tokens=…)                           StepEnd (no wait)
+       └─ heartbeat thread (own socket): Heartbeat every heartbeat_s ─► Beat: budget changes
+                                          unknown session (daemon restarted) ─► Register again
+
+Fail-open: when there is no daemon, or it stops answering for `dead_after_s`, every
+sub-stage is granted the whole device at once (`grant.exclusive`), and the pipeline goes
+on; when a daemon answers again the client registers again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import zmq
+
+from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_PIPELINE
+
+log = logging.getLogger("jigsaw.client")
+
+
+@dataclass(slots=True)
+class GrantHandle:
+    """What a sub-stage may use.  Budget fields change in place when the daemon re-plans."""
+
+    substage: str
+    device: int
+    sm_frac: float = 1.0
+    mem_bytes: int = 0
+    micro_batch: int | None = None
+    routing: tuple[float, ...] | None = None
+    migrations: tuple[pr.MigrationOrder, ...] = ()
+    partition: dict[str, str] = field(default_factory=dict)
+    exclusive: bool = False
+    """True when granted without a daemon (fail-open): the whole device."""
+    waited_s: float = 0.0
+    """Time spent waiting for admission."""
+    numbers: dict = field(default_factory=dict)
+
+    def report(self, **numbers) -> None:
+        """Numbers of the finished work for the graph: num_tokens, flops, batch_size,
+        seq_len, num_steps."""
+        self.numbers.update(numbers)
+
+    def _update(self, g: pr.Grant) -> None:
+        self.device, self.sm_frac, self.mem_bytes = g.device, g.sm_frac, g.mem_bytes
+        self.micro_batch, self.routing, self.partition = g.micro_batch, g.routing, dict(g.partition)
+        self.migrations = g.migrations
+
+
+class Client:
+    def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
+                 connect_timeout_s: float = 1.0, dead_after_s: float = 2.0):
+        self.pipeline, self.endpoint, self.devices = pipeline, endpoint, tuple(devices)
+        self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
+        self.session: str | None = None
+        self.heartbeat_s = 0.25
+        self.last_reply = 0.0
+        self._req = 0
+        self._lock = threading.Lock()
+        self._live: dict[str, GrantHandle] = {}
+        self._stop = threading.Event()
+        self._ctx = zmq.Context() if endpoint else None
+        self._sock = self._socket() if endpoint else None
+        if endpoint:
+            self._register(self._sock, self.connect_timeout_s)
+            self._hb = threading.Thread(target=self._heartbeats, name="jigsaw-heartbeat", daemon=True)
+            self._hb.start()
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def connected(self) -> bool:
+        return self.session is not None and time.monotonic() - self.last_reply < self.dead_after_s
+
+    @contextlib.contextmanager
+    def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
+                 mem_bytes: int = 0) -> Iterator[GrantHandle]:
+        """Block until the scheduler admits this sub-stage; report it done on exit."""
+        t0 = time.monotonic()
+        grant = self._admit(kind, dp_rank, step, urgent, mem_bytes) if self.connected else None
+        handle = GrantHandle(substage="", device=dp_rank, exclusive=True) if grant is None else grant
+        handle.waited_s = time.monotonic() - t0
+        self._live[handle.substage] = handle
+        try:
+            yield handle
+        finally:
+            self._live.pop(handle.substage, None)
+            if not handle.exclusive and handle.substage:
+                self._send(pr.Done(session=self.session or "", substage=handle.substage, **handle.numbers))
+
+    def rollout(self, *, dp_rank: int = 0, step: int = 0) -> Rollout:
+        """A rollout worker's regimes from its forward steps (client-side bucketing)."""
+        return Rollout(self, dp_rank, step)
+
+    def step_end(self, step: int, *, tokens: int = 0, samples: int = 0, flops: float = 0.0) -> None:
+        if self.connected:
+            self._send(pr.StepEnd(session=self.session or "", step=step, tokens=tokens, samples=samples, flops=flops))
+
+    def close(self, pipeline_done: bool = False) -> None:
+        self._stop.set()
+        if self.connected:
+            self._send(pr.Unregister(session=self.session or "", pipeline_done=pipeline_done))
+        if self._ctx is not None:
+            self._hb.join(timeout=2 * self.heartbeat_s + 1)
+            self._sock.close(linger=200)
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _socket(self) -> zmq.Socket:
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a daemon that is not there
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.endpoint)
+        return s
+
+    def _next_req(self) -> int:
+        with self._lock:
+            self._req += 1
+            return self._req
+
+    def _send(self, msg, sock: zmq.Socket | None = None) -> bool:
+        try:
+            (sock or self._sock).send(pr.encode(msg), flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def _call(self, sock: zmq.Socket, msg, timeout_s: float | None, give_up=None):
+        """Send and wait for the reply with msg.req; None on timeout, when `give_up()` is
+        true, or when the daemon cannot be reached."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._send(msg, sock):  # not connected (yet): ZeroMQ connects in the background
+            if (deadline is not None and time.monotonic() >= deadline) or (give_up is not None and give_up()):
+                return None
+            time.sleep(0.01)
+        while deadline is None or time.monotonic() < deadline:
+            if give_up is not None and give_up():
+                return None
+            if not sock.poll(timeout=50):
+                continue
+            try:
+                reply = pr.decode_reply(sock.recv())
+            except pr.ProtocolError as exc:
+                log.warning("%s", exc)
+                continue
+            self.last_reply = time.monotonic()
+            if reply.req == msg.req:
+                return reply
+        return None
+
+    def _register(self, sock: zmq.Socket, timeout_s: float) -> None:
+        msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, req=self._next_req())
+        reply = self._call(sock, msg, timeout_s)
+        if isinstance(reply, pr.Registered):
+            self.session, self.heartbeat_s = reply.session, reply.heartbeat_s
+            self.dead_after_s = 2 * reply.lease_s  # the daemon reclaims after one lease; give it two
+            log.info("pipeline %s registered (session %s)", self.pipeline, self.session)
+        elif isinstance(reply, pr.Error):
+            log.warning("jigsaw daemon refused registration: %s", reply.message)
+
+    def _admit(self, kind, dp_rank, step, urgent, mem_bytes) -> GrantHandle | None:
+        msg = pr.Admit(session=self.session or "", kind=kind, dp_rank=dp_rank, step=step, urgent=urgent,
+                       mem_bytes=mem_bytes, req=self._next_req())
+        reply = self._call(self._sock, msg, None, give_up=lambda: not self.connected)
+        if isinstance(reply, pr.Grant):
+            h = GrantHandle(substage=reply.substage, device=reply.device)
+            h._update(reply)
+            return h
+        if isinstance(reply, pr.Error):
+            log.warning("jigsaw daemon: %s (running %s exclusively)", reply.message, kind)
+        else:
+            log.warning("jigsaw daemon unreachable; running %s exclusively", kind)
+        return None
+
+    def _heartbeats(self) -> None:
+        sock = self._socket()
+        try:
+            while not self._stop.wait(self.heartbeat_s):
+                if self.session is None:
+                    self._register(sock, self.heartbeat_s * 4)
+                    continue
+                reply = self._call(sock, pr.Heartbeat(session=self.session, req=self._next_req()), self.heartbeat_s * 4)
+                if isinstance(reply, pr.Beat):
+                    for g in reply.grants:
+                        if (h := self._live.get(g.substage)) is not None:
+                            h._update(g)
+                elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
+                    self.session = None  # a new daemon: register again on the next beat
+        finally:
+            sock.close(linger=0)
+
+
+def connect(pipeline: str | None = None, endpoint: str | None = None, devices: tuple[int, ...] = ()) -> Client:
+    """The client of this process.  Without a daemon endpoint (not under `jigsaw run`),
+    a client that grants every sub-stage exclusively."""
+    ep = endpoint or os.environ.get(ENV_ENDPOINT)
+    name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
+    return Client(name, ep, devices)
+
+
+class Rollout:
+    """Forward steps in, sub-stage transitions out: one Done + Admit per regime change.
+
+        with client.rollout(dp_rank=r, step=n) as ro:
+            for each engine forward step:  grant = ro.forward(num_prefill_tokens, num_decode_reqs)
+
+    The bucket rule is the graph builder's (`BucketTracker`: token buckets + hysteresis);
+    the first regime waits for admission, the next ones are urgent (a running rollout
+    cannot pause) and only learn their budget."""
+
+    def __init__(self, client: Client, dp_rank: int, step: int):
+        from jigsaw.graph.builder import BucketTracker
+
+        self.client, self.dp_rank, self.step = client, dp_rank, step
+        self.tracker = BucketTracker()
+        self.grant: GrantHandle | None = None
+        self._cm = None
+        self._tokens = self._steps = 0
+        self.transitions = 0
+
+    def forward(self, num_prefill_tokens: int, num_decode_reqs: int) -> GrantHandle:
+        switch = self.tracker.observe(num_prefill_tokens + num_decode_reqs)
+        if switch is not None:
+            self._close()
+            self._cm = self.client.substage(switch.kind.value, dp_rank=self.dp_rank, step=self.step,
+                                            urgent=self.grant is not None)
+            self.grant = self._cm.__enter__()
+            self.transitions += 1
+        self._tokens += num_prefill_tokens + num_decode_reqs
+        self._steps += 1
+        return self.grant
+
+    def _close(self) -> None:
+        if self._cm is not None:
+            self.grant.report(num_tokens=self._tokens, num_steps=self._steps)
+            self._cm.__exit__(None, None, None)
+            self._cm, self._tokens, self._steps = None, 0, 0
+
+    def __enter__(self) -> Rollout:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()

@@ -1,0 +1,57 @@
+"""Where the daemon listens: a per-user 0700 runtime directory.
+
+    $JIGSAW_RUNTIME_DIR  or  $XDG_RUNTIME_DIR/jigsaw  or  /tmp/jigsaw-<uid>
+        daemon.sock   ZeroMQ ipc endpoint (0600)
+        daemon.lock   flock held by the running daemon (one per directory)
+        daemon.log    output of a daemon started on demand by `jigsaw run`
+
+Clients find the endpoint in $JIGSAW_ENDPOINT (set by `jigsaw run` for its child) or
+derive it from the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+ENV_DIR = "JIGSAW_RUNTIME_DIR"
+ENV_ENDPOINT = "JIGSAW_ENDPOINT"
+ENV_PIPELINE = "JIGSAW_PIPELINE"
+
+
+def runtime_dir(create: bool = True) -> Path:
+    """The directory, created 0700 if missing; refuses one another user could enter."""
+    if env := os.environ.get(ENV_DIR):
+        path = Path(env)
+    elif xdg := os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(xdg) / "jigsaw"
+    else:
+        path = Path("/tmp") / f"jigsaw-{os.getuid()}"
+    if create:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(path)
+    return path
+
+
+def check_private(path: Path) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"jigsaw runtime directory {path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise ValueError(f"jigsaw runtime directory {path} belongs to uid {st.st_uid}, not {os.getuid()}")
+    if st.st_mode & 0o077:
+        raise ValueError(f"jigsaw runtime directory {path} has mode {oct(st.st_mode & 0o777)}; "
+                         f"it must be 0700 (chmod 700 {path})")
+
+
+def endpoint(directory: Path | None = None) -> str:
+    if directory is None and (env := os.environ.get(ENV_ENDPOINT)):
+        return env
+    return f"ipc://{(directory or runtime_dir()) / 'daemon.sock'}"
+
+
+def socket_path(ep: str) -> Path:
+    if not ep.startswith("ipc://"):
+        raise ValueError(f"jigsaw endpoint must be ipc://PATH, got {ep!r}")
+    return Path(ep[len("ipc://"):])

@@ -1,0 +1,202 @@
+"""Typed, versioned messages between pipeline clients and the node daemon.
+
+    client (DEALER) ── msgpack(Request) ──► daemon (ROUTER) ── msgpack(Reply) ──► client
+                       one frame, ≤ MAX_MESSAGE_BYTES, field `v` = PROTOCOL_VERSION,
+                       `req` echoed so a client can drop stale replies
+
+Framing is ZeroMQ's; encoding and schema validation are msgspec's.  Decoding never runs
+code from the peer: msgpack carries data only, and a message that does not match the
+schema (unknown type tag, wrong field type, unknown field, other version) becomes a
+`ProtocolError` that the daemon answers with an `Error` reply.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 20
+"""Largest request the daemon reads; larger ones get an `Error` (ZeroMQ drops frames above
+HARD_LIMIT_BYTES before they reach the daemon's memory)."""
+HARD_LIMIT_BYTES = 16 << 20
+
+
+class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True, kw_only=True):
+    v: int = PROTOCOL_VERSION
+    req: int = 0
+
+
+# ------------------------------------------------------------------ requests
+
+class Register(_Msg, tag="register"):
+    """A client process joins `pipeline` (created on first use); the reply carries its session."""
+
+    pipeline: str
+    pid: int
+    devices: tuple[int, ...] = ()
+    """Device of each DP rank of the pipeline (default: rank r on device r)."""
+
+
+class Heartbeat(_Msg, tag="heartbeat"):
+    session: str
+
+
+class Unregister(_Msg, tag="unregister"):
+    session: str
+    pipeline_done: bool = False
+    """Set by `jigsaw run` when CMD exits: the whole pipeline leaves, not only this client."""
+
+
+class Admit(_Msg, tag="admit"):
+    """Ask to start a sub-stage; the reply (a `Grant`) comes when the scheduler admits it."""
+
+    session: str
+    kind: str
+    dp_rank: int
+    step: int
+    mem_bytes: int = 0
+    urgent: bool = False
+    """A rollout worker entering its next regime cannot pause: admitted at once, the
+    scheduler only picks its budget."""
+
+
+class Done(_Msg, tag="done"):
+    """A granted sub-stage finished; the numbers feed the pipeline's graph of the next step."""
+
+    session: str
+    substage: str
+    batch_size: float = 0.0
+    seq_len: float = 0.0
+    num_steps: int = 1
+    num_tokens: int = 0
+    flops: float = 0.0
+
+
+class StepEnd(_Msg, tag="step_end"):
+    """An RL step of the pipeline finished (sent by one worker, e.g. rank 0)."""
+
+    session: str
+    step: int
+    tokens: int = 0
+    samples: int = 0
+    flops: float = 0.0
+
+
+class Status(_Msg, tag="status"):
+    """Who is registered and what runs where (also the liveness probe of `jigsaw run`)."""
+
+
+Request = Register | Heartbeat | Unregister | Admit | Done | StepEnd | Status
+
+
+# ------------------------------------------------------------------ replies
+
+class Ok(_Msg, tag="ok"):
+    pass
+
+
+class Error(_Msg, tag="error"):
+    code: str
+    """bad-message | version | too-large | refused | unknown-session | out-of-order"""
+    message: str
+
+
+class Registered(_Msg, tag="registered"):
+    session: str
+    heartbeat_s: float
+    lease_s: float
+
+
+class MigrationOrder(msgspec.Struct, frozen=True, kw_only=True):
+    source: str
+    target: str
+    source_rank: int
+    target_rank: int
+
+
+class Grant(_Msg, tag="grant"):
+    """Admission of a sub-stage, or (in heartbeat replies) a budget change of a running one."""
+
+    substage: str
+    device: int
+    sm_frac: float
+    mem_bytes: int
+    micro_batch: int | None = None
+    routing: tuple[float, ...] | None = None
+    migrations: tuple[MigrationOrder, ...] = ()
+    partition: dict[str, str] = {}
+    """What the device's Partitioner made of the budget (e.g. a core set or a stream id)."""
+
+
+class Beat(_Msg, tag="beat"):
+    """Heartbeat reply: current budgets of the session's running sub-stages."""
+
+    grants: tuple[Grant, ...] = ()
+
+
+class PipelineInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    clients: int
+    step: int
+    running: tuple[str, ...]
+    pending: tuple[str, ...]
+
+
+class StatusReply(_Msg, tag="status_reply"):
+    pid: int
+    pipelines: tuple[PipelineInfo, ...]
+    refused: int
+    errors: int
+
+
+Reply = Ok | Error | Registered | Grant | Beat | StatusReply
+
+
+# ------------------------------------------------------------------ codec
+
+class ProtocolError(ValueError):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec_request = msgspec.msgpack.Decoder(Request)
+_dec_reply = msgspec.msgpack.Decoder(Reply)
+_dec_version = msgspec.msgpack.Decoder(dict)
+
+
+def encode(msg: _Msg) -> bytes:
+    return _enc.encode(msg)
+
+
+def decode_request(data: bytes) -> Request:
+    """Validate one request frame; raises ProtocolError with the reason."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("too-large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        msg = _dec_request.decode(data)
+    except msgspec.ValidationError as exc:
+        _check_version(data)
+        raise ProtocolError("bad-message", f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("bad-message", f"not a msgpack request: {exc}") from None
+    if msg.v != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"protocol version {msg.v} is not supported (daemon speaks {PROTOCOL_VERSION})")
+    return msg
+
+
+def _check_version(data: bytes) -> None:
+    try:
+        v = _dec_version.decode(data).get("v", PROTOCOL_VERSION)
+    except msgspec.MsgspecError:
+        return
+    if v != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"protocol version {v!r} is not supported (daemon speaks {PROTOCOL_VERSION})")
+
+
+def decode_reply(data: bytes) -> Reply:
+    try:
+        return _dec_reply.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise ProtocolError("bad-message", f"invalid reply from daemon: {exc}") from None

@@ -1,0 +1,83 @@
+"""What every device did, read from a trace (simulator or runtime, one format).
+
+    Trace ─► intervals(): per (pipeline, device) a grant opens an interval; the next grant
+    │        there (a new sub-stage or budget) or a release closes it; the trace's last event
+    │        closes what is still open ─► Interval(device, pipeline, sub-stage, start_s, end_s,
+    │        sm_frac, slowdown); the intervals up to a release form one holding
+    ├─► attribute_flops(): a pipeline whose releases carry data {"flops"} gets each one spread
+    │        over the holding it closes; any other pipeline gets each step's data {"flops"}
+    │        spread over its intervals inside the step window [t_s − latency_s, t_s];
+    │        both in proportion to interval length ─► Interval.flops
+    ├─► device_peaks(): pipeline data "peak_flops", else DEVICES[data "device"].peak_flops, for
+    │        the devices it lists in data "devices" (or one override for all)
+    ▼
+    device_series(): per device a step function: SM share per pipeline, utilisation, MFU
+        ─► Timeline ─► write(out) by suffix: .png png_bytes (matplotlib, imported only here)
+                       | .json chrome_trace (Perfetto; validate_chrome_trace checks it)
+                       | .html html_page (the PNG inlined + a table per pipeline)
+
+Definitions.  Utilisation is the SM share granted, not measured SM activity: min(1, Σ sm_frac
+of the intervals holding the device).  An unpartitioned pair (both granted σ = 1, time-shared)
+is drawn as shares 1/n each.  MFU of a device = Σ (interval FLOPs / interval length) / peak.
+Means run over the trace's span (first to last event) × the devices shown, an idle device
+counting zero.  A pipeline's mean MFU is its FLOPs over its busy device-seconds × peak.
+
+What a trace must honour (the simulator does): one holding per (pipeline, device) at a time;
+a release names its pipeline and device (its sub-stage may be empty); events at equal t_s
+apply in file order, so a release of a pipeline's old holding on a device comes before the
+grant of its next one there; release data "flops" is the work done on that device since the
+holding's first grant, and a pipeline reports it on all its releases or on none.
+
+The PNG has one row per device up to MAX_ROWS devices; beyond that, one node-wide row
+(mean SM share per pipeline, mean MFU) above a device × time heatmap of utilisation (and one
+of MFU when known), so 64 devices stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jigsaw.timeline.chrome import chrome_trace, validate_chrome_trace
+from jigsaw.timeline.draw import html_page, png_bytes
+from jigsaw.timeline.model import (
+    FORMATS,
+    DeviceSeries,
+    Interval,
+    PipelineSummary,
+    Timeline,
+    attribute_flops,
+    binned,
+    build,
+    describe,
+    device_peaks,
+    device_series,
+    integral,
+    intervals,
+    load,
+)
+
+__all__ = ["DeviceSeries", "FORMATS", "Interval", "PipelineSummary", "Timeline", "attribute_flops", "binned",
+           "build", "check_format", "chrome_trace", "describe", "device_peaks", "device_series", "html_page",
+           "integral", "intervals", "load", "png_bytes", "validate_chrome_trace", "write"]
+
+
+def check_format(out: str | Path) -> str:
+    suffix = Path(out).suffix.lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"cannot write {out}: unknown suffix {suffix or '(none)'!r}; use one of {', '.join(FORMATS)}")
+    return suffix
+
+
+def write(tl: Timeline, out: str | Path) -> str:
+    """Write `out` in the format its suffix names; return the format."""
+    suffix = check_format(out)
+    if suffix == ".png":
+        Path(out).write_bytes(png_bytes(tl))
+    elif suffix == ".json":
+        doc = chrome_trace(tl)
+        validate_chrome_trace(doc)
+        Path(out).write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False))
+    else:
+        Path(out).write_text(html_page(tl))
+    return suffix[1:]

@@ -1,0 +1,136 @@
+"""Protocol: schema validation, and a daemon that survives strangers (hypothesis fuzz, other uid)."""
+
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.paths import check_private, runtime_dir
+
+from test_runtime import Node
+
+TAGS = ["register", "heartbeat", "unregister", "admit", "done", "step_end", "status", "ok", "grant", "bogus"]
+
+
+def test_requests_round_trip_and_bad_ones_say_why():
+    m = pr.Admit(session="s", kind="training", dp_rank=1, step=2, req=9)
+    assert pr.decode_request(pr.encode(m)) == m
+    cases = {
+        b"\xc1": "bad-message",  # not msgpack
+        msgspec.msgpack.encode({"type": "admit", "session": 1}): "bad-message",
+        msgspec.msgpack.encode({"type": "nope"}): "bad-message",
+        msgspec.msgpack.encode({"type": "status", "v": 99}): "version",
+        msgspec.msgpack.encode({"type": "status", "x": 1}): "bad-message",  # unknown field
+        msgspec.msgpack.encode({"type": "ok"}): "bad-message",  # a reply is not a request
+        b"\x00" * (pr.MAX_MESSAGE_BYTES + 1): "too-large",
+    }
+    for data, code in cases.items():
+        with pytest.raises(pr.ProtocolError) as exc:
+            pr.decode_request(data)
+        assert exc.value.code == code, (data[:20], exc.value)
+
+
+def test_runtime_dir_must_be_private(tmp_path, monkeypatch):
+    d = tmp_path / "rt"
+    monkeypatch.setenv("JIGSAW_RUNTIME_DIR", str(d))
+    assert stat.S_IMODE(os.stat(runtime_dir()).st_mode) == 0o700
+    d.chmod(0o755)
+    with pytest.raises(ValueError, match="must be 0700"):
+        check_private(d)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    n = Node(tmp_path_factory.mktemp("fuzz"))
+    n.start()
+    yield n
+    n.stop()
+
+
+def _ask(ep: str, frames: list[bytes], timeout_s: float = 2.0):
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(ep)
+    try:
+        s.send_multipart(frames)
+        return pr.decode_reply(s.recv()) if s.poll(int(timeout_s * 1000)) else None
+    finally:
+        s.close()
+
+
+def _still_serving(node: Node) -> None:
+    assert node.daemon.poll() is None
+    assert isinstance(_ask(node.ep, [pr.encode(pr.Status(req=1))]), pr.StatusReply)
+
+
+values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=20)
+                      | st.binary(max_size=20), lambda c: st.lists(c, max_size=4)
+                      | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=10)
+typed = st.fixed_dictionaries({"type": st.sampled_from(TAGS)},
+                              optional={"v": st.integers(-2, 5), "req": values, "session": values,
+                                        "kind": values, "dp_rank": values, "step": values, "pipeline": values,
+                                        "pid": values, "substage": values, "extra": values})
+payloads = st.one_of(st.binary(max_size=512), values.map(msgspec.msgpack.encode), typed.map(msgspec.msgpack.encode))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(payloads, min_size=1, max_size=3))
+def test_fuzz_the_daemon_answers_errors_and_keeps_serving(daemon, frames):
+    reply = _ask(daemon.ep, frames)
+    if reply is not None:  # an Admit that happened to validate waits for a grant instead
+        assert isinstance(reply, (pr.Error, pr.StatusReply, pr.Registered, pr.Ok, pr.Beat, pr.Grant))
+    if len(frames) > 1:
+        assert isinstance(reply, pr.Error) and reply.code == "bad-message"
+    _still_serving(daemon)
+
+
+def test_huge_frames_are_refused_and_the_daemon_keeps_serving(daemon):
+    reply = _ask(daemon.ep, [b"\x00" * (2 << 20)])
+    assert isinstance(reply, pr.Error) and reply.code == "too-large"
+    assert _ask(daemon.ep, [b"\x00" * (pr.HARD_LIMIT_BYTES + 1)], timeout_s=1.0) is None  # dropped by ZeroMQ
+    _still_serving(daemon)
+    before = daemon.status().errors
+    assert isinstance(_ask(daemon.ep, [msgspec.msgpack.encode({"type": "status", "v": 2})]), pr.Error)
+    assert daemon.status().errors == before + 1
+
+
+NOBODY = """
+import sys, os, zmq
+from jigsaw.runtime import protocol as pr
+os.setgid(65534); os.setuid(65534)
+s = zmq.Context().socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0); s.connect(sys.argv[1])
+s.send(pr.encode(pr.Status(req=1)))
+print(type(r := pr.decode_reply(s.recv())).__name__, getattr(r, "code", "")) if s.poll(1500) else print("no-reply")
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another uid")
+def test_a_peer_of_another_uid_is_refused(daemon):
+    run = lambda ep: subprocess.run([sys.executable, "-c", NOBODY, ep], capture_output=True, text=True, timeout=30)
+    assert run(daemon.ep).stdout.split() == ["no-reply"]  # the 0700 directory keeps it out
+    # Past the file-system guard (a world-writable link to the socket), SO_PEERCRED still refuses it.
+    pub = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        pub.chmod(0o755)
+        link = pub / "s.sock"
+        os.link(daemon.dir / "daemon.sock", link)
+        link.chmod(0o666)
+        before = daemon.status().refused
+        out = run(f"ipc://{link}")
+        assert out.stdout.split() == ["Error", "refused"], out.stderr
+        assert daemon.status().refused == before + 1
+    finally:
+        (daemon.dir / "daemon.sock").chmod(0o600)
+        for f in pub.iterdir():
+            f.unlink()
+        pub.rmdir()
+    _still_serving(daemon)

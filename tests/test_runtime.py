@@ -1,0 +1,281 @@
+"""Node runtime with real processes: daemon, `jigsaw run`, client API, leases, fail-open."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.client import connect
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "tests" / "workers" / "toy_pipeline.py"
+KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
+
+
+class Node:
+    """A daemon in its own runtime directory, and helpers to run pipelines against it."""
+
+    def __init__(self, tmp: Path):
+        self.dir = tmp / "rt"
+        self.dir.mkdir(mode=0o700)
+        self.trace = tmp / "trace.jsonl"
+        self.env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(self.dir))
+        self.env.pop("JIGSAW_ENDPOINT", None)
+        self.ep = f"ipc://{self.dir / 'daemon.sock'}"
+        self.daemon = None
+
+    def start(self, *extra: str) -> None:
+        self.daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--trace", str(self.trace),
+                                        *extra],
+                                       env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+        deadline = time.monotonic() + 20
+        while self.status() is None:
+            assert time.monotonic() < deadline and self.daemon.poll() is None, self.daemon.stderr.read()
+
+    def status(self, timeout_s: float = 0.3):
+        import zmq
+
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.ep)
+        try:
+            s.send(pr.encode(pr.Status(req=7)))
+            return pr.decode_reply(s.recv()) if s.poll(int(timeout_s * 1000)) else None
+        finally:
+            s.close()
+
+    def run(self, name: str, out: Path, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", name, "--",
+                                 sys.executable, str(TOY), "--out", str(out), *extra], env=self.env, cwd=ROOT)
+
+    def worker(self, name: str, out: Path, *extra: str) -> subprocess.Popen:
+        """A worker process attached directly (no `jigsaw run` owner keeping the pipeline)."""
+        env = dict(self.env, JIGSAW_ENDPOINT=self.ep, JIGSAW_PIPELINE=name)
+        return subprocess.Popen([sys.executable, str(TOY), "--out", str(out), *extra], env=env, cwd=ROOT)
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.trace.read_text().splitlines()] if self.trace.exists() else []
+
+    def stop(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            self.daemon.wait(10)
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(tmp_path)
+    n.start()
+    yield n
+    n.stop()
+
+
+def work_done(out: Path, steps: int) -> Counter:
+    """(step, kind) of every finished sub-stage; all must be there exactly once."""
+    done = Counter(tuple(line.split()[:2]) for line in out.read_text().splitlines())
+    assert done == Counter({(str(s), k): 1 for s in range(steps) for k in KINDS}), done
+    return done
+
+
+def test_two_pipelines_are_co_scheduled_and_the_trace_shows_the_plans(node, tmp_path):
+    a, b = node.run("A", tmp_path / "a.out", "--steps", "3"), node.run("B", tmp_path / "b.out", "--steps", "3")
+    assert a.wait(60) == 0 and b.wait(60) == 0
+    for out in ("a.out", "b.out"):
+        work_done(tmp_path / out, 3)
+    lines = [ln.split() for f in ("a.out", "b.out") for ln in (tmp_path / f).read_text().splitlines()]
+    assert all(exclusive == "0" for *_, exclusive in lines)  # every sub-stage went through the daemon
+    ev = node.events()
+    granted = {e["substage"] for e in ev if e["event"] == "grant"}
+    assert {sid for _, _, sid, _, _ in lines} == granted  # the workers ran what the plans granted
+    shares = {sid: float(frac) for _, _, sid, frac, _ in lines}
+    assert any(f < 1.0 for f in shares.values())  # the scheduler split the device at least once
+    assert _overlap(ev, "A", "B")  # and the two pipelines ran side by side
+    assert all(e["pipeline"] in "AB" for e in ev)
+    steps = [e for e in ev if e["event"] == "step"]
+    assert len(steps) == 6 and all(e["data"]["latency_s"] > 0 for e in steps)
+    from jigsaw import timeline  # the runtime's trace draws like the simulator's
+
+    tl = timeline.load(node.trace)
+    doc = timeline.chrome_trace(tl)
+    timeline.validate_chrome_trace(doc)
+    drawn = {e["args"]["substage"] for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") != "host"}
+    assert drawn == granted and tl.mean_mfu_frac is not None and 0 < tl.mean_util_frac <= 1
+
+
+def _overlap(events: list[dict], p: str, q: str) -> bool:
+    held: dict[str, str] = {}
+    for e in events:
+        if e["event"] == "grant":
+            held[e["substage"]] = e["pipeline"]
+        elif e["event"] == "release":
+            held.pop(e["substage"], None)
+        if {p, q} <= set(held.values()):
+            return True
+    return False
+
+
+def test_a_killed_pipeline_loses_its_grants_within_two_seconds(node, tmp_path):
+    pause = tmp_path / "go"
+    a = node.worker("A", tmp_path / "a.out", "--steps", "1", "--pause-file", str(pause))
+    deadline = time.monotonic() + 20
+    while not (st := node.status()) or not any(p.name == "A" and p.running for p in st.pipelines):
+        assert time.monotonic() < deadline, "A was never admitted"
+        time.sleep(0.05)
+    b = node.run("B", tmp_path / "b.out", "--steps", "2")
+    a.send_signal(signal.SIGKILL)  # mid-sub-stage: it holds a grant and never says done
+    a.wait(10)
+    t_kill = time.monotonic()
+    while any(p.name == "A" for p in (node.status() or pr.StatusReply(pid=0, pipelines=(), refused=0, errors=0)).pipelines):
+        time.sleep(0.05)
+    reclaimed_s = time.monotonic() - t_kill
+    assert reclaimed_s < 2.0, reclaimed_s
+    assert b.wait(60) == 0
+    work_done(tmp_path / "b.out", 2)
+    assert any(e["event"] == "release" and e["pipeline"] == "A" and e["data"].get("reclaimed") for e in node.events())
+
+
+def test_pipelines_finish_when_the_daemon_is_killed(node, tmp_path):
+    a, b = node.run("A", tmp_path / "a.out", "--steps", "6"), node.run("B", tmp_path / "b.out", "--steps", "6")
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "a.out").exists() or len((tmp_path / "a.out").read_text().splitlines()) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    node.daemon.send_signal(signal.SIGKILL)
+    assert a.wait(60) == 0 and b.wait(60) == 0
+    for out in ("a.out", "b.out"):
+        work_done(tmp_path / out, 6)
+    lines = (tmp_path / "a.out").read_text().splitlines() + (tmp_path / "b.out").read_text().splitlines()
+    assert any(ln.endswith(" 1") for ln in lines)  # some ran exclusively, without the daemon
+
+
+def test_pipelines_register_again_with_a_restarted_daemon(node, tmp_path):
+    a = node.run("A", tmp_path / "a.out", "--steps", "40", "--work-ms", "50")
+    deadline = time.monotonic() + 20
+    while not any(p.name == "A" for p in (node.status() or pr.StatusReply(pid=0, pipelines=(), refused=0,
+                                                                         errors=0)).pipelines):
+        assert time.monotonic() < deadline
+    node.daemon.send_signal(signal.SIGKILL)
+    node.daemon.wait(10)
+    node.start()
+    deadline = time.monotonic() + 10
+    while not (st := node.status()) or not any(p.name == "A" and p.clients == 2 for p in st.pipelines):
+        assert time.monotonic() < deadline, "A did not register with the new daemon"
+        time.sleep(0.05)
+    assert a.wait(120) == 0
+    work_done(tmp_path / "a.out", 40)
+    assert any(e["event"] == "grant" and e["pipeline"] == "A" for e in node.events())
+
+
+def test_run_returns_the_commands_exit_code_and_runs_without_a_daemon(tmp_path):
+    env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(tmp_path / "rt"))
+    r = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "run", "--no-start-daemon", "--",
+                        sys.executable, "-c", "import os; print(os.environ.get('JIGSAW_PIPELINE')); raise SystemExit(3)"],
+                       env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 3
+    assert "unscheduled" in r.stderr and r.stdout.strip().startswith("python")
+    missing = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "run"], env=env, capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)
+    assert missing.returncode == 2 and "needs a command" in missing.stderr
+
+
+def test_client_without_daemon_grants_exclusively():
+    c = connect(pipeline="solo", endpoint=None)
+    with c.substage("training", step=0) as g:
+        assert g.exclusive and g.sm_frac == 1.0
+    c.close()
+
+
+def test_rollout_buckets_forward_steps_client_side(node):
+    c = connect(pipeline="R", endpoint=node.ep)
+    assert c.connected
+    with c.rollout(dp_rank=0, step=0) as ro:
+        kinds = [ro.forward(n, 0).substage.split("/")[3] for n in [2000] * 20 + [300] * 30 + [0, 5000] * 3 + [10] * 40]
+    c.close()
+    assert ro.transitions == 3  # short fluctuations (the 5000-token blips) never split a regime
+    assert kinds[0] == "rollout_prefill" and kinds[-1] == "rollout_tail"
+    time.sleep(0.3)
+    ev = [e for e in node.events() if e["pipeline"] == "R"]
+    assert [e["substage"].split("/")[3] for e in ev if e["event"] == "grant"] == \
+        ["rollout_prefill", "rollout_decode", "rollout_tail"]
+    released = {e["substage"]: e["data"] for e in ev if e["event"] == "release"}
+    assert sum(d["tokens"] for d in released.values()) == 20 * 2000 + 30 * 300 + 3 * 5000 + 40 * 10
+
+
+def test_readme_client_example_runs_under_jigsaw_run(node, tmp_path):
+    import re
+
+    code = re.search(r"```py\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S).group(1)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    r = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", "ex", "--", sys.executable,
+                        str(script)], env=node.env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 10 and not any("exclusive" in ln for ln in lines)
+    assert {e["substage"] for e in node.events() if e["event"] == "grant"} >= {"ex/1/r0/training/0"}
+
+
+def test_metrics_port_serves_prometheus_text(tmp_path):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    n = Node(tmp_path)
+    n.start("--metrics-port", str(port))
+    try:
+        c = connect(pipeline="M", endpoint=n.ep)
+        with c.substage("training", step=0):
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        c.close()
+    finally:
+        n.stop()
+    assert "jigsaw_pipelines 1.0" in text and "jigsaw_running_substages 1.0" in text
+    assert 'jigsaw_trace_events_total{event="grant"} 1.0' in text
+
+
+def test_run_forwards_signals_to_the_command(tmp_path):
+    env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(tmp_path / "rt"))
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+             "print('ready', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--no-start-daemon", "--", sys.executable,
+                          "-c", child], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 7
+
+
+def test_out_of_order_requests_get_errors_and_change_nothing(node):
+    import zmq
+
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(node.ep)
+
+    def ask(msg):
+        s.send(pr.encode(msg))
+        assert s.poll(5000)
+        return pr.decode_reply(s.recv())
+
+    try:
+        reg = ask(pr.Register(pipeline="O", pid=os.getpid(), req=1))
+        done = ask(pr.Done(session=reg.session, substage="O/0/r0/training/0", req=2))  # never admitted
+        assert isinstance(done, pr.Error) and done.code == "out-of-order"
+        assert isinstance(ask(pr.Admit(session=reg.session, kind="training", dp_rank=0, step=3, req=3)), pr.Grant)
+        old = ask(pr.Admit(session=reg.session, kind="training", dp_rank=0, step=1, req=4))  # a finished step
+        assert isinstance(old, pr.Error) and old.code == "out-of-order" and "already finished" in old.message
+        bad_kind = ask(pr.Admit(session=reg.session, kind="juggling", dp_rank=0, step=3, req=5))
+        assert isinstance(bad_kind, pr.Error) and bad_kind.req == 5
+        st = node.status()
+        assert [p.running for p in st.pipelines if p.name == "O"] == [("O/3/r0/training/0",)]
+    finally:
+        s.close()

@@ -1,0 +1,249 @@
+"""`jigsaw timeline`: intervals from grants/releases, utilisation and MFU numbers, the three
+outputs (PNG, Chrome trace, HTML) from a simulated trace, and clean errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jigsaw import timeline as tlm
+from jigsaw.cli.main import main
+from jigsaw.trace import Trace, TraceEvent
+
+ROOT = Path(__file__).resolve().parents[1]
+A, B = "pa", "pb"
+
+
+def _ev(t_s, event, pipeline, substage="", device=None, sm_frac=0.0, **data):
+    return TraceEvent(t_s=t_s, event=event, pipeline=pipeline, substage=substage, device=device,
+                      sm_frac=sm_frac, data=data)
+
+
+def _meta(pipeline, **data):
+    """A `pipeline` event (its data may hold a key named device)."""
+    return TraceEvent(t_s=0.0, event="pipeline", pipeline=pipeline, data=data)
+
+
+def _hand_trace(*, release_flops: bool = True) -> Trace:
+    """Device 0: A at 0.5 then 0.75 (regrant at 2 s) until 4 s; B at 0.25 from 0 to 6 s.
+    Device 1: placed but never granted.  Peak 1 TFLOP/s."""
+    extra = {"flops": 2e12, "tokens": 100} if release_flops else {}
+    return Trace([
+        _meta(A, peak_flops=1e12, devices=[0, 1]),
+        _meta(B, peak_flops=1e12, devices=[0]),
+        _ev(0.0, "grant", A, f"{A}/0/r0/rollout_prefill/0", 0, 0.5),
+        _ev(0.0, "grant", B, f"{B}/0/r0/training/0", 0, 0.25),
+        _ev(2.0, "grant", A, f"{A}/0/r0/rollout_prefill/0", 0, 0.75),
+        _ev(4.0, "release", A, "", 0, 0.75, **extra),
+        _ev(4.0, "step", A, latency_s=4.0, tokens=50, flops=9e12),  # ignored when A's releases carry FLOPs
+        _ev(6.0, "release", B, "", 0, 0.25),
+        _ev(6.0, "step", B, latency_s=6.0, tokens=70, flops=1.2e12),
+    ])
+
+
+def test_grant_regrant_release_give_the_expected_utilisation():
+    ivs = tlm.intervals(_hand_trace())
+    got = [(iv.pipeline, iv.device, iv.start_s, iv.end_s, iv.sm_frac) for iv in ivs]
+    assert got == [(A, 0, 0.0, 2.0, 0.5), (B, 0, 0.0, 6.0, 0.25), (A, 0, 2.0, 4.0, 0.75)]
+    assert ivs[0].holding == ivs[2].holding != ivs[1].holding  # the regrant continues A's holding
+    tl = tlm.build(_hand_trace())
+    s = tl.series[0]
+    assert s.times_s == (0.0, 2.0, 4.0, 6.0)
+    assert s.util_frac == pytest.approx((0.75, 1.0, 0.25, 0.0))
+    assert s.share_frac[A] == pytest.approx((0.5, 0.75, 0.0, 0.0))
+    assert tl.devices == (0, 1) and tl.series[1].times_s == ()
+    # device 0: 0.75·2 + 1·2 + 0.25·2 = 4 device-s of 6; device 1 idle
+    assert tlm.integral(s.times_s, s.util_frac, 0.0, 6.0) == pytest.approx(4.0)
+    assert tl.mean_util_frac == pytest.approx(4.0 / 12.0)
+    assert tlm.binned(s.times_s, s.util_frac, [0.0, 3.0, 6.0]) == pytest.approx([2.5 / 3, 1.5 / 3])
+
+
+def test_a_new_substage_closes_the_previous_interval_and_the_trace_end_closes_the_rest():
+    trace = Trace([
+        _ev(0.0, "release", A, "", 0),  # releases nothing: ignored
+        _ev(1.0, "grant", A, "a/0/r0/rollout_prefill/0", 0, 1.0),
+        _ev(2.0, "grant", A, "a/0/r0/rollout_tail/0", 0, 1.0),  # no release in between (the simulator does this)
+        _ev(3.0, "grant", B, "b/0/r0/training/0", 1, 1.0),
+        _ev(5.0, "host", A, "a/0/r0/reward/0", end_s=5.5),
+    ])
+    got = [(iv.kind, iv.start_s, iv.end_s) for iv in tlm.intervals(trace)]
+    assert got == [("rollout_prefill", 1.0, 2.0), ("rollout_tail", 2.0, 5.0), ("training", 3.0, 5.0)]
+    # two unpartitioned sub-stages (both at σ = 1) on one device are drawn as halves
+    both = Trace([_ev(0.0, "grant", A, "x", 0, 1.0), _ev(0.0, "grant", B, "y", 0, 1.0), _ev(1.0, "release", A, "", 0)])
+    s = tlm.build(both).series[0]
+    assert s.share_frac[A][0] == s.share_frac[B][0] == 0.5 and s.util_frac[0] == 1.0
+
+
+def test_mfu_from_release_flops_and_from_step_flops_spread():
+    tl = tlm.build(_hand_trace())
+    assert tl.flops_source == {A: "release", B: "step"}
+    flops = {(iv.pipeline, iv.start_s): iv.flops for iv in tl.intervals}
+    # A's release FLOPs spread over its holding by length; B's step spread over its window
+    assert flops == pytest.approx({(A, 0.0): 1e12, (A, 2.0): 1e12, (B, 0.0): 1.2e12})
+    assert tl.series[0].mfu_frac == pytest.approx((0.7, 0.7, 0.2, 0.0))
+    assert tl.mean_mfu_frac == pytest.approx(3.2e12 / (2 * 6.0 * 1e12))
+    summary = {s.name: s for s in tl.pipeline_summary()}
+    assert summary[A].busy_device_s == pytest.approx(4.0) and summary[A].mfu_frac == pytest.approx(0.5)
+    assert summary[B].tokens == 70 and summary[B].mfu_frac == pytest.approx(0.2)
+    # without release FLOPs, A's step FLOPs are spread instead
+    assert tlm.build(_hand_trace(release_flops=False)).flops == pytest.approx(9e12 + 1.2e12)
+
+
+def test_step_flops_follow_interval_length_inside_the_step_window():
+    trace = Trace([
+        _ev(0.0, "grant", A, "s0", 0, 1.0), _ev(3.0, "release", A, "", 0),
+        _ev(1.0, "grant", A, "s1", 1, 1.0), _ev(4.0, "release", A, "", 1),
+        _ev(4.0, "step", A, latency_s=2.0, flops=3.0),  # window [2, 4]: 1 s on device 0, 2 s on device 1
+        _ev(9.0, "step", A, latency_s=1.0, flops=5.0),  # window [8, 9] holds no interval
+    ])
+    ivs, lost = tlm.attribute_flops(trace, tlm.intervals(trace))
+    assert [iv.flops for iv in ivs] == pytest.approx([1.0, 2.0])
+    assert lost == 5.0
+
+
+def test_peaks_come_from_the_device_name_peak_flops_or_the_override():
+    trace = Trace([_meta(A, device="h100", devices=[0]), _meta(B, device="a100", peak_flops=5e14, devices=[1]),
+                   _ev(0.0, "grant", A, "x", 0, 1.0), _ev(0.0, "grant", B, "y", 1, 1.0),
+                   _ev(1.0, "step", A, latency_s=1.0, flops=1e12)])
+    assert tlm.device_peaks(trace, [0, 1]) == {0: 989e12, 1: 5e14}
+    assert tlm.device_peaks(trace, [0, 1, 2], 1e12) == {0: 1e12, 1: 1e12, 2: 1e12}
+    unknown = Trace([_meta(A, device="tpu"), _ev(0.0, "grant", A, "x", 0, 1.0),
+                     _ev(1.0, "step", A, latency_s=1.0, flops=1e12)])
+    tl = tlm.build(unknown)
+    assert tl.mean_mfu_frac is None and tl.series[0].mfu_frac is None
+    assert "--peak-tflops" in tlm.describe(tl)
+    assert tlm.build(unknown, peak_flops=2e12).mean_mfu_frac == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ outputs of a simulated trace
+
+
+@pytest.fixture(scope="module")
+def sim_trace(tmp_path_factory) -> Path:
+    from jigsaw.sim.run import SimConfig, simulate
+
+    result = simulate(SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-math"), gpus=2, steps=2))
+    path = tmp_path_factory.mktemp("trace") / "sim.jsonl"
+    result.trace.write(path)
+    return path
+
+
+def test_png_is_written_through_the_cli(sim_trace, tmp_path, capsys):
+    out = tmp_path / "t.png"
+    assert main(["timeline", str(sim_trace), "--out", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    line = capsys.readouterr().out
+    assert f"wrote {out}" in line and "mean utilisation" in line and "mean MFU" in line
+
+
+def test_many_devices_draw_heatmaps(sim_trace, monkeypatch):
+    tl = tlm.load(sim_trace)
+    rows = tlm.png_bytes(tl)
+    monkeypatch.setattr("jigsaw.timeline.draw.MAX_ROWS", 1)
+    heat = tlm.png_bytes(tl)
+    assert heat[:4] == b"\x89PNG" and heat != rows
+
+
+def test_chrome_trace_is_valid_and_has_an_interval_per_grant(sim_trace, tmp_path):
+    out = tmp_path / "t.json"
+    assert main(["timeline", str(sim_trace), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    tlm.validate_chrome_trace(doc)
+    assert doc["displayTimeUnit"] == "ms"
+    events = Trace.read(sim_trace).events
+    grants = [e for e in events if e.event == "grant"]
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "device"]
+    assert len(xs) == len(grants)  # every grant opens one interval, closed by a regrant or a release
+    assert sorted(x["args"]["substage"] for x in xs) == sorted(g.substage for g in grants)
+    assert sum(x["dur"] for x in xs) > 0
+    names = {(e["name"], e["args"]["name"]) for e in doc["traceEvents"] if e["ph"] == "M" and "name" in e["args"]}
+    assert {("process_name", "GPU 0"), ("process_name", "GPU 1")} <= names
+    assert {("thread_name", e.pipeline) for e in events if e.event == "pipeline"} <= names
+    counters = {e["name"] for e in doc["traceEvents"] if e["ph"] == "C"}
+    assert counters == {"SM share", "MFU"}
+    migrations = sum(e.event == "migration" for e in events)
+    assert sum(e["ph"] == "i" for e in doc["traceEvents"]) == migrations
+
+
+@pytest.mark.parametrize("bad, problem", [
+    ({"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 1.0}, "dur"),
+    ({"ph": "Z", "name": "a", "pid": 0, "ts": 1.0}, "ph must be"),
+    ({"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": -1.0, "dur": 1.0}, "ts must be"),
+    ({"ph": "X", "name": "a", "pid": True, "tid": 0, "ts": 1.0, "dur": 1.0}, "pid"),
+    ({"ph": "C", "name": "u", "pid": 0, "ts": 1.0, "args": {"u": "high"}}, "counter args"),
+    ({"ph": "C", "name": "u", "pid": 0, "ts": 1.0, "args": {"u": math.nan}}, "counter args"),
+    ({"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {}}, "args.name"),
+    ({"ph": "i", "name": "m", "pid": 0, "ts": 1.0, "s": "x"}, "scope"),
+])
+def test_the_validator_rejects_malformed_events(bad, problem):
+    good = {"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 0.0, "dur": 1.0, "args": {}}
+    tlm.validate_chrome_trace({"traceEvents": [good], "displayTimeUnit": "ms"})
+    with pytest.raises(ValueError, match=problem):
+        tlm.validate_chrome_trace({"traceEvents": [good, bad], "displayTimeUnit": "ms"})
+    with pytest.raises(ValueError, match="traceEvents"):
+        tlm.validate_chrome_trace({"events": []})
+
+
+def test_html_is_self_contained_with_a_row_per_pipeline(sim_trace, tmp_path):
+    from jigsaw.cli.timeline import Args, run
+
+    out = tmp_path / "t.html"
+    assert run(Args(trace=sim_trace, out=out)) == 0
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and 'src="data:image/png;base64,' in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    for e in Trace.read(sim_trace).events:
+        if e.event == "pipeline":
+            assert f"<tr><td>{e.pipeline}</td>" in page
+
+
+def test_devices_subset(sim_trace, tmp_path):
+    tl = tlm.load(sim_trace, devices=[1])
+    assert tl.devices == (1,) and {iv.device for iv in tl.intervals} == {1}
+    with pytest.raises(ValueError, match="no device"):
+        tlm.load(sim_trace, devices=[7])
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_bad_suffix_and_malformed_traces_fail_cleanly(sim_trace, tmp_path, capsys):
+    from jigsaw.cli.timeline import Args, run
+
+    with pytest.raises(ValueError, match="unknown suffix '.pdf'"):
+        run(Args(trace=sim_trace, out=tmp_path / "t.pdf"))
+    assert main(["timeline", str(sim_trace), "--out", str(tmp_path / "t.svg")]) == 2
+    assert not (tmp_path / "t.svg").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t_s": 0, "event": "grant", "pipeline": "a", "device": 0}\nnot json\n')
+    assert main(["timeline", str(bad), "--out", str(tmp_path / "t.png")]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"t_s": 0, "event": "step", "pipeline": "a", "data": {"latency_s": 1}}\n')
+    with pytest.raises(ValueError, match="no grant events"):
+        tlm.load(empty)
+    nodev = tmp_path / "nodev.jsonl"
+    nodev.write_text('{"t_s": 0, "event": "grant", "pipeline": "a", "substage": "x"}\n')
+    with pytest.raises(ValueError, match="names no device"):
+        tlm.load(nodev)
+    with pytest.raises(ValueError, match="cannot read trace"):
+        tlm.load(tmp_path / "missing.jsonl")
+    typed = tmp_path / "typed.jsonl"
+    typed.write_text('{"t_s": "soon", "event": "grant", "pipeline": "a", "device": 0}\n')
+    with pytest.raises(ValueError, match="trace event 1 \\(grant\\): bad t_s 'soon'"):
+        tlm.load(typed)
+
+
+def test_help_does_not_import_matplotlib():
+    probe = ("import sys\nfrom jigsaw.cli.main import main\n"
+             "try:\n    main(['timeline', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--peak-tflops" in out.stdout and "LOADED False" in out.stdout

@@ -1,0 +1,58 @@
+"""A toy RL pipeline doing real CPU work through the jigsaw client API (for tests and bench).
+
+    for step: rollout_prefill ─► rollout_decode ─► rollout_tail ─► reference ─► training
+              each sub-stage: admitted by the daemon (or exclusively without one), then
+              `--work-ms` of numpy matmuls; one line per finished sub-stage in --out
+
+The --out file is the proof of work: every (step, sub-stage) must appear exactly once.
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from jigsaw.runtime.client import connect
+
+KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
+
+
+def burn(ms: float) -> int:
+    a = np.ones((96, 96))
+    n, end = 0, time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        a = a @ a * 1e-3 + 1.0
+        n += 1
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--work-ms", type=float, default=100.0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--pause-file", help="wait for this file to exist before each sub-stage's work")
+    ap.add_argument("--elapsed-out", help="write the seconds the steps took here")
+    args = ap.parse_args()
+    client = connect()
+    t0 = time.perf_counter()
+    with open(args.out, "a", buffering=1) as out:
+        for step in range(args.steps):
+            for kind in KINDS:
+                with client.substage(kind, dp_rank=0, step=step, urgent=kind.startswith("rollout_")
+                                     and kind != "rollout_prefill") as grant:
+                    while args.pause_file and not os.path.exists(args.pause_file):
+                        time.sleep(0.02)
+                    n = burn(args.work_ms)
+                    grant.report(num_tokens=n, flops=2 * 96**3 * n)
+                out.write(f"{step} {kind} {grant.substage or '-'} {grant.sm_frac:g} {int(grant.exclusive)}\n")
+            client.step_end(step, tokens=args.steps, samples=1)
+    if args.elapsed_out:
+        with open(args.elapsed_out, "w") as f:
+            f.write(f"{time.perf_counter() - t0:.6f}\n")
+    client.close()
+
+
+if __name__ == "__main__":
+    main()
