@@ -8,6 +8,9 @@
                 host       a host sub-stage (tool wait, reward) ran from t_s (data: end_s)
                 migration  requests moved between DP workers (data: target, delta_s)
                 step       an RL step finished (data: latency_s, tokens, samples, flops)
+                telemetry  an NVML sample of `device`, pipeline "" (jigsaw.mux.telemetry; data:
+                           sm_util_frac = fraction of the sample period some kernel ran,
+                           mem_used_bytes, mem_total_bytes, processes = {"pid": bytes or null})
     Trace.write(path) / Trace.read(path)    one JSON object per line, keys as above
 
 `jigsaw timeline` draws per-device utilisation from grant/release pairs and MFU from step
@@ -21,7 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EVENTS = ("pipeline", "grant", "release", "host", "migration", "step")
+EVENTS = ("pipeline", "grant", "release", "host", "migration", "step", "telemetry")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

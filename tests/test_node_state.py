@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from jigsaw.graph.plan import NodeSpec
+from jigsaw.graph.plan import Assignment, NodeSpec
 from jigsaw.mux.slowdown import load_grid
 from jigsaw.runtime.node import NodeState, live_state
 
@@ -97,3 +97,16 @@ def test_collective_replicas_ask_and_finish_one_by_one():
         assert [a.assignment.sm_frac for a in ns.decide(t).admitted if a.pending.sid == host] == [0.0]
         ns.finish("s", host, t + 0.5)
     assert len(ns.pipelines["A"].history) == 1
+
+
+def test_a_failing_partitioner_leaves_budgets_advisory(tmp_path):
+    from jigsaw.runtime.daemon import Daemon, DaemonConfig
+
+    class BrokenPartitioner:
+        def apply(self, device, budgets):
+            raise ValueError("no such partition")
+
+    d = Daemon(DaemonConfig(), directory=tmp_path, partitioner=BrokenPartitioner())
+    parts = d._partitions([Assignment(substage="A/0/r0/training/0", pipeline="A", device=0, sm_frac=0.5,
+                                      mem_bytes=1, slowdown=1.0)])
+    assert parts == {"A/0/r0/training/0": {"kind": "advisory", "sm_frac": "0.5"}}

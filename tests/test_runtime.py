@@ -279,3 +279,18 @@ def test_out_of_order_requests_get_errors_and_change_nothing(node):
         assert [p.running for p in st.pipelines if p.name == "O"] == [("O/3/r0/training/0",)]
     finally:
         s.close()
+
+
+def test_gpu_options_without_a_gpu_leave_the_daemon_serving(tmp_path):
+    """Green partitions, MPS and NVML telemetry are absent here: the daemon says so and schedules."""
+    n = Node(tmp_path)
+    n.start("--partitioner", "green", "--mps", "--telemetry-s", "0.1")
+    try:
+        c = connect(pipeline="G", endpoint=n.ep)
+        with c.substage("training", step=0) as g:
+            assert not g.exclusive and g.partition["kind"] == "advisory"  # the green partitioner failed over
+        c.close()
+    finally:
+        n.stop()
+    log = n.daemon.stderr.read().decode()
+    assert "MPS:" in log and "telemetry off" in log and "partitioner failed" in log

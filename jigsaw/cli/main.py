@@ -21,6 +21,8 @@ COMMANDS = {
     "timeline": "jigsaw.cli.timeline",
     "daemon": "jigsaw.cli.daemon",
     "run": "jigsaw.cli.run",
+    "doctor": "jigsaw.cli.doctor",
+    "profile": "jigsaw.cli.profile",
 }
 """Subcommand name -> module defining `Args` and `run`."""
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +62,15 @@ class DaemonConfig:
     """Append the trace (JSON lines) here."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on 127.0.0.1:PORT."""
+    partitioner: str = "advisory"
+    """advisory (budgets are told to workers, nothing enforces them) | green (CUDA green-context
+    SM partitions: each worker binds `GreenPartitions(...).pair(budget)[side]`)."""
+    telemetry_s: float | None = None
+    """Sample GPU telemetry (NVML: SM utilisation, memory per process) into the trace every
+    this many seconds."""
+    mps: bool = False
+    """Check the MPS control daemon at start-up and start it (thread percentage unset) if it
+    is not running: processes of different pipelines run concurrently on a GPU only under MPS."""
 
 
 class Daemon:
@@ -71,13 +81,14 @@ class Daemon:
         grid = _load_grid(config.profile)
         node = NodeSpec(num_devices=config.devices, mem_bytes=grid.device.mem_bytes)
         self.state = NodeState(node, grid, SchedulerConfig(window=config.window))
-        self.partitioner = partitioner or NullPartitioner()
+        self.partitioner = partitioner or _partitioner(config.partitioner)
         self.t0 = time.monotonic()
         self.last_seen: dict[str, float] = {}
         self.updates: dict[str, dict[str, pr.Grant]] = {}
         self.step_start: dict[str, float] = {}
         self.refused = self.errors = 0
         self._trace = open(config.trace, "a", buffering=1) if config.trace else None
+        self._trace_lock = threading.Lock()
         self._metrics = _Metrics(config.metrics_port) if config.metrics_port else None
         self.stopping = False
 
@@ -88,6 +99,9 @@ class Daemon:
 
     def serve(self) -> None:
         lock = _lock(self.dir / "daemon.lock")
+        if self.config.mps:
+            self._check_mps()
+        telemetry = self._start_telemetry()
         ep = endpoint(self.dir)
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
@@ -103,9 +117,30 @@ class Daemon:
                     self._receive(sock.recv_multipart(copy=False))
                 self._expire()
         finally:
+            if telemetry is not None:
+                telemetry.stop()
             sock.close(0)
             ctx.term()
             lock.close()
+
+    def _start_telemetry(self):
+        if self.config.telemetry_s is None or self._trace is None:
+            return None
+        from jigsaw.mux.telemetry import Telemetry, TelemetryError
+
+        try:
+            return Telemetry(self._write, interval_s=self.config.telemetry_s, clock=self.now).start()
+        except TelemetryError as exc:  # no NVML: the node still schedules
+            log.warning("telemetry off: %s", exc)
+            return None
+
+    def _check_mps(self) -> None:
+        from jigsaw.mux.mps import ensure_mps
+
+        st = ensure_mps(start=True)
+        log.info("MPS: %s (%s)%s", st.state, st.reason, " - started" if st.started else "")
+        for w in st.warnings:  # e.g. a default active thread percentage that caps every partition
+            log.warning("MPS: %s", w)
 
     def _receive(self, frames) -> None:
         ident = frames[0].bytes
@@ -273,7 +308,11 @@ class Daemon:
         out: dict[str, dict[str, str]] = {}
         for dev in {a.device for a in assignments}:
             budgets = {a.substage: a.sm_frac for a in assignments if a.device == dev}
-            out.update(self.partitioner.apply(dev, budgets))
+            try:
+                out.update(self.partitioner.apply(dev, budgets))
+            except Exception as exc:  # noqa: BLE001 - budgets stay advisory rather than the node stopping
+                log.warning("partitioner failed on device %d (%s); budgets there are advisory", dev, exc)
+                out.update(NullPartitioner().apply(dev, budgets))
         return out
 
     def _admit_fallback(self) -> None:
@@ -298,13 +337,26 @@ class Daemon:
         if self._metrics is not None:
             self._metrics.count(event)
         if self._trace is not None:
-            ev = TraceEvent(t_s=self.now() if t_s is None else t_s, event=event, pipeline=pipeline,
-                            substage=substage, **kw)
+            self._write(TraceEvent(t_s=self.now() if t_s is None else t_s, event=event, pipeline=pipeline,
+                                   substage=substage, **kw))
+
+    def _write(self, ev: TraceEvent) -> None:
+        with self._trace_lock:  # the telemetry thread writes too
             self._trace.write(json.dumps(asdict(ev), separators=(",", ":")) + "\n")
 
     def _gauge(self) -> None:
         if self._metrics is not None:
             self._metrics.set(self.state)
+
+
+def _partitioner(name: str) -> Partitioner:
+    if name == "advisory":
+        return NullPartitioner()
+    if name == "green":
+        from jigsaw.mux.green import GreenPartitioner
+
+        return GreenPartitioner()
+    raise ValueError(f"unknown partitioner {name!r}; use advisory or green")
 
 
 def _same_uid(peer: str) -> bool:

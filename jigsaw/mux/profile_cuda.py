@@ -1,0 +1,110 @@
+"""The CUDA side of `jigsaw profile`: sub-stage kernels on green-context partitions.
+
+    ProfileConfig ─► CudaBench(gpu)
+        GreenPartitions(gpu, σ ∈ sm_levels < 1): one disjoint (σ, 1−σ) pair of streams each
+        kernels per memory level (kernels.py), built once and cached
+        alone(k, σ, m):  k on the σ side of the pair (the whole device's stream for σ = 1)
+        pair(a, b, σ, m): a on the σ side, b on the other, two host threads, same wall window;
+                          σ = 1.0: two ordinary streams sharing every SM (MPS-style)
+        ─► seconds per token, timed with CUDA events around each thread's loop
+
+Each thread launches into its own stream; the CUDA calls release the GIL, so both queues
+stay fed.  Memory levels change the kernels' batch (kernels.py), not a hard memory cap:
+on one GPU the pair's combined footprint is what the level split allows.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from jigsaw.mux.kernels import build_kernels, model_spec
+from jigsaw.mux.profiler import ProfileConfig
+from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo
+
+BW_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
+"""Peak HBM bandwidth by SKU family (datasheets); the driver does not report it."""
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+"""Dense BF16 peak by SKU family (datasheets)."""
+
+
+class CudaBench:
+    def __init__(self, config: ProfileConfig):
+        import torch
+
+        from jigsaw.mux.green import GreenPartitions, probe
+
+        self.config = config
+        self.support = probe(config.gpu)  # GreenContextError says why when there is no usable GPU
+        self.torch = torch
+        self.dev = f"cuda:{config.gpu}"
+        self.name, self.spec = model_spec(config.model)
+        self.parts = GreenPartitions(config.gpu, fracs=tuple(s for s in DEFAULT_SM_LEVELS if s < 1.0))
+        self._kernels: dict[tuple[float, int], dict] = {}
+        props = torch.cuda.get_device_properties(config.gpu)
+        family = next((f for f in PEAK_FLOPS if f in props.name), None)
+        self.device_info = DeviceInfo(sku=props.name.replace("NVIDIA ", "").replace(" ", "-"),
+                                      num_sms=props.multi_processor_count, mem_bytes=props.total_memory,
+                                      peak_flops=PEAK_FLOPS.get(family, 0.0) or 1.0,
+                                      mem_bw_bytes_per_s=BW_BYTES_PER_S.get(family, 0.0) or 1.0)
+
+    def close(self) -> None:
+        self.parts.close()
+
+    def _kernel(self, kind: str, mem_frac: float, side: int):
+        key = (mem_frac, side)  # each side of a pair has its own weights: two pipelines, two models
+        if key not in self._kernels:
+            self._kernels[key] = build_kernels(self.spec, self.config.shapes, mem_frac,
+                                               top_mem_frac=DEFAULT_MEM_LEVELS[-1], layers=self.config.layers,
+                                               device=self.dev)
+        return self._kernels[key][kind]
+
+    def _streams(self, sm_frac: float):
+        if sm_frac >= 1.0:
+            return self.torch.cuda.Stream(self.dev), self.torch.cuda.Stream(self.dev)
+        a, b = self.parts.pair(sm_frac)
+        return a.stream, b.stream
+
+    def alone(self, kind: str, sm_frac: float, mem_frac: float) -> float:
+        stream = self._streams(sm_frac)[0]
+        return self._timed([(self._kernel(kind, mem_frac, 0), stream)])[0]
+
+    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float]:
+        sa, sb = self._streams(sm_frac_a)
+        ka = self._kernel(kind_a, mem_frac_a, 0)
+        kb = self._kernel(kind_b, round(1.0 - mem_frac_a, 9), 1)
+        t = self._timed([(ka, sa), (kb, sb)])
+        return t[0], t[1]
+
+    def _timed(self, jobs) -> list[float]:
+        """Run each (kernel, stream) in its own thread until a shared deadline; s per token."""
+        torch = self.torch
+        for k, s in jobs:  # warm-up (allocator, cuBLAS heuristics) outside the window
+            with torch.cuda.stream(s):
+                k.step()
+        torch.cuda.synchronize(self.dev)
+        stop = threading.Event()
+        out: list[float] = [0.0] * len(jobs)
+        start = threading.Barrier(len(jobs))
+
+        def loop(i: int, kernel, stream) -> None:
+            with torch.cuda.stream(stream):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.wait()
+                begin.record(stream)
+                n = 0
+                while not stop.is_set():
+                    kernel.step()
+                    n += 1
+                    stream.synchronize()  # keep both queues short so the overlap is real
+                end.record(stream)
+                end.synchronize()
+                out[i] = begin.elapsed_time(end) / 1e3 / (n * kernel.tokens)
+
+        threads = [threading.Thread(target=loop, args=(i, k, s)) for i, (k, s) in enumerate(jobs)]
+        for th in threads:
+            th.start()
+        threading.Event().wait(self.config.min_time_s)
+        stop.set()
+        for th in threads:
+            th.join()
+        return out

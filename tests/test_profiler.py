@@ -1,0 +1,126 @@
+"""`jigsaw profile`: grid assembly from measurements, kernels from a model config, CLI errors."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from jigsaw.mux.kernels import KINDS, build_kernels, model_spec
+from jigsaw.mux.prior import H100, ModelSpec, PriorConfig
+from jigsaw.mux.profiler import ProfileConfig, measure_grid
+from jigsaw.mux.slowdown import load_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FakeBench:
+    """Stands for a GPU, which this machine lacks: time per token = base / σ^α per kind, and a
+    fixed interference factor when two kinds share the device (more when unpartitioned)."""
+
+    device_info = H100
+    BASE = {"rollout_prefill": 1.0, "rollout_decode": 2.0, "rollout_tail": 4.0, "reference": 1.5, "training": 3.0}
+    ALPHA = {"rollout_prefill": 0.9, "rollout_decode": 0.3, "rollout_tail": 0.1, "reference": 0.9, "training": 0.95}
+
+    def __init__(self):
+        self.calls = 0
+
+    def t(self, kind, sm_frac, mem_frac):
+        return self.BASE[kind] / sm_frac ** self.ALPHA[kind] * (1 + 0.1 * (0.8 - mem_frac))
+
+    def alone(self, kind, sm_frac, mem_frac):
+        self.calls += 1
+        return self.t(kind, sm_frac, mem_frac)
+
+    def pair(self, a, b, sm_frac_a, mem_frac_a):
+        self.calls += 1
+        if sm_frac_a >= 1.0:  # shared SMs: both slow down by their partner's appetite
+            return (self.BASE[a] * (1 + self.ALPHA[b]), self.BASE[b] * (1 + self.ALPHA[a]))
+        return (self.t(a, sm_frac_a, mem_frac_a) * 1.05, self.t(b, 1 - sm_frac_a, 1 - mem_frac_a) * 1.05)
+
+
+def test_measured_grid_is_valid_and_both_views_come_from_one_run(tmp_path):
+    bench = FakeBench()
+    lines = []
+    grid = measure_grid(bench, "qwen3-0.6b", progress=lines.append)
+    assert grid.source["kind"] == "measured"
+    assert grid.alone("training", 1.0, 0.8) == 1.0
+    assert grid.alone("training", 0.25, 0.8) == pytest.approx(0.25 ** -0.95, rel=1e-3)
+    sa, sb = grid.pair("rollout_tail", "training", 0.25, 0.2)
+    assert sa == pytest.approx(bench.t("rollout_tail", 0.25, 0.2) * 1.05 / bench.t("rollout_tail", 1, 0.8), rel=1e-3)
+    assert sb == pytest.approx(bench.t("training", 0.75, 0.8) * 1.05 / bench.t("training", 1, 0.8), rel=1e-3)
+    assert grid.slowdown("training", "rollout_tail", 1.0, 0.4) == pytest.approx(1 + 0.1, rel=1e-3)  # shared row
+    n_pairs = 15 * 16  # unordered kind pairs (with self pairs) × σ levels × memory levels
+    assert len(lines) == n_pairs and lines[-1].startswith(f"[{n_pairs}/{n_pairs}]")
+    assert bench.calls == 5 + 5 * 16 - 5 + n_pairs  # the normalisation point is not measured twice
+    out = tmp_path / "g.json"
+    grid.save(out)
+    assert load_grid(out) == grid
+
+
+def test_asymmetric_memory_levels_are_refused():
+    with pytest.raises(ValueError, match="symmetric"):
+        measure_grid(FakeBench(), "m", mem_levels=(0.2, 0.5, 0.7))
+
+
+TINY = ModelSpec(params=1e6, num_layers=2, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2,
+                 head_dim=8, vocab=100, tie_word_embeddings=True)
+SHAPES = replace(PriorConfig(), prefill_tokens=64, decode_max_batch=16, decode_context_tokens=32, tail_batch=2,
+                 tail_context_tokens=48, train_micro_batch_tokens=128, train_min_micro_batch_tokens=32,
+                 train_seq_tokens=32, ref_micro_batch_tokens=256)
+
+
+def test_kernels_run_and_memory_buys_batch():
+    top = build_kernels(TINY, SHAPES, 0.8, top_mem_frac=0.8, layers=1, device="cpu")
+    low = build_kernels(TINY, SHAPES, 0.2, top_mem_frac=0.8, layers=1, device="cpu")
+    for k in KINDS:
+        top[k].step()
+        low[k].step()
+    assert {k: top[k].tokens for k in KINDS} == {"rollout_prefill": 64, "rollout_decode": 16, "rollout_tail": 2,
+                                                  "reference": 256, "training": 128}
+    assert (low["rollout_decode"].tokens, low["training"].tokens, low["reference"].tokens) == (4, 32, 64)
+    assert low["rollout_tail"].tokens == 2 and low["rollout_prefill"].tokens == 64
+
+
+def test_model_from_an_hf_config(tmp_path):
+    cfg = {"num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 1000}
+    path = tmp_path / "mymodel" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    name, spec = model_spec(str(path))
+    assert name == "mymodel" and spec.head_dim == 16 and spec.num_kv_heads == 2
+    with pytest.raises(ValueError, match="unknown model"):
+        model_spec("no-such-model")
+    path.write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ValueError, match="lacks"):
+        model_spec(str(path))
+
+
+def test_profile_without_a_gpu_says_why():
+    r = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "profile", "--model", "qwen3-0.6b"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "cannot profile on CUDA" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "profile", "--device", "tpu"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "only 'cuda'" in r.stderr
+
+
+@pytest.mark.gpu
+def test_profile_smoke_on_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from jigsaw.mux.profile_cuda import CudaBench
+
+    bench = CudaBench(ProfileConfig(model="qwen3-0.6b", layers=1, min_time_s=0.05,
+                                    shapes=replace(PriorConfig(), decode_max_batch=64, prefill_tokens=1024)))
+    try:
+        grid = measure_grid(bench, "qwen3-0.6b", kinds=("rollout_decode", "training"))
+    finally:
+        bench.close()
+    assert grid.alone("training", 0.25, 0.8) > 1.2  # a quarter of the SMs slows a compute-bound kind
+    grid.save(tmp_path / "g.json")
+    assert load_grid(tmp_path / "g.json") == grid
