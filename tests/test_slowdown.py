@@ -112,6 +112,7 @@ def test_grid_is_immutable(toy):
 
 
 def test_grid_points_return_stored_values_exactly(shipped):
+    SM, MEM = shipped.sm_levels, shipped.mem_levels  # a CPU grid has the levels its cores allow
     nulls_next_to_values = 0
     for a in shipped.kinds:
         raw = _raw(shipped, a, None)
@@ -184,6 +185,7 @@ def test_unknown_kind_names_known_ones(toy):
 
 
 def test_pair_follows_complement_rule(shipped):
+    SM, MEM = shipped.sm_levels, shipped.mem_levels
     for a, b in itertools.product(shipped.kinds, repeat=2):
         ours, theirs = _raw(shipped, a, b), _raw(shipped, b, a)
         for (i, sm), (j, mem) in itertools.product(enumerate(SM), enumerate(MEM)):
@@ -199,6 +201,7 @@ def test_pair_follows_complement_rule(shipped):
 
 
 def test_pair_options_are_the_feasible_partitioned_points(shipped):
+    SM, MEM = shipped.sm_levels, shipped.mem_levels
     best = 1.0
     for a, b in itertools.product(shipped.kinds, repeat=2):
         opts = shipped.pair_options(a, b)

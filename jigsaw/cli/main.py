@@ -23,6 +23,7 @@ COMMANDS = {
     "run": "jigsaw.cli.run",
     "doctor": "jigsaw.cli.doctor",
     "profile": "jigsaw.cli.profile",
+    "demo": "jigsaw.cli.demo",
 }
 """Subcommand name -> module defining `Args` and `run`."""
 

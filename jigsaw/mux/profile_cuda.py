@@ -37,7 +37,7 @@ class CudaBench:
         self.support = probe(config.gpu)  # GreenContextError says why when there is no usable GPU
         self.torch = torch
         self.dev = f"cuda:{config.gpu}"
-        self.name, self.spec = model_spec(config.model)
+        self.name, self.spec = model_spec(config.model or "qwen3-0.6b")
         self.parts = GreenPartitions(config.gpu, fracs=tuple(s for s in DEFAULT_SM_LEVELS if s < 1.0))
         self._kernels: dict[tuple[float, int], dict] = {}
         props = torch.cuda.get_device_properties(config.gpu)

@@ -34,11 +34,13 @@ class ProfileConfig:
     """What `jigsaw profile` measures."""
 
     device: str = "cuda"
-    """cuda (green-context partitions on one GPU)."""
+    """cuda (green-context partitions on one GPU) | cpu (core sets of this machine, the recipe's
+    model; writes profiles/cpu/)."""
     gpu: int = 0
     """CUDA device index."""
-    model: str = "qwen3-0.6b"
-    """Model config: a name in jigsaw.mux.prior.MODELS or the path of an HF config.json."""
+    model: str | None = None
+    """cuda: a name in jigsaw.mux.prior.MODELS or the path of an HF config.json (default
+    qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""
     out: Path | None = None
     """Output file (default: profiles/<sku>/<model>.json)."""
     layers: int = 4
@@ -108,4 +110,5 @@ def _device_dict(d: DeviceInfo) -> dict:
 
 
 def default_out(root: Path, device_info: DeviceInfo, model: str) -> Path:
+    """profiles/h100/<model>.json for an H100-..., profiles/cpu/<model>.json for a CPU."""
     return root / "profiles" / device_info.sku.split("-")[0].lower() / f"{model}.json"

@@ -239,9 +239,27 @@ class Rollout:
         self._cm = None
         self._tokens = self._steps = 0
         self.transitions = 0
+        self._primed, self._started_kind = False, ""
+        self.flops_per_token = 0.0
+        """Model FLOPs per token processed (2 × parameters for a forward), for MFU in the trace."""
+
+    def start(self, num_prefill_tokens: int) -> GrantHandle:
+        """Admit the first regime before any forward step runs (blocks like `substage`), from
+        the tokens the first forward will carry; the step itself is counted by `forward`."""
+        kind = self.tracker.observe(num_prefill_tokens).kind
+        self.tracker = type(self.tracker)()  # `forward` sees the first step again, in the same bucket
+        self._cm = self.client.substage(kind.value, dp_rank=self.dp_rank, step=self.step)
+        self.grant = self._cm.__enter__()
+        self.transitions += 1
+        self._primed, self._started_kind = True, kind.value
+        return self.grant
 
     def forward(self, num_prefill_tokens: int, num_decode_reqs: int) -> GrantHandle:
         switch = self.tracker.observe(num_prefill_tokens + num_decode_reqs)
+        if self._primed:  # the regime `start` admitted is not a transition
+            self._primed = False
+            if switch is not None and switch.kind.value == self._started_kind:
+                switch = None
         if switch is not None:
             self._close()
             self._cm = self.client.substage(switch.kind.value, dp_rank=self.dp_rank, step=self.step,
@@ -254,7 +272,8 @@ class Rollout:
 
     def _close(self) -> None:
         if self._cm is not None:
-            self.grant.report(num_tokens=self._tokens, num_steps=self._steps)
+            self.grant.report(num_tokens=self._tokens, num_steps=self._steps,
+                              flops=self.flops_per_token * self._tokens)
             self._cm.__exit__(None, None, None)
             self._cm, self._tokens, self._steps = None, 0, 0
 

@@ -64,7 +64,8 @@ class DaemonConfig:
     """Serve Prometheus metrics on 127.0.0.1:PORT."""
     partitioner: str = "advisory"
     """advisory (budgets are told to workers, nothing enforces them) | green (CUDA green-context
-    SM partitions: each worker binds `GreenPartitions(...).pair(budget)[side]`)."""
+    SM partitions: each worker binds `GreenPartitions(...).pair(budget)[side]`) | cpu (core sets
+    and thread counts, jigsaw/mux/cpu.py)."""
     telemetry_s: float | None = None
     """Sample GPU telemetry (NVML: SM utilisation, memory per process) into the trace every
     this many seconds."""
@@ -80,8 +81,9 @@ class Daemon:
         self.dir = directory or runtime_dir()
         grid = _load_grid(config.profile)
         node = NodeSpec(num_devices=config.devices, mem_bytes=grid.device.mem_bytes)
-        self.state = NodeState(node, grid, SchedulerConfig(window=config.window))
-        self.partitioner = partitioner or _partitioner(config.partitioner)
+        budgets = tuple(s for s in grid.sm_levels if s < 1.0)  # only splits the grid measured (and the device can make)
+        self.state = NodeState(node, grid, SchedulerConfig(window=config.window, sm_budgets_frac=budgets))
+        self.partitioner = partitioner or _partitioner(config.partitioner, config.devices)
         self.t0 = time.monotonic()
         self.last_seen: dict[str, float] = {}
         self.updates: dict[str, dict[str, pr.Grant]] = {}
@@ -349,14 +351,18 @@ class Daemon:
             self._metrics.set(self.state)
 
 
-def _partitioner(name: str) -> Partitioner:
+def _partitioner(name: str, num_devices: int) -> Partitioner:
     if name == "advisory":
         return NullPartitioner()
     if name == "green":
         from jigsaw.mux.green import GreenPartitioner
 
         return GreenPartitioner()
-    raise ValueError(f"unknown partitioner {name!r}; use advisory or green")
+    if name == "cpu":
+        from jigsaw.mux.cpu import CpuPartitioner
+
+        return CpuPartitioner(num_devices)
+    raise ValueError(f"unknown partitioner {name!r}; use advisory, green or cpu")
 
 
 def _same_uid(peer: str) -> bool:

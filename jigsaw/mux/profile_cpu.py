@@ -1,0 +1,182 @@
+"""The CPU side of `jigsaw profile`: the recipe's model, its sub-stage kinds, on core sets.
+
+    ProfileConfig(device="cpu") ─► CpuBench: two worker processes (spawn), each with the
+        recipe's model (jigsaw.engines.model.load) and one kernel per kind and memory level
+            rollout_prefill  forward of a prompt batch (no cache)
+            rollout_decode   one decode step of a large batch over its KV cache (cropped back)
+            rollout_tail     one decode step of 2 long requests
+            reference        forward of a micro-batch, no grad
+            training         forward + backward of a micro-batch
+        alone(k, σ, m):   worker 0 bound to split_cores(σ)[0] (all cores for σ = 1)
+        pair(a, b, σ, m): worker 0 on one side, worker 1 on the other, same wall window
+                          (σ = 1.0: both on every core, the OS time-shares them)
+        ─► seconds per token; the levels are the shares a core split can give (cpu_levels)
+
+Processes, not threads: the GIL would serialise the Python side of the kernels, which is
+exactly the overhead a CPU rollout has.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import platform
+import time
+
+from jigsaw.mux.cpu import CpuSlice, split_cores, usable_cores
+from jigsaw.mux.slowdown import DeviceInfo
+
+KV_CONTEXT = {"rollout_decode": 64, "rollout_tail": 256}
+BATCH_AT_TOP = {"rollout_prefill": 8, "rollout_decode": 32, "rollout_tail": 2, "reference": 16, "training": 8}
+SEQ_TOKENS = 64
+
+
+class CpuBench:
+    def __init__(self, model_name: str = "tiny-qwen3", min_time_s: float = 0.3, cores=None):
+        self.cores = tuple(cores or usable_cores())
+        if len(self.cores) < 2:
+            raise ValueError("profiling CPU pairs needs at least 2 cores")
+        self.min_time_s = min_time_s
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for _ in range(2):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(child, model_name), daemon=True)
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+        for pipe in self.pipes:
+            _reply(pipe)  # model loaded
+        self.device_info = _device_info(self.cores, self._peak_flops())
+
+    def close(self) -> None:
+        for pipe, p in zip(self.pipes, self.procs):
+            if p.is_alive():
+                pipe.send(("stop",))
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+    def _peak_flops(self) -> float:
+        self.pipes[0].send(("bind", self.cores, len(self.cores)))
+        _reply(self.pipes[0])
+        self.pipes[0].send(("matmul",))
+        return _reply(self.pipes[0])
+
+    def alone(self, kind: str, sm_frac: float, mem_frac: float) -> float:
+        cores = self.cores if sm_frac >= 1.0 else split_cores(self.cores, sm_frac)[0]
+        return self._run([(0, kind, mem_frac, cores)])[0]
+
+    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float]:
+        sides = (self.cores, self.cores) if sm_frac_a >= 1.0 else split_cores(self.cores, sm_frac_a)
+        t = self._run([(0, kind_a, mem_frac_a, sides[0]), (1, kind_b, round(1.0 - mem_frac_a, 9), sides[1])])
+        return t[0], t[1]
+
+    def _run(self, jobs) -> list[float]:
+        for w, _, _, cores in jobs:
+            self.pipes[w].send(("bind", cores, len(cores)))
+            _reply(self.pipes[w])
+        start = time.time() + 0.05  # both begin together after their warm-up
+        for w, kind, mem, _ in jobs:
+            self.pipes[w].send(("run", kind, mem, start, self.min_time_s))
+        return [_reply(self.pipes[w]) for w, *_ in jobs]
+
+
+def _reply(pipe):
+    msg = pipe.recv()
+    if isinstance(msg, tuple) and msg and msg[0] == "error":
+        raise RuntimeError(f"profile worker failed: {msg[1]}")
+    return msg
+
+
+def _device_info(cores, peak_flops: float) -> DeviceInfo:
+    import psutil
+
+    name = (platform.processor() or platform.machine() or "cpu").replace(" ", "-")
+    return DeviceInfo(sku=f"CPU-{name}-{len(cores)}c", num_sms=len(cores), mem_bytes=psutil.virtual_memory().total,
+                      peak_flops=peak_flops, mem_bw_bytes_per_s=1.0)
+
+
+# ---------------------------------------------------------------- worker process
+
+def _worker(pipe, model_name: str) -> None:
+    try:
+        import torch
+
+        from jigsaw.engines.model import ModelConfig, load
+
+        model, _ = load(ModelConfig(name=model_name))
+        kernels: dict = {}
+        pipe.send("ready")
+        while (cmd := pipe.recv())[0] != "stop":
+            if cmd[0] == "bind":
+                from jigsaw.mux.cpu import apply_slice
+
+                apply_slice(CpuSlice(cores=tuple(cmd[1]), num_threads=cmd[2]))
+                pipe.send("ok")
+            elif cmd[0] == "matmul":
+                pipe.send(_matmul_flops(torch))
+            else:
+                _, kind, mem, start, seconds = cmd
+                key = (kind, mem)
+                if key not in kernels:
+                    kernels[key] = _kernel(torch, model, kind, mem)
+                pipe.send(_timed(kernels[key], start, seconds))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _matmul_flops(torch) -> float:
+    """Measured fp32 matmul throughput on the bound cores: the CPU's practical peak."""
+    a = torch.randn(1024, 1024)
+    a @ a
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.3:
+        a @ a
+        n += 1
+    return 2 * 1024**3 * n / (time.perf_counter() - t0)
+
+
+def _timed(kernel, start: float, seconds: float) -> float:
+    step, tokens = kernel
+    step()  # warm-up
+    time.sleep(max(0.0, start - time.time()))
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        n += 1
+    return (time.perf_counter() - t0) / (n * tokens)
+
+
+def _kernel(torch, model, kind: str, mem: float):
+    batch = max(1, round(BATCH_AT_TOP[kind] * mem / 0.8)) if kind in ("rollout_decode", "reference", "training") \
+        else BATCH_AT_TOP[kind]
+    vocab = model.config.vocab_size
+    if kind in KV_CONTEXT:
+        return _decode(torch, model, batch, KV_CONTEXT[kind], vocab)
+    ids = torch.randint(0, vocab, (batch, SEQ_TOKENS))
+    if kind == "training":
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+    else:
+        def step():
+            with torch.no_grad():
+                model(input_ids=ids)
+    return step, batch * SEQ_TOKENS
+
+
+def _decode(torch, model, batch: int, context: int, vocab: int):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, vocab, (batch, context)), past_key_values=cache, use_cache=True)
+    nxt = torch.randint(0, vocab, (batch, 1))
+
+    def step():
+        with torch.no_grad():
+            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        cache.crop(-1)  # steady state: drop the new token, so the context does not grow
+
+    return step, batch
+

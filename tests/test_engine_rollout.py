@@ -1,0 +1,242 @@
+"""Rollout engine on transformers' continuous batching, and DP rollout workers as processes.
+
+Greedy CB output equals plain `model.generate` on the tiny Qwen3 (checked below), so the
+migration acceptance test compares migrated runs against both.
+"""
+
+import itertools
+import os
+import time
+
+import psutil
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from jigsaw.engines.dp import DPRollout, WorkerError, split_by_weights
+from jigsaw.engines.model import ModelConfig, load
+from jigsaw.engines.rollout import Request, RolloutConfig, RolloutEngine
+
+TEXTS = ["Question: what is 3 + 4?", "Solve step by step.", "the a an is", "0 1 2 3",
+         "<think> add the", "Question: what is 12 - 5?"]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def model_and_tok():
+    return load(ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def prompts(model_and_tok):
+    _, tok = model_and_tok
+    return [(f"p{i}", tuple(tok.encode(t))) for i, t in enumerate(TEXTS)]
+
+
+@pytest.fixture(scope="module")
+def reference(model_and_tok, prompts):
+    """Plain HF greedy generate, one prompt at a time (no padding)."""
+    model, tok = model_and_tok
+    out = {}
+    with torch.no_grad():
+        for rid, ids in prompts:
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            out[rid] = tuple(gen[0, len(ids):].tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(model_and_tok):
+    model, tok = model_and_tok
+    with RolloutEngine(model, tok, RolloutConfig()) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def dp():
+    with DPRollout(ModelConfig(), RolloutConfig(), num_workers=2, threads_per_worker=1) as d:
+        yield d
+
+
+def _run(engine, reqs, timeout_s=20.0):
+    for r in reqs:
+        engine.submit(r)
+    out, deadline = {}, time.monotonic() + timeout_s
+    while len(out) < len(reqs) and time.monotonic() < deadline:
+        for c in engine.poll(0.5):
+            assert c.rid not in out
+            out[c.rid] = c
+    assert len(out) == len(reqs)
+    return out
+
+
+def _gone(pids):
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+# ------------------------------------------------------------------ in-process engine
+
+
+def test_engine_greedy_matches_generate_and_records_steps(engine, prompts, reference):
+    engine.forward_steps()
+    out = _run(engine, [Request(rid=rid, prompt_ids=ids, max_new_tokens=NEW_TOKENS) for rid, ids in prompts])
+    for rid, _ in prompts:
+        c = out[rid]
+        assert c.finished and c.output_ids == reference[rid]
+        assert len(c.logprobs) == len(c.output_ids) and all(lp <= 0 for lp in c.logprobs)
+    steps = engine.forward_steps()
+    assert len(steps) >= NEW_TOKENS and all(s.num_tokens > 0 for s in steps)
+    assert steps[0].num_prefill_tokens > 0 and steps[0].num_tokens == steps[0].num_prefill_tokens + \
+        steps[0].num_decode_reqs
+    assert all(a.t_end_s <= b.t_start_s and a.t_start_s <= a.t_end_s for a, b in itertools.pairwise(steps))
+    assert engine.forward_steps() == [] and engine.active() == []
+
+
+def test_abort_gives_a_prefix_and_resubmission_completes_it(engine, prompts):
+    rid, ids = prompts[1]
+    full = _run(engine, [Request(rid="full", prompt_ids=ids, max_new_tokens=200)])["full"].output_ids
+    engine.forward_steps()
+    engine.submit(Request(rid=rid, prompt_ids=ids, max_new_tokens=200))
+    num_steps, deadline = 0, time.monotonic() + 10.0
+    while num_steps < 5 and time.monotonic() < deadline:  # a few tokens in, far from the 200 budget
+        time.sleep(0.005)
+        num_steps += len(engine.forward_steps())
+    part = engine.abort(rid)
+    assert not part.finished and engine.active() == []
+    assert 0 < len(part.output_ids) < len(full) and full[:len(part.output_ids)] == part.output_ids
+    assert len(part.logprobs) == len(part.output_ids)
+    with pytest.raises(KeyError):
+        engine.abort(rid)
+    resumed = _run(engine, [Request(rid=rid, prompt_ids=ids, max_new_tokens=200, partial_ids=part.output_ids,
+                                    partial_logprobs=part.logprobs)])[rid]
+    assert resumed.finished and resumed.output_ids == full and resumed.logprobs[:len(part.logprobs)] == part.logprobs
+    # no logprobs given: recomputed with the same weights, so they agree closely
+    again = _run(engine, [Request(rid="x", prompt_ids=ids, max_new_tokens=200, partial_ids=part.output_ids)])["x"]
+    assert again.output_ids == full
+    assert max(abs(a - b) for a, b in zip(again.logprobs, resumed.logprobs)) < 1e-4
+
+
+def test_abort_after_finishing_returns_it_finished_once(engine, prompts):
+    rid, ids = prompts[2]
+    engine.submit(Request(rid=rid, prompt_ids=ids, max_new_tokens=4))
+    deadline = time.monotonic() + 10.0
+    while not engine._mgr.output_router.output_queue.qsize() and time.monotonic() < deadline:
+        time.sleep(0.01)  # outputs stream in; wait until the last one is there, unpolled
+    while engine.active() and time.monotonic() < deadline:
+        time.sleep(0.01)
+        engine._drain(0.0)
+    c = engine.abort(rid)
+    assert c.finished and len(c.output_ids) == 4
+    assert engine.poll(0.2) == [] and engine.active() == []
+
+
+def test_budget_already_spent_finishes_at_once(engine, prompts):
+    rid, ids = prompts[0]
+    c = _run(engine, [Request(rid=rid, prompt_ids=ids, max_new_tokens=2, partial_ids=(5, 6),
+                              partial_logprobs=(-1.0, -2.0))])[rid]
+    assert c.finished and c.output_ids == (5, 6) and c.logprobs == (-1.0, -2.0)
+
+
+# ------------------------------------------------------------------ DP workers
+
+
+def test_split_by_weights():
+    assert split_by_weights(6, (1, 0)) == [0] * 6
+    assert split_by_weights(6, (1, 1)) == [0, 0, 0, 1, 1, 1]
+    assert split_by_weights(5, (1, 1)) == [0, 0, 0, 1, 1]
+    assert split_by_weights(4, (0.2, 0.3, 0.5)) == [0, 1, 2, 2]
+    with pytest.raises(ValueError):
+        split_by_weights(3, (0, 0))
+
+
+def test_migration_is_token_identical_and_loses_nothing(dp, prompts, reference):
+    """ACCEPTANCE: 6 prompts x 48 greedy tokens, worker 0 -> 1 after a few forward steps."""
+    plain = dp.generate(prompts, NEW_TOKENS)
+    assert [c.rid for c in plain] == [rid for rid, _ in prompts]
+    assert all(c.output_ids == reference[c.rid] for c in plain)
+    for _attempt in range(3):  # the move must land mid-generation; retry if the host stalled us
+        seen, moved = {0: 0, 1: 0}, []
+
+        def on_step(rank, step, seen=seen):
+            seen[rank] += 1
+
+        def on_poll(d, seen=seen, moved=moved):
+            if not moved and seen[0] >= 3:
+                moved.append(d.migrate(0, 1))
+
+        migrated = dp.generate(prompts, NEW_TOKENS, on_step=on_step, on_poll=on_poll)
+        if moved and moved[0] > 0:
+            break
+    assert moved[0] == 3  # worker 0 held half of the batch
+    assert [c.rid for c in migrated] == [rid for rid, _ in prompts]
+    for a, b in zip(plain, migrated):
+        assert b.finished and b.output_ids == a.output_ids == reference[a.rid]
+        assert len(b.logprobs) == len(b.output_ids)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert dp.pending() == {}
+
+
+def test_steps_reach_on_step_and_routing_weights(dp, prompts):
+    steps = {0: [], 1: []}
+    out = dp.generate(prompts, 8, routing=(1, 0), on_step=lambda r, s: steps[r].append(s))
+    assert len(out) == len(prompts) and not steps[1] and steps[0]
+    assert steps[0][0].num_prefill_tokens == sum(len(ids) for _, ids in prompts)
+    assert all(s.num_tokens > 0 for s in steps[0])
+    budgets = [2, 3, 4, 5, 6, 7]
+    out = dp.generate(prompts, budgets, routing=(0, 1))
+    assert [len(c.output_ids) for c in out] == budgets
+
+
+def test_update_weights_changes_outputs_and_keeps_serving(dp, prompts, model_and_tok):
+    model, _ = model_and_tok
+    before = dp.generate(prompts[:2], 16)
+    gen = torch.Generator().manual_seed(1)
+    noisy = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
+    dp.update_weights(noisy)
+    after = dp.generate(prompts[:2], 16)
+    assert any(a.output_ids != b.output_ids for a, b in zip(before, after))
+    dp.update_weights(model.state_dict())  # back to the original: same outputs again
+    assert [c.output_ids for c in dp.generate(prompts[:2], 16)] == [c.output_ids for c in before]
+
+
+def test_set_cpu_binds_every_worker_thread(dp, prompts):
+    cores = sorted(os.sched_getaffinity(0))
+    pid = dp.pids[1]
+    try:
+        dp.set_cpu(1, cores[:1], 1)
+        st = dp.status(1)
+        assert os.sched_getaffinity(pid) == set(cores[:1]) and st["pid"] == pid
+        assert all(aff == tuple(cores[:1]) for aff in st["thread_affinity"].values())
+        assert len(st["thread_affinity"]) >= 2  # the CB thread too, not just the command thread
+        dp.generate(prompts[:2], 4, routing=(0, 1))
+        assert dp.status(1)["generation_num_threads"] == 1
+    finally:
+        dp.set_cpu(1, cores, len(cores))
+    assert os.sched_getaffinity(pid) == set(cores)
+    dp.generate(prompts[:2], 4, routing=(0, 1))
+    assert dp.status(1)["generation_num_threads"] == len(cores)
+
+
+def test_workers_are_gone_after_close(prompts):
+    d = DPRollout(ModelConfig(), RolloutConfig(), num_workers=1)
+    pids = list(d.pids)
+    assert len(d.generate(prompts[:1], 4)) == 1
+    d.close()
+    d.close()  # idempotent
+    assert _gone(pids)
+
+
+def test_workers_are_gone_after_an_error(prompts):
+    def boom(rank, step):
+        raise ZeroDivisionError("boom")
+
+    with pytest.raises(ZeroDivisionError, match="boom"), DPRollout(ModelConfig(), RolloutConfig(), num_workers=1) as d:
+        pids = list(d.pids)
+        with pytest.raises(WorkerError, match="not in this engine"):
+            d._rpc(0, "abort", "nope")  # a failed command leaves the worker serving
+        with pytest.raises(ValueError, match="routing weights"):
+            d.generate(prompts[:2], 8, routing=(1, 1))
+        d.generate(prompts[:2], 8, on_step=boom)
+    assert _gone(pids)
