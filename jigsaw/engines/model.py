@@ -99,5 +99,11 @@ def _smollm2():
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf.name).float()
+    import torch
+
+    gg = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model counts as quantized (no .float(), no save_pretrained): move its
+    # dequantised weights into a plain model of the same class.
+    model = type(gg)(gg.config).to(torch.float32)
+    model.load_state_dict(gg.state_dict())
     return model.eval(), tok
