@@ -23,6 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from jigsaw.runtime.client import wait_for_daemon
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "workers" / "toy_pipeline.py"
 
@@ -55,7 +57,8 @@ def main() -> None:
     daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon"], env=env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(2.0)
+        if not wait_for_daemon(f"ipc://{rt / 'daemon.sock'}", 30.0):
+            raise RuntimeError("the daemon did not start")
         runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
         for _ in range(args.reps):
             for wrapped in (False, True):

@@ -680,7 +680,10 @@ def test_gpu_create_and_close_twice():
     for _ in range(2):
         parts = GreenPartitions(0, LEVELS)
         with torch.cuda.stream(parts.pair(0.5)[1].stream):
-            torch.ones(1024, device="cuda").sum()
+            total = torch.ones(1024, device="cuda").sum()
+        torch.cuda.synchronize()
+        assert total.item() == 1024
         parts.close()
-        parts.close()
-    torch.cuda.synchronize()
+        parts.close()  # idempotent
+        with pytest.raises(RuntimeError, match="closed"):
+            parts.pair(0.5)

@@ -99,6 +99,16 @@ def test_model_from_an_hf_config(tmp_path):
         model_spec(str(path))
 
 
+def test_datasheet_peaks_come_from_the_prior_devices():
+    from jigsaw.mux.prior import A100
+    from jigsaw.mux.profile_cuda import datasheet_peaks
+
+    assert datasheet_peaks("NVIDIA H100 80GB HBM3") == (H100.peak_flops, H100.mem_bw_bytes_per_s)
+    assert datasheet_peaks("NVIDIA A100-SXM4-80GB") == (A100.peak_flops, A100.mem_bw_bytes_per_s)
+    assert datasheet_peaks("NVIDIA H200") == (989e12, 4.8e12)
+    assert datasheet_peaks("Tesla T4") == (1.0, 1.0)
+
+
 def test_profile_without_a_gpu_says_why():
     r = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "profile", "--model", "qwen3-0.6b"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)

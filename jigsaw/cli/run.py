@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,7 @@ class Args:
 
 
 def run(args: Args) -> int:
-    from jigsaw.runtime.client import Client
+    from jigsaw.runtime.client import Client, ping
     from jigsaw.runtime.paths import endpoint, runtime_dir
 
     if not args.cmd:
@@ -49,7 +48,7 @@ def run(args: Args) -> int:
     name = args.name or f"{Path(args.cmd[0]).name}-{os.getpid()}"
     directory = runtime_dir()
     ep = endpoint(directory)
-    up = _ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep))
+    up = ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep))
     if not up:
         print(f"jigsaw run: no daemon at {ep}; running {name} unscheduled (see {directory / 'daemon.log'})",
               file=sys.stderr)
@@ -67,34 +66,12 @@ def run(args: Args) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def _ping(ep: str, timeout_s: float) -> bool:
-    import zmq
-
-    from jigsaw.runtime import protocol as pr
-
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    try:
-        s.connect(ep)
-        s.send(pr.encode(pr.Status(req=1)))
-        if s.poll(timeout=int(timeout_s * 1000)):
-            return isinstance(pr.decode_reply(s.recv()), pr.StatusReply)
-        return False
-    except (zmq.ZMQError, pr.ProtocolError):
-        return False
-    finally:
-        s.close()
-
-
 def _start_daemon(args: Args, directory: Path, ep: str) -> bool:
+    from jigsaw.runtime.client import wait_for_daemon
+
     cmd = [sys.executable, "-m", "jigsaw.cli.main", "daemon", "--devices", str(args.devices)]
     if args.profile is not None:
         cmd += ["--profile", str(args.profile)]
     with open(directory / "daemon.log", "ab") as log:
         subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + args.start_timeout_s
-    while time.monotonic() < deadline:
-        if _ping(ep, 0.3):
-            return True
-    return False
+    return wait_for_daemon(ep, args.start_timeout_s)

@@ -21,10 +21,20 @@ from jigsaw.mux.kernels import build_kernels, model_spec
 from jigsaw.mux.profiler import ProfileConfig
 from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo
 
-BW_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
-"""Peak HBM bandwidth by SKU family (datasheets); the driver does not report it."""
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-"""Dense BF16 peak by SKU family (datasheets)."""
+H200_PEAK = (989e12, 4.8e12)
+"""H200 datasheet: dense BF16 FLOP/s as H100, 4.8 TB/s HBM3e (no analytic prior ships for it)."""
+
+
+def datasheet_peaks(name: str) -> tuple[float, float]:
+    """(dense BF16 FLOP/s, HBM bytes/s) of a device by its family name; the driver reports
+    neither.  The prior's DeviceInfo (jigsaw.mux.prior.DEVICES) where there is one; 1.0 when
+    unknown, so an MFU computed from it reads as meaningless rather than plausible."""
+    from jigsaw.mux.prior import DEVICES
+
+    if "H200" in name:
+        return H200_PEAK
+    info = next((d for key, d in DEVICES.items() if key.upper() in name), None)
+    return (info.peak_flops, info.mem_bw_bytes_per_s) if info else (1.0, 1.0)
 
 
 class CudaBench:
@@ -41,11 +51,10 @@ class CudaBench:
         self.parts = GreenPartitions(config.gpu, fracs=tuple(s for s in DEFAULT_SM_LEVELS if s < 1.0))
         self._kernels: dict[tuple[float, int], dict] = {}
         props = torch.cuda.get_device_properties(config.gpu)
-        family = next((f for f in PEAK_FLOPS if f in props.name), None)
+        peak_flops, bw = datasheet_peaks(props.name)
         self.device_info = DeviceInfo(sku=props.name.replace("NVIDIA ", "").replace(" ", "-"),
                                       num_sms=props.multi_processor_count, mem_bytes=props.total_memory,
-                                      peak_flops=PEAK_FLOPS.get(family, 0.0) or 1.0,
-                                      mem_bw_bytes_per_s=BW_BYTES_PER_S.get(family, 0.0) or 1.0)
+                                      peak_flops=peak_flops, mem_bw_bytes_per_s=bw)
 
     def close(self) -> None:
         self.parts.close()

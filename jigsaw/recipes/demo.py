@@ -116,11 +116,15 @@ def _run_jigsaw(cfg: DemoConfig, results: list[Path], env: dict) -> None:
     grid = cfg.profile or ROOT / "profiles" / "cpu" / "tiny-qwen3.json"
     if not grid.exists():
         raise ValueError(f"no CPU slowdown grid at {grid}: run `jigsaw profile --device cpu` first")
-    daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
-                               "--partitioner", "cpu", "--trace", str(trace)], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=open(cfg.out_dir / "daemon.log", "w"))
+    from jigsaw.runtime.client import wait_for_daemon
+
+    with open(cfg.out_dir / "daemon.log", "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
+                                   "--partitioner", "cpu", "--trace", str(trace)], env=env, cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=log)
     try:
-        time.sleep(1.5)
+        if not wait_for_daemon(f"ipc://{rt / 'rt' / 'daemon.sock'}", 30.0):
+            raise RuntimeError(f"the demo's daemon did not start; see {cfg.out_dir / 'daemon.log'}")
         procs = [subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", f"grpo-seed{s}", "--",
                                    *_pipeline_cmd(cfg, s, r)], env=env, cwd=ROOT) for s, r in zip(cfg.seeds, results)]
         for p in procs:

@@ -17,13 +17,15 @@ long responses, many short ones, as in reasoning RL) and says so.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 LONG_TAIL_MEDIAN_FRAC = 0.2
 LONG_TAIL_SIGMA = 1.0
@@ -58,20 +60,20 @@ class RecipeConfig:
     """Pipeline name (default: $JIGSAW_PIPELINE or grpo-seed<seed>)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Args:
+    """One GRPO pipeline on this CPU (alone, or scheduled when run under `jigsaw run`)."""
+
+    recipe: Annotated[RecipeConfig, tyro.conf.OmitArgPrefixes] = RecipeConfig()
+    result: Path | None = None
+    """Write the per-step results here (JSON)."""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for f, default in ((f, getattr(RecipeConfig(), f)) for f in RecipeConfig.__dataclass_fields__):
-        kind = type(default) if default is not None else str
-        if kind is bool:
-            ap.add_argument(f"--{f.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=default)
-        else:
-            ap.add_argument(f"--{f.replace('_', '-')}", type=kind, default=default)
-    ap.add_argument("--result", type=Path, help="write the per-step results here (JSON)")
-    args = vars(ap.parse_args(argv))
-    result = args.pop("result")
-    doc = run(RecipeConfig(**args))
-    if result:
-        result.write_text(json.dumps(doc, indent=1))
+    args = tyro.cli(Args, args=argv)
+    doc = run(args.recipe)
+    if args.result:
+        args.result.write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -212,6 +212,31 @@ class Client:
             sock.close(linger=0)
 
 
+def ping(endpoint: str, timeout_s: float) -> bool:
+    """Whether a daemon answers a Status request at `endpoint` within `timeout_s`."""
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(endpoint)
+        s.send(pr.encode(pr.Status(req=1)))
+        if s.poll(timeout=int(timeout_s * 1000)):
+            return isinstance(pr.decode_reply(s.recv()), pr.StatusReply)
+        return False
+    except (zmq.ZMQError, pr.ProtocolError):
+        return False
+    finally:
+        s.close()
+
+
+def wait_for_daemon(endpoint: str, timeout_s: float) -> bool:
+    """Ping until a daemon answers (a daemon just started) or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ping(endpoint, 0.3):
+            return True
+    return False
+
+
 def connect(pipeline: str | None = None, endpoint: str | None = None, devices: tuple[int, ...] = ()) -> Client:
     """The client of this process.  Without a daemon endpoint (not under `jigsaw run`),
     a client that grants every sub-stage exclusively."""
