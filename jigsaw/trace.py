@@ -1,30 +1,42 @@
 """One trace format for the simulator and the runtime: JSON lines of small events.
 
     TraceEvent(t_s, event, pipeline, substage, device, sm_frac, mem_bytes, slowdown, data)
-        event ∈ pipeline   a pipeline joined (data: workload, model, device, devices, prior)
+        event ∈ node       a daemon started (data: policy, sched, max_wait_s, grid, devices)
+                pipeline   a pipeline joined (data: workload, model, device, devices, prior)
+                request    a sub-stage asked to start (data: kind, rank, step, urgent, need_bytes, pids)
                 grant      a sub-stage replica runs on a device under a budget from t_s on
-                           (data: need_bytes, the memory it needs)
+                           (data: need_bytes, the memory it needs; partition, when enforced)
                 release    it stops holding the device (done, migrated away, or waiting on a tool)
                 host       a host sub-stage (tool wait, reward) ran from t_s (data: end_s)
+                done       a sub-stage reported its end (data: its numbers)
+                drop       a client left or lost its lease (data: withdrawn sub-stages, removed)
+                plan       the daemon decided (data: started, assignments, decisions, fallback)
+                open       a sub-stage ran without the daemon (fail-open; data: reason, kind, rank, step)
                 migration  requests moved between DP workers (data: target, delta_s)
                 step       an RL step finished (data: latency_s, tokens, samples, flops)
                 telemetry  an NVML sample of `device`, pipeline "" (jigsaw.mux.telemetry; data:
                            sm_util_frac = fraction of the sample period some kernel ran,
                            mem_used_bytes, mem_total_bytes, processes = {"pid": bytes or null})
-    Trace.write(path) / Trace.read(path)    one JSON object per line, keys as above
+    Trace: events in memory (the simulator) ─► write(path)  ┐ one line per event, written by
+    TraceWriter: events appended as they happen (the daemon) ┘ `line()`;  Trace.read(path)
 
 `jigsaw timeline` draws per-device utilisation from grant/release pairs and MFU from step
 FLOPs over the device's peak; `jigsaw sim --replay` rebuilds the step graphs from grants
-(exclusive time = interval / slowdown), host events and the pipeline metadata.
+(exclusive time = interval / slowdown), host events and the pipeline metadata, and replays a
+daemon's inputs (node, pipeline, request, done, drop) to reproduce its plan events.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EVENTS = ("pipeline", "grant", "release", "host", "migration", "step", "telemetry")
+EVENTS = ("node", "pipeline", "request", "grant", "release", "host", "done", "drop", "plan", "open", "migration",
+          "step", "telemetry")
+log = logging.getLogger("jigsaw.trace")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +56,11 @@ class TraceEvent:
             raise ValueError(f"trace event must be one of {EVENTS}, got {self.event!r}")
 
 
+def line(event: TraceEvent) -> str:
+    """The event as one JSON line (floats as repr, so times read back exactly)."""
+    return json.dumps(asdict(event), separators=(",", ":")) + "\n"
+
+
 class Trace:
     """An append-only list of events with JSONL I/O."""
 
@@ -56,16 +73,51 @@ class Trace:
     def write(self, path: str | Path) -> None:
         with open(path, "w") as f:
             for e in self.events:
-                f.write(json.dumps(asdict(e), separators=(",", ":")) + "\n")
+                f.write(line(e))
 
     @classmethod
     def read(cls, path: str | Path) -> Trace:
         events = []
         with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
+            for n, text in enumerate(f, 1):
+                if text.strip():
                     try:
-                        events.append(TraceEvent(**json.loads(line)))
+                        events.append(TraceEvent(**json.loads(text)))
                     except (TypeError, ValueError) as exc:
                         raise ValueError(f"{path}:{n}: not a trace event: {exc}") from None
         return cls(events)
+
+
+class TraceWriter:
+    """Appends events to a file as they happen; thread-safe.  A failed write (disk full, the
+    file gone) stops the trace, once and loudly, and never the caller."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.failed: str | None = None
+        """Why the trace stopped (None while it writes)."""
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a", buffering=1)
+
+    def write(self, event: TraceEvent) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.write(line(event))
+            except OSError as exc:
+                self.failed = f"{self.path}: {exc}"
+                log.error("trace stopped: %s", self.failed)
+                self._close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None

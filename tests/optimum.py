@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from jigsaw.graph import actions as act
 from jigsaw.graph.plan import SchedulerConfig
-from jigsaw.graph.problem import problem_for
+from jigsaw.graph.problem import SchedulerCache
 
 
 def optimal_makespan(pipelines, node, model, config: SchedulerConfig = SchedulerConfig(),
                      node_limit: int = 2_000_000) -> float:
-    P = problem_for(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
-    ctx = act.Context(model, config, node)
+    cache = SchedulerCache()
+    P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
+    ctx = act.Context(model, config, node, cache, pipelines)
     S = act.initial(P, pipelines, 0.0, ctx)
     min_s = min(1.0, min(v for k in model.kinds for kb in model.kinds
                          for _, _, a, b in model.pair_options(k, kb) for v in (a, b)))

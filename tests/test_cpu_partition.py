@@ -1,10 +1,17 @@
-"""CPU partitions: core splits, the partitioner's descriptors, binding a process."""
+"""CPU partitions: core splits, the daemon's typed descriptors, and the worker-side bind."""
 
 import os
+import subprocess
+import sys
+import threading
+import time
 
+import msgspec
 import pytest
 
-from jigsaw.mux.cpu import CpuPartitioner, CpuSlice, apply_slice, cpu_levels, split_cores
+from jigsaw.mux.bind import Binder, affinity, follow_threads
+from jigsaw.mux.cpu import cpu_levels, split_cores
+from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, Partition
 
 
 def test_levels_are_shares_a_core_split_can_give():
@@ -24,34 +31,88 @@ def test_split_cores_is_disjoint_and_never_empty():
         split_cores((0,), 0.5)
 
 
-def test_partitioner_descriptors():
+def test_partitioner_gives_each_side_of_a_pair_its_own_cores():
     p = CpuPartitioner(num_devices=2, cores=(0, 1, 2, 3))
-    assert p.apply(1, {"a": 1.0}) == {"a": {"kind": "cpu", "cores": "2,3", "threads": "2"}}
-    pair = p.apply(0, {"a": 0.5, "b": 0.5, "r": 0.0})
-    assert {CpuSlice.parse(pair[s]).cores for s in "ab"} == {(0,), (1,)} and pair["r"] == {"kind": "host"}
-    shared = p.apply(0, {"a": 1.0, "b": 1.0})
-    assert CpuSlice.parse(shared["a"]).cores == CpuSlice.parse(shared["b"]).cores == (0, 1)
+    assert p.partitions(1, (("a", 1.0),)) == {"a": Cpu(cores=(2, 3), threads=2)}
+    pair = p.partitions(0, (("a", 0.5), ("b", 0.5)))
+    assert {pair[s].cores for s in "ab"} == {(0,), (1,)}
+    big = CpuPartitioner(num_devices=1, cores=tuple(range(8))).partitions(0, (("small", 0.25), ("large", 0.75)))
+    assert big == {"large": Cpu(cores=(0, 1, 2, 3, 4, 5), threads=6), "small": Cpu(cores=(6, 7), threads=2)}
+    shared = p.partitions(0, (("a", 1.0), ("b", 1.0)))  # unpartitioned sharing: both see every core
+    assert shared["a"].cores == shared["b"].cores == (0, 1)
     with pytest.raises(ValueError, match="at most 2"):
-        p.apply(0, {"a": 0.25, "b": 0.25, "c": 0.5})
+        p.partitions(0, (("a", 0.25), ("b", 0.25), ("c", 0.5)))
     with pytest.raises(ValueError, match="cannot make"):
         CpuPartitioner(num_devices=3, cores=(0, 1))
+    assert AdvisoryPartitioner().partitions(0, (("a", 0.5),)) == {"a": Advisory()}
 
 
-def test_apply_slice_binds_every_thread_of_this_process():
-    import threading
+def test_partitions_are_a_tagged_union_on_the_wire():
+    enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Partition)
+    for part in (Advisory(), Cpu(cores=(0, 3), threads=2), Green(num_sms=64, budget=0.5, side=1, levels=(0.5,))):
+        assert dec.decode(enc.encode(part)) == part
+    with pytest.raises(msgspec.ValidationError):
+        dec.decode(enc.encode({"type": "cpu", "cores": [0], "threads": 1, "shell": "rm -rf /"}))
 
-    import torch
 
+def _sleeper() -> subprocess.Popen:
+    """A process with several threads (a worker the client is told about)."""
+    code = ("import threading, time\n"
+            "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_bind_pins_every_thread_of_every_listed_process_and_exclusive_undoes_it():
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores to tell a partition from the whole machine")
+    procs = [_sleeper(), _sleeper()]
+    try:
+        pids = [p.pid for p in procs]
+        binder = Binder()
+        b = binder.bind(Cpu(cores=(cores[0],), threads=1), pids)
+        assert b.cores == (cores[0],)
+        for pid in pids:
+            threads = affinity(pid)
+            assert len(threads) >= 4 and set(threads.values()) == {(cores[0],)}  # read back from /proc
+        binder.bind(None, pids)  # fell open: the whole machine again
+        for pid in pids:
+            assert set(affinity(pid).values()) == {tuple(cores)}
+        binder.bind(Advisory(), pids)  # advice changes nothing
+        assert set(affinity(pids[0]).values()) == {tuple(cores)}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+def test_bind_of_this_process_pins_existing_threads_and_threads_follow_the_cores():
+    torch = pytest.importorskip("torch")
     before, threads = os.sched_getaffinity(0), torch.get_num_threads()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)  # a thread that exists before the binding
     other.start()
     try:
         core = min(before)
-        apply_slice(CpuSlice(cores=(core,), num_threads=1))
+        Binder().bind(Cpu(cores=(core,), threads=1))
         assert os.sched_getaffinity(0) == {core} and torch.get_num_threads() == 1
         assert os.sched_getaffinity(other.native_id) == {core}
+        assert follow_threads(cap=4) == 1  # never more threads than cores
     finally:
         stop.set()
         other.join()
-        apply_slice(CpuSlice(cores=tuple(sorted(before)), num_threads=threads))
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), before)
+        torch.set_num_threads(threads)
+    assert follow_threads() == len(before) and follow_threads(cap=1) == 1
+    torch.set_num_threads(threads)
+
+
+def test_binding_a_process_that_is_gone_is_harmless():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(10)
+    time.sleep(0.05)
+    Binder().bind(Cpu(cores=(min(os.sched_getaffinity(0)),), threads=1), [p.pid])  # no exception

@@ -56,7 +56,7 @@ def engine(model_and_tok):
 
 @pytest.fixture(scope="module")
 def dp():
-    with DPRollout(ModelConfig(), RolloutConfig(), num_workers=2, threads_per_worker=1) as d:
+    with DPRollout(ModelConfig(), RolloutConfig(threads=1), num_workers=2) as d:
         yield d
 
 
@@ -153,11 +153,12 @@ def test_split_by_weights():
 
 def test_migration_is_token_identical_and_loses_nothing(dp, prompts, reference):
     """ACCEPTANCE: 6 prompts x 48 greedy tokens, worker 0 -> 1 after a few forward steps."""
-    plain = dp.generate(prompts, NEW_TOKENS)
+    plain = dp.generate(prompts, NEW_TOKENS, timeout_s=60)
     assert [c.rid for c in plain] == [rid for rid, _ in prompts]
     assert all(c.output_ids == reference[c.rid] for c in plain)
     for _attempt in range(3):  # the move must land mid-generation; retry if the host stalled us
         seen, moved = {0: 0, 1: 0}, []
+        dp.moves.clear()
 
         def on_step(rank, step, seen=seen):
             seen[rank] += 1
@@ -166,8 +167,8 @@ def test_migration_is_token_identical_and_loses_nothing(dp, prompts, reference):
             if not moved and seen[0] >= 3:
                 moved.append(d.migrate(0, 1))
 
-        migrated = dp.generate(prompts, NEW_TOKENS, on_step=on_step, on_poll=on_poll)
-        if moved and moved[0] > 0:
+        migrated = dp.generate(prompts, NEW_TOKENS, on_step=on_step, on_poll=on_poll, timeout_s=60)
+        if moved and moved[0] > 0 and any(n > 0 for *_, n in dp.moves):
             break
     assert moved[0] == 3  # worker 0 held half of the batch
     assert [c.rid for c in migrated] == [rid for rid, _ in prompts]
@@ -175,7 +176,32 @@ def test_migration_is_token_identical_and_loses_nothing(dp, prompts, reference):
         assert b.finished and b.output_ids == a.output_ids == reference[a.rid]
         assert len(b.logprobs) == len(b.output_ids)
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    # A migration, not a restart: the target prefilled prompt + partial output and generated
+    # only the rest (a restart would prefill the prompt alone and generate everything again).
+    by_rid, prompt_of = {c.rid: c for c in migrated}, dict(prompts)
+    carried = {rid: n for rid, src, dst, n in dp.moves if (src, dst) == (0, 1)}
+    assert len(carried) == 3 and any(n > 0 for n in carried.values())
+    for rid, n in carried.items():
+        c = by_rid[rid]
+        assert c.prefilled_tokens == len(prompt_of[rid]) + n
+        assert c.generated_tokens == len(c.output_ids) - n
+    for c in migrated:
+        if c.rid not in carried:
+            assert c.prefilled_tokens == len(prompt_of[c.rid]) and c.generated_tokens == len(c.output_ids)
     assert dp.pending() == {}
+
+
+def test_a_lost_request_fails_generate_at_its_deadline_instead_of_hanging(dp, prompts):
+    def drop(d):  # a broken migration: the requests leave the source and go nowhere
+        if not d.moves:
+            for c in d._rpc(0, "abort_all"):
+                d.moves.append((c.rid, 0, -1, len(c.output_ids)))
+
+    dp.moves.clear()
+    with pytest.raises(WorkerError, match="did not finish in 3 s"):
+        dp.generate(prompts, NEW_TOKENS, on_poll=drop, timeout_s=3)
+    dp.moves.clear()
+    assert len(dp.generate(prompts[:2], 4, timeout_s=60)) == 2  # the workers were reset and still serve
 
 
 def test_steps_reach_on_step_and_routing_weights(dp, prompts):
@@ -201,22 +227,24 @@ def test_update_weights_changes_outputs_and_keeps_serving(dp, prompts, model_and
     assert [c.output_ids for c in dp.generate(prompts[:2], 16)] == [c.output_ids for c in before]
 
 
-def test_set_cpu_binds_every_worker_thread(dp, prompts):
+def test_a_bound_worker_follows_its_cores(prompts):
+    """Bound from outside (the client's bind), a worker's every thread is on the partition's
+    cores and its generation threads follow at the next forward, both ways."""
+    from jigsaw.mux.bind import Binder, affinity
+    from jigsaw.mux.partition import Cpu
+
     cores = sorted(os.sched_getaffinity(0))
-    pid = dp.pids[1]
-    try:
-        dp.set_cpu(1, cores[:1], 1)
-        st = dp.status(1)
-        assert os.sched_getaffinity(pid) == set(cores[:1]) and st["pid"] == pid
-        assert all(aff == tuple(cores[:1]) for aff in st["thread_affinity"].values())
-        assert len(st["thread_affinity"]) >= 2  # the CB thread too, not just the command thread
-        dp.generate(prompts[:2], 4, routing=(0, 1))
-        assert dp.status(1)["generation_num_threads"] == 1
-    finally:
-        dp.set_cpu(1, cores, len(cores))
-    assert os.sched_getaffinity(pid) == set(cores)
-    dp.generate(prompts[:2], 4, routing=(0, 1))
-    assert dp.status(1)["generation_num_threads"] == len(cores)
+    binder = Binder()
+    with DPRollout(ModelConfig(), RolloutConfig(), num_workers=1) as d:  # threads follow the cores
+        pid = d.pids[0]
+        binder.bind(Cpu(cores=tuple(cores[:1]), threads=1), [pid])
+        assert set(affinity(pid).values()) == {tuple(cores[:1])} and len(affinity(pid)) >= 2  # CB thread too
+        d.generate(prompts[:2], 4, timeout_s=60)
+        assert d.status(0)["generation_num_threads"] == 1
+        binder.bind(None, [pid])  # exclusive again
+        d.generate(prompts[:2], 4, timeout_s=60)
+        assert set(affinity(pid).values()) == {tuple(cores)}
+        assert d.status(0)["generation_num_threads"] == len(cores)
 
 
 def test_workers_are_gone_after_close(prompts):
@@ -238,5 +266,5 @@ def test_workers_are_gone_after_an_error(prompts):
             d._rpc(0, "abort", "nope")  # a failed command leaves the worker serving
         with pytest.raises(ValueError, match="routing weights"):
             d.generate(prompts[:2], 8, routing=(1, 1))
-        d.generate(prompts[:2], 8, on_step=boom)
+        d.generate(prompts[:2], 8, on_step=boom, timeout_s=60)
     assert _gone(pids)

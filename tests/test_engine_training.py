@@ -25,6 +25,8 @@ from jigsaw.engines.grpo import (
 from jigsaw.engines.model import ModelConfig, load
 from jigsaw.engines.rewards import ReasoningGymTask, TargetTokenReward, extract_answer
 from jigsaw.engines.training import TrainConfig, Trainer, _plan
+from jigsaw.mux.bind import Binder, affinity
+from jigsaw.mux.partition import Cpu
 
 
 # ── grpo math ──────────────────────────────────────────────────────────────────────────────
@@ -129,11 +131,11 @@ def _run_two_steps(world_size: int, samples: list[Sample]) -> dict:
                  for s, o in zip(samples, old)]
         second = trainer.train_step(stale, ref, group_size=3)
         after = trainer.state_dict()
-        if world_size == 2:
-            trainer.set_cpu([0], num_threads=1)
+        if world_size == 2:  # bound from outside (the client's bind), the ranks follow with their threads
+            Binder().bind(Cpu(cores=(0,), threads=1), trainer.pids())
             for pid in trainer.pids():
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    assert os.sched_getaffinity(int(tid)) == {0}
+                assert set(affinity(pid).values()) == {(0,)}
+            trainer.reference_logprobs(samples[:2])  # still works on one core
         pids = trainer.pids()
     assert all(not _alive(pid) for pid in pids)
     return {"before": before, "ref": ref, "old": old, "first": first, "second": second, "after": after}

@@ -23,19 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jigsaw.mux import cudagraphs, green
+from jigsaw.mux.bind import Binder
 from jigsaw.mux.cudagraphs import BudgetGraphs, GraphMemory, GraphNotCapturedError
-from jigsaw.mux.green import (
-    GreenContextError,
-    GreenPartitioner,
-    GreenPartitions,
-    Partition,
-    SmResource,
-    assign_sides,
-    budget_grid,
-    granularity,
-    probe,
-    split_sms,
-)
+from jigsaw.mux.green import GreenContextError, GreenPartitions, Partition, probe, probe_resource
+from jigsaw.mux.partition import Green, GreenPartitioner
+from jigsaw.mux.smsplit import SmResource, assign_sides, budget_grid, granularity, split_sms
 
 HOPPER = SmResource(num_sms=132, min_partition_sms=8, alignment_sms=8)
 A100 = SmResource(num_sms=108, min_partition_sms=4, alignment_sms=2)
@@ -560,28 +552,47 @@ def test_assign_sides_refuses(budgets, match):
         assign_sides(budgets, (0.25, 0.5, 0.75))
 
 
-def test_partitioner_descriptors(fake):
-    drv = fake(FakeDriver(version=13040))
-    p = GreenPartitioner(LEVELS)
-    assert p.apply(0, {"r": 0.0}) == {"r": {"kind": "host", "num_sms": "0", "budget": "0", "side": "0"}}
-    assert drv.contexts == {}  # host work alone makes no partitions
-    got = p.apply(0, {"a": 0.25, "b": 0.75})
-    assert got == {"a": {"kind": "green", "num_sms": "32", "budget": "0.25", "side": "0"},
-                   "b": {"kind": "green", "num_sms": "96", "budget": "0.75", "side": "0"}}
-    assert p.apply(0, {"x": 0.5, "y": 0.5})["y"] == {"kind": "green", "num_sms": "64", "budget": "0.5", "side": "1"}
-    assert p.apply(0, {"a": 1.0}) == {"a": {"kind": "full", "num_sms": "132", "budget": "1", "side": "0"}}
-    assert len(drv.contexts) == 4  # one GreenPartitions for device 0, made once
-    p.close()
-    assert drv.contexts == {}
+def test_partitioner_descriptors_are_pure():
+    p = GreenPartitioner(LEVELS, resource=HOPPER)
+    got = p.partitions(0, (("a", 0.25), ("b", 0.75)))
+    assert got == {"a": Green(num_sms=32, budget=0.25, side=0, levels=LEVELS),
+                   "b": Green(num_sms=96, budget=0.75, side=0, levels=LEVELS)}
+    halves = p.partitions(0, (("x", 0.5), ("y", 0.5)))
+    assert (halves["x"].side, halves["y"].side) == (0, 1) and halves["y"].num_sms == 64
+    assert p.partitions(0, (("a", 1.0),)) == {"a": Green(num_sms=132, budget=1.0, side=0, levels=LEVELS)}
+    h20 = GreenPartitioner(LEVELS, resource=SmResource(num_sms=78, min_partition_sms=8, alignment_sms=8))
+    assert [h20.partitions(0, (("x", 0.5), ("y", 0.5)))[k].num_sms for k in "xy"] == [40, 32]  # sides differ
+    with pytest.raises(ValueError, match="not a level"):
+        p.partitions(0, (("a", 0.3), ("b", 0.7)))
+
+
+def test_the_daemon_reads_the_sm_resource_from_the_driver_alone(fake):
+    fake(FakeDriver(version=13040), torch=SimpleNamespace())  # a torch without cuda would raise if used
+    assert probe_resource(0) == HOPPER
+    assert GreenPartitioner(LEVELS, device=0).resource == HOPPER
 
 
 @no_gpu_here
-def test_partitioner_here_checks_budgets_before_the_device():
-    p = GreenPartitioner()
-    with pytest.raises(ValueError, match="not a level"):
-        p.apply(0, {"a": 0.3, "b": 0.7})
+def test_without_a_driver_the_green_partitioner_cannot_start():
     with pytest.raises(GreenContextError):
-        p.apply(0, {"a": 0.25, "b": 0.75})
+        GreenPartitioner(LEVELS)
+
+
+def test_bind_opens_the_partitions_once_and_returns_the_granted_side(fake):
+    drv = fake(FakeDriver(version=13040))
+    binder = Binder(device=0)
+    a = binder.bind(Green(num_sms=32, budget=0.25, side=0, levels=LEVELS))
+    b = binder.bind(Green(num_sms=96, budget=0.75, side=0, levels=LEVELS))
+    assert (a.green.num_sms, b.green.num_sms) == (32, 96) and a.budget == 0.25
+    assert not _ids(drv, a.green) & _ids(drv, b.green)  # the two sides of one split
+    assert a.stream is a.green.stream and drv.splits == 2 and len(drv.contexts) == 4  # opened once
+    whole = binder.bind(Green(num_sms=132, budget=1.0, side=0, levels=LEVELS))
+    assert whole.green.num_sms == 132 and whole.budget == 1.0
+    x = binder.bind(Green(num_sms=64, budget=0.5, side=0, levels=LEVELS))
+    y = binder.bind(Green(num_sms=64, budget=0.5, side=1, levels=LEVELS))
+    assert not _ids(drv, x.green) & _ids(drv, y.green) and drv.splits == 2  # no new split
+    binder.close()
+    assert drv.contexts == {} and drv.streams == {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -672,6 +683,31 @@ def test_gpu_graph_per_budget_replays_like_eager():
         assert total.pool_bytes == sum(m.pool_bytes for m in per_budget.values()) and total.pool_bytes >= 0
         with pytest.raises(GraphNotCapturedError):
             graphs.replay(0.25, 8)
+
+
+@pytest.mark.gpu
+def test_gpu_bind_runs_work_on_the_granted_sms_only():
+    """The worker-side bind on a GPU: each side of a pair, bound in this process, keeps its
+    kernels on its own SMs (the SM-id census of jigsaw.mux.smid)."""
+    torch = _gpu_torch()
+    from jigsaw.mux.smid import sm_ids
+
+    resource = probe(0).resource
+    daemon = GreenPartitioner(LEVELS, resource=resource)
+    binder = Binder(device=0)
+    try:
+        for frac in LEVELS:
+            layout = daemon.partitions(0, (("a", frac), ("b", round(1 - frac, 9))))
+            seen = []
+            for sid in "ab":
+                bound = binder.bind(layout[sid])
+                ids = sm_ids(4 * resource.num_sms, stream=bound.stream)
+                torch.cuda.synchronize()
+                assert len(ids) <= bound.green.num_sms
+                seen.append(set(ids))
+            assert not seen[0] & seen[1]
+    finally:
+        binder.close()
 
 
 @pytest.mark.gpu

@@ -1,112 +1,193 @@
-"""The daemon's decisions without I/O: live graphs from history, admissions, leases."""
+"""The node state both the daemon and the simulator decide with: facts, the view, the applier."""
 
 from pathlib import Path
 
 import pytest
 
-from jigsaw.graph.plan import Assignment, NodeSpec
+from jigsaw.graph.node import NodeState
+from jigsaw.graph.plan import NodeSpec, SchedulerConfig
+from jigsaw.graph.policy import make
+from jigsaw.graph.substage import SubStageKind as K
+from jigsaw.graph.view import pipeline_state
 from jigsaw.mux.slowdown import load_grid
-from jigsaw.runtime.node import NodeState, live_state
 
 PRIOR = load_grid(Path(__file__).resolve().parents[1] / "profiles" / "h100" / "qwen3-4b.prior.json")
-KINDS = ("rollout_decode", "rollout_tail", "training")
+KINDS = (K.ROLLOUT_DECODE, K.ROLLOUT_TAIL, K.TRAINING)
 
 
-def fresh(devices: int = 1) -> NodeState:
-    return NodeState(NodeSpec(num_devices=devices, mem_bytes=PRIOR.device.mem_bytes), PRIOR)
+def fresh(devices: int = 1, policy: str = "jigsaw", **kw) -> NodeState:
+    return NodeState(NodeSpec(num_devices=devices, mem_bytes=PRIOR.device.mem_bytes), PRIOR,
+                     make(policy, SchedulerConfig()), **kw)
 
 
-def run_step(ns: NodeState, session: str, step: int, t: float, dur_s: float = 1.0) -> float:
+def run_step(ns: NodeState, name: str, step: int, t: float, dur_s: float = 1.0) -> float:
     """Ask, get admitted, finish each kind in turn (alone on the node)."""
+    p = ns.pipelines[name]
     for kind in KINDS:
-        sid = ns.request(session, kind, 0, step, b"id", 1, t)
+        w = p.request(kind, 0, step, t)
         d = ns.decide(t)
-        assert [a.pending.sid for a in d.admitted] == [sid]
+        assert [a.running.sid for a in d.admitted] == [w.sid]
         t += dur_s
-        ns.finish(session, sid, t)
+        ns.finish(name, w.sid, t)
     return t
 
 
 def test_history_predicts_the_step_and_requested_substages_are_ready():
     ns = fresh()
-    ns.register("A", "s", ())
-    t = run_step(ns, "s", 0, 0.0)
-    p = ns.pipelines["A"]
-    ns.request("s", "rollout_tail", 0, 1, b"id", 2, t)  # skips the predicted decode regime
-    state = live_state(p, t)
-    assert {s.id for s in state.graph} == {f"A/1/r0/{k}/0" for k in KINDS}
-    assert state.graph["A/1/r0/training/0"].duration_s == pytest.approx(1.0)
-    assert "A/1/r0/rollout_decode/0" in state.done  # went past it: it will not be asked for
-    assert [s.id for s in state.graph.frontier(state.done)] == ["A/1/r0/rollout_tail/0"]
+    p = ns.register("A")
+    t = run_step(ns, "A", 0, 0.0)
+    w = p.request(K.ROLLOUT_TAIL, 0, 1, t)  # skips the predicted decode regime
+    state, progress = pipeline_state(p, t, next_step=False)
+    assert {s.id for s in state.graph} == {"A/1/r0/rollout_tail/0", "A/1/r0/training/0"}
+    assert state.graph["A/1/r0/training/0"].duration_s == pytest.approx(1.0)  # from the history
+    assert [s.id for s in state.graph.frontier(state.done)] == [w.sid]
+    assert progress.stage == "rollout" and progress.step == 1 and progress.ready_since_s == t
+
+
+def test_the_view_looks_past_the_step_barrier():
+    ns = fresh()
+    p = ns.register("A")
+    t = run_step(ns, "A", 0, 0.0)
+    p.request(K.ROLLOUT_DECODE, 0, 1, t)
+    state, _ = pipeline_state(p, t)
+    nxt = [s for s in state.graph if s.step == 2]
+    assert {s.kind for s in nxt} == {K.ROLLOUT_DECODE, K.TRAINING}  # this worker's rollout, summarised
+    first = next(s for s in nxt if s.kind.is_rollout)
+    assert set(state.graph.deps[first.id]) == {"A/1/r0/training/0"}  # behind this step's barrier
+    alone, _ = pipeline_state(p, t, next_step=False)
+    assert not [s for s in alone.graph if s.step == 2]
+
+
+def test_remaining_time_is_the_prediction_less_the_work_done_at_the_granted_pace():
+    ns = fresh()
+    a, b = ns.register("A"), ns.register("B")
+    for name in "AB":
+        run_step(ns, name, 0, 0.0, dur_s=10.0)
+    wa = a.request(K.TRAINING, 0, 1, 100.0)
+    ns.decide(100.0)
+    wb = b.request(K.ROLLOUT_TAIL, 0, 1, 100.0)
+    ns.decide(100.0)
+    r = a.running[wa.sid]
+    assert r.budget.sm_frac < 1.0 and r.slowdown > 1.0  # the tail joined it: training is slowed
+    state, _ = pipeline_state(a, 104.0)
+    assert state.remaining_s[wa.sid] == pytest.approx(10.0 - 4.0 / r.slowdown)
+    assert b.running[wb.sid].budget.sm_frac == pytest.approx(1.0 - r.budget.sm_frac)
 
 
 def test_two_pipelines_share_a_device_and_budgets_sum_to_one():
     ns = fresh()
     for name in "AB":
-        ns.register(name, name.lower(), ())
-        run_step(ns, name.lower(), 0, 0.0)
-    ns.request("a", "rollout_tail", 0, 1, b"a", 1, 10.0)
-    ns.request("b", "training", 0, 1, b"b", 1, 10.0)
+        ns.register(name)
+        run_step(ns, name, 0, 0.0)
+    ns.pipelines["A"].request(K.ROLLOUT_TAIL, 0, 1, 10.0)
+    ns.pipelines["B"].request(K.TRAINING, 0, 1, 10.0)
     d = ns.decide(10.0)
-    admitted = {a.pending.sid: a.assignment for a in d.admitted}
+    admitted = {x.running.sid: x.assignment for x in d.admitted}
     assert set(admitted) == {"A/1/r0/rollout_tail/0", "B/1/r0/training/0"}
     assert sum(a.sm_frac for a in admitted.values()) <= 1.0 + 1e-9
     assert sum(a.mem_bytes for a in admitted.values()) <= PRIOR.device.mem_bytes
     assert all(a.sm_frac < 1.0 for a in admitted.values())
+    assert not ns.overcommitted() and not d.notes
 
 
-def test_a_request_is_never_left_waiting_on_an_idle_device():
+def test_host_work_is_admitted_at_once_and_a_running_tool_wait_holds_its_device():
     ns = fresh()
-    ns.register("A", "s", ())
-    sid = ns.request("s", "reward", 0, 0, b"x", 1, 0.0)  # a host kind the scheduler may defer
-    d = ns.decide(0.0)
-    assert sid in {a.pending.sid for a in d.admitted}
-
-
-def test_a_dropped_client_gives_its_grants_back_and_bad_requests_say_why():
-    ns = fresh(devices=2)
-    ns.register("A", "s", (0, 1))
-    with pytest.raises(ValueError, match="dp_rank 2"):
-        ns.request("s", "training", 2, 0, b"x", 1, 0.0)
-    with pytest.raises(ValueError, match="outside this node"):
-        ns.register("B", "t", (3,))
-    with pytest.raises(KeyError):
-        ns.request("nobody", "training", 0, 0, b"x", 1, 0.0)
-    sid = ns.request("s", "training", 0, 0, b"x", 1, 0.0)
+    p = ns.register("A")
+    w = p.request(K.REWARD, 0, 0, 0.0)
+    assert w.sid in {x.running.sid for x in ns.decide(0.0).admitted}
+    tool = p.request(K.TOOL, 0, 0, 0.0)
     ns.decide(0.0)
-    with pytest.raises(ValueError, match="not running for this session"):
-        ns.finish("s", "A/0/r0/training/9", 1.0)
-    runs, _, gone = ns.drop("s")
-    assert [r.sid for r in runs] == [sid] and gone and not ns.pipelines
+    state, _ = pipeline_state(p, 0.5)
+    assert tool.sid in state.running and tool.sid not in state.done  # it keeps its place
+
+
+class OnlyUrgent:
+    """A policy that starts only what must start (urgent) and defers the rest."""
+
+    name = "only-urgent"
+
+    def plan(self, view):
+        from jigsaw.graph.plan import Assignment, Plan
+
+        out = [Assignment(substage=sid, pipeline=ps.graph.pipeline, device=ps.devices[ps.graph[sid].dp_rank],
+                          sm_frac=1.0, mem_bytes=view.node.mem_bytes, slowdown=1.0)
+               for ps in view.pipelines for sid in sorted(ps.urgent)]
+        return Plan(time_s=view.time_s, started=tuple(a.substage for a in out), assignments=tuple(out))
+
+
+def test_liveness_admits_the_oldest_request_when_nothing_runs():
+    def node(liveness: bool) -> tuple[NodeState, str]:
+        ns = NodeState(NodeSpec(num_devices=1, mem_bytes=PRIOR.device.mem_bytes), PRIOR, OnlyUrgent(),
+                       liveness=liveness)
+        first = ns.register("A").request(K.TRAINING, 0, 0, 0.0)
+        ns.register("B").request(K.TRAINING, 0, 0, 0.5)
+        return ns, first.sid
+
+    ns, first = node(liveness=True)
+    assert [x.running.sid for x in ns.decide(1.0).admitted] == [first]  # nothing ran: the oldest starts
+    ns, _ = node(liveness=False)
+    assert not ns.decide(1.0).admitted  # without the guard the node would wait forever
+    assert fresh().decide(0.0) is None  # an empty node decides nothing
+
+
+def test_a_request_waiting_too_long_turns_urgent():
+    ns = NodeState(NodeSpec(num_devices=1, mem_bytes=PRIOR.device.mem_bytes), PRIOR, OnlyUrgent(), max_wait_s=2.0)
+    w = ns.register("A").request(K.TRAINING, 0, 0, 0.0)
+    assert not ns.decide(1.9).admitted
+    assert [x.running.sid for x in ns.decide(2.0).admitted] == [w.sid]
+
+
+def test_a_failing_policy_falls_back_to_one_request_per_idle_device_alone():
+    class Broken:
+        name = "broken"
+
+        def plan(self, view):
+            raise ZeroDivisionError("bug")
+
+    ns = NodeState(NodeSpec(num_devices=2, mem_bytes=PRIOR.device.mem_bytes), PRIOR, Broken())
+    p = ns.register("A", (0, 1))
+    a = p.request(K.TRAINING, 0, 0, 0.0)
+    b = p.request(K.TRAINING, 1, 0, 0.1)
+    q = ns.register("B", (0,))
+    c = q.request(K.ROLLOUT_TAIL, 0, 0, 0.2)
+    host = q.request(K.REWARD, 0, 0, 0.3)
+    d = ns.decide(1.0)
+    assert "ZeroDivisionError" in d.fallback
+    assert {x.running.sid for x in d.admitted} == {a.sid, b.sid, host.sid}  # c waits: device 0 is taken
+    assert c.sid in q.waiting and all(x.assignment.sm_frac in (0.0, 1.0) for x in d.admitted)
+
+
+def test_bad_requests_say_why():
+    ns = fresh(devices=2)
+    p = ns.register("A", (0, 1))
+    with pytest.raises(ValueError, match="dp_rank 2"):
+        p.request(K.TRAINING, 2, 0, 0.0)
+    with pytest.raises(ValueError, match="on this node"):
+        ns.register("B", (3,))
+    with pytest.raises(ValueError, match="already registered"):
+        ns.register("A", (0,))
+    with pytest.raises(ValueError, match="may only hold"):
+        ns.register("a/b")
+    p.request(K.TRAINING, 0, 1, 0.0)
+    with pytest.raises(ValueError, match="already finished"):
+        p.request(K.TRAINING, 0, 0, 0.0)
+    with pytest.raises(ValueError, match="not running"):
+        ns.finish("A", "A/1/r0/training/9", 1.0)
 
 
 def test_collective_replicas_ask_and_finish_one_by_one():
     ns = fresh(devices=2)
-    ns.register("A", "s", (0, 1))
+    p = ns.register("A", (0, 1))
     t = 0.0
     for step in range(2):
-        first = ns.request("s", "training", 0, step, b"x", 1, t)
-        assert [a.pending.sid for a in ns.decide(t).admitted] == [first]
+        first = p.request(K.TRAINING, 0, step, t)
+        assert [x.running.sid for x in ns.decide(t).admitted] == [first.sid]
         t += 1.0
-        ns.finish("s", first, t)  # rank 0 is done before rank 1 even asks
-        second = ns.request("s", "training", 1, step, b"y", 2, t)
-        assert [a.pending.sid for a in ns.decide(t).admitted] == [second]
+        ns.finish("A", first.sid, t)  # rank 0 is done before rank 1 even asks
+        state, _ = pipeline_state(p, t)
+        assert f"A/{step}/r1/training/0" in state.running or step == 0  # the gang runs on, as predicted
+        second = p.request(K.TRAINING, 1, step, t)
+        assert [x.running.sid for x in ns.decide(t).admitted] == [second.sid]
         t += 1.0
-        ns.finish("s", second, t)
-        host = ns.request("s", "reward", 0, step, b"z", 3, t)
-        assert [a.assignment.sm_frac for a in ns.decide(t).admitted if a.pending.sid == host] == [0.0]
-        ns.finish("s", host, t + 0.5)
-    assert len(ns.pipelines["A"].history) == 1
-
-
-def test_a_failing_partitioner_leaves_budgets_advisory(tmp_path):
-    from jigsaw.runtime.daemon import Daemon, DaemonConfig
-
-    class BrokenPartitioner:
-        def apply(self, device, budgets):
-            raise ValueError("no such partition")
-
-    d = Daemon(DaemonConfig(), directory=tmp_path, partitioner=BrokenPartitioner())
-    parts = d._partitions([Assignment(substage="A/0/r0/training/0", pipeline="A", device=0, sm_frac=0.5,
-                                      mem_bytes=1, slowdown=1.0)])
-    assert parts == {"A/0/r0/training/0": {"kind": "advisory", "sm_frac": "0.5"}}
+        ns.finish("A", second.sid, t)
+    assert len(p.history) == 1

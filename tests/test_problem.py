@@ -8,7 +8,7 @@ from dataclasses import replace
 from factories import GIB, sub
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec
-from jigsaw.graph.problem import Task, _part, _Shape
+from jigsaw.graph.problem import SchedulerCache, Task, _Shape
 from jigsaw.graph.substage import SubStageKind as K
 
 NODE = NodeSpec(num_devices=2, mem_bytes=80 * GIB)
@@ -36,12 +36,13 @@ def fields(t: Task) -> tuple:
 
 def test_patched_part_equals_a_fresh_build():
     for tool in (False, True):
+        cache = SchedulerCache()
         first = grpo(1.0, 10.0, tool)
-        before = _part(first, (0, 1), 0, 0, NODE)
+        before = cache.part(first, (0, 1), 0, 0, NODE)
         # Same shape, a head and a tail changed: the tails before them, and dominant kinds,
         # must follow (the prefill's worker is now mostly prefill).
         changed = grpo(30.0, 10.0, tool)
-        patched = _part(changed, (0, 1), 0, 0, NODE)
+        patched = cache.part(changed, (0, 1), 0, 0, NODE)
         fresh = _Shape.build(changed, (0, 1), 0, 0, NODE).part
         assert [fields(t) for t in patched.tasks] == [fields(t) for t in fresh.tasks]
         assert patched.dominant == fresh.dominant and patched.decode == fresh.decode
@@ -52,11 +53,12 @@ def test_patched_part_equals_a_fresh_build():
 
 
 def test_a_changed_sub_stage_in_the_middle_updates_its_ancestors_tails():
+    cache = SchedulerCache()
     g = grpo(1.0, 10.0)
-    _part(g, (0, 1), 0, 0, NODE)
+    cache.part(g, (0, 1), 0, 0, NODE)
     nodes = [replace(s, duration_s=50.0) if s.id == "A/0/r0/tail" else s for s in g]
     longer = SubStageGraph(nodes, g.deps)
-    part = _part(longer, (0, 1), 0, 0, NODE)
+    part = cache.part(longer, (0, 1), 0, 0, NODE)
     prefill = next(t for t in part.tasks if t.ids == ("A/0/r0/prefill",))
     assert prefill.tail_s == 50.0 + 5.0
     assert [fields(t) for t in part.tasks] == [fields(t) for t in _Shape.build(longer, (0, 1), 0, 0, NODE).part.tasks]

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from jigsaw.sim import policies
+from jigsaw.graph.policy import make
 from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay
 from jigsaw.sim.run import SimConfig, simulate
 from jigsaw.trace import Trace, TraceEvent
@@ -21,14 +21,14 @@ def serial_trace() -> Trace:
 
 def test_replaying_a_serial_trace_under_serial_gives_the_simulated_makespan(serial_trace):
     rec = recorded(serial_trace)
-    ex = replay(rec, policies.make("serial"), grid_of(rec))
+    ex = replay(rec, make("serial"), grid_of(rec))
     assert ex.makespan_s == pytest.approx(recorded_makespan_s(serial_trace), rel=1e-6)
 
 
 @pytest.mark.parametrize("policy", ["muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
 def test_every_policy_runs_every_recorded_substage_within_device_budgets(serial_trace, policy):
     rec = recorded(serial_trace)
-    ex = replay(rec, policies.make(policy), grid_of(rec))
+    ex = replay(rec, make(policy), grid_of(rec))
     ran = {iv.substage for iv in ex.intervals}
     every = {s.id for ps in rec.pipelines for s in ps.graph}
     migrated = {m.source for p in ex.plans for m in p.migrations}
@@ -46,8 +46,8 @@ def test_every_policy_runs_every_recorded_substage_within_device_budgets(serial_
 def test_a_sharing_policy_beats_serial_on_the_same_recorded_work(serial_trace):
     rec = recorded(serial_trace)
     grid = grid_of(rec)
-    serial = replay(rec, policies.make("serial"), grid).makespan_s
-    assert replay(rec, policies.make("jigsaw"), grid).makespan_s < serial
+    serial = replay(rec, make("serial"), grid).makespan_s
+    assert replay(rec, make("jigsaw"), grid).makespan_s < serial
 
 
 def test_malformed_traces_are_rejected_with_the_reason():

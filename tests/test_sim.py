@@ -203,40 +203,43 @@ def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first
 def test_view_graphs_are_valid_sub_stage_graphs():
     # The view builds its graphs without the checks (from_ordered); they must pass them.
     from jigsaw.graph.graph import SubStageGraph
-    from jigsaw.sim.view import pipeline_state
+    from jigsaw.graph.node import NodeState
 
     runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",) * 2, steps=2, trace=False))
     sim = NodeSim(runs, node, grid, pol, trace=False)
     seen = []
+    original = NodeState.view
 
-    def checked(run, t, granted):
-        ps = pipeline_state(run, t, granted)
-        g = ps.graph
-        full = SubStageGraph(list(g), g.deps)  # validates ids, deps, acyclicity
-        assert set(full.substages) == set(g.substages) and full.deps == g.deps
-        assert {k: set(v) for k, v in full._succ.items()} == {k: set(v) for k, v in g._succ.items()}
-        pos = {s.id: k for k, s in enumerate(g)}
-        assert all(pos[d] < pos[sid] for sid, ds in g.deps.items() for d in ds)  # topological
-        seen.append(len(g))
-        return ps
+    def checked(self, now_s):
+        view, live = original(self, now_s)
+        for ps in view.pipelines:
+            g = ps.graph
+            full = SubStageGraph(list(g), g.deps)  # validates ids, deps, acyclicity
+            assert set(full.substages) == set(g.substages) and full.deps == g.deps
+            assert {k: set(v) for k, v in full._succ.items()} == {k: set(v) for k, v in g._succ.items()}
+            pos = {s.id: k for k, s in enumerate(g)}
+            assert all(pos[d] < pos[sid] for sid, ds in g.deps.items() for d in ds)  # topological
+            assert set(ps.running) <= set(pos) and set(ps.urgent) <= set(pos)
+            seen.append(len(g))
+        return view, live
 
-    import jigsaw.sim.node as node_mod
-    original = node_mod.pipeline_state
-    node_mod.pipeline_state = checked
+    NodeState.view = checked
     try:
         sim.run()
     finally:
-        node_mod.pipeline_state = original
+        NodeState.view = original
     assert len(seen) > 50
 
 
 def test_summarised_next_step_keeps_chain_lengths_and_device_work():
     # The look-ahead sees the next step through its longest chain and per-device work only.
-    from jigsaw.sim.view import _summarised
+    from jigsaw.graph.builder import predict_next
+    from jigsaw.graph.view import summarised
 
     runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",), steps=2, trace=False))
     NodeSim(runs, node, grid, pol, trace=False).run()
-    full, short = runs[0].prediction, _summarised(runs[0])
+    full = predict_next(list(runs[0].ledger.history))
+    short = summarised(full)
 
     def longest(g):
         end = {}

@@ -21,7 +21,7 @@ class Args:
     `jigsaw run` on this node.  It listens on a Unix socket in a per-user 0700 directory
     ($JIGSAW_RUNTIME_DIR, else $XDG_RUNTIME_DIR/jigsaw, else /tmp/jigsaw-UID)."""
 
-    daemon: Annotated[DaemonConfig, tyro.conf.OmitArgPrefixes] = DaemonConfig()
+    daemon: Annotated[DaemonConfig, tyro.conf.arg(name="")] = DaemonConfig()
     verbose: bool = False
     """Log every admission."""
 

@@ -15,10 +15,11 @@ from jigsaw.recipes.demo import DemoConfig
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Args:
-    """Run two real GRPO pipelines (different seeds) three ways on this CPU: one after the other
-    (serial), both at once with no control (naive), and scheduled by the jigsaw daemon with CPU
-    partitions.  Prints aggregated tokens/s, step latency and ratios; writes the jigsaw run's
-    trace and timeline PNG."""
+    """Run two real GRPO pipelines (different seeds) four ways on this CPU: one after the other
+    (serial); both at once with no control, every worker on every core (naive); both at once
+    with cores / pipelines threads each (naive-fair); and scheduled by the jigsaw daemon with
+    CPU partitions.  Prints aggregated tokens/s, step latency, ratios and sub-stages that fell
+    open; writes the jigsaw run's trace and timeline PNG."""
 
     demo: Annotated[DemoConfig, tyro.conf.OmitArgPrefixes] = DemoConfig()
 

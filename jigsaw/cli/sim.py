@@ -20,14 +20,13 @@ import tyro
 
 from jigsaw.sim.run import SimConfig
 
-ALL_POLICIES = ("serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Args:
     """Simulate RL pipelines sharing one node and compare scheduling policies."""
 
-    sim: Annotated[SimConfig, tyro.conf.OmitArgPrefixes] = SimConfig()
+    sim: Annotated[SimConfig, tyro.conf.arg(name="")] = SimConfig()
     """What to simulate."""
     out: Path = Path("jigsaw-sim-trace.jsonl")
     """Trace of the jigsaw run (or of the only policy) for `jigsaw timeline`."""
@@ -56,7 +55,7 @@ def run(args: Args) -> int:
         return 0
     policies = _policies(args.sim.policy)
     if args.replay is not None:
-        console.print(_replay(args.replay, args.profile, policies))
+        console.print(_replay(args.replay, args.profile, policies, args.sim))
         return 0
     results = {}
     for name in policies:
@@ -83,10 +82,12 @@ def run(args: Args) -> int:
 
 
 def _policies(spec: str) -> list[str]:
-    names = list(ALL_POLICIES) if spec == "all" else [p for p in spec.split(",") if p]
-    unknown = [p for p in names if p not in ALL_POLICIES]
+    from jigsaw.graph.policy import NAMES
+
+    names = list(NAMES) if spec == "all" else [p for p in spec.split(",") if p]
+    unknown = [p for p in names if p not in NAMES]
     if unknown or not names:
-        raise ValueError(f"unknown policy {unknown or spec!r}; choose from {', '.join(ALL_POLICIES)} or 'all'")
+        raise ValueError(f"unknown policy {unknown or spec!r}; choose from {', '.join(NAMES)} or 'all'")
     return names
 
 
@@ -117,11 +118,11 @@ def _table(results: dict, bound, config: SimConfig):
     return t
 
 
-def _replay(path: Path, profile: Path | None, policies: list[str]):
+def _replay(path: Path, profile: Path | None, policies: list[str], config: SimConfig):
     from rich.table import Table
 
+    from jigsaw.graph.policy import make
     from jigsaw.mux.slowdown import load_grid
-    from jigsaw.sim import policies as pol
     from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay
     from jigsaw.trace import Trace
 
@@ -134,7 +135,7 @@ def _replay(path: Path, profile: Path | None, policies: list[str]):
     for col in ("policy", "makespan s", "tokens/s", *[f"done s {ps.graph.pipeline}" for ps in rec.pipelines]):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for name in policies:
-        ex = replay(rec, pol.make(name) if name != "jigsaw" else pol.Jigsaw(), grid)
+        ex = replay(rec, make(name, config.sched), grid, config.sched)
         finish = dict(ex.finish_s)
         t.add_row(name, f"{ex.makespan_s:,.1f}", f"{tokens / ex.makespan_s:,.0f}" if ex.makespan_s else "—",
                   *[f"{finish[ps.graph.pipeline]:,.1f}" for ps in rec.pipelines])

@@ -2,13 +2,14 @@
 
     DPRollout (caller process)                          worker r (spawned; loads the model itself)
       generate(prompts, routing) ── split by weights ──► "submit" [Request…] ──► RolloutEngine
-        loop every poll_interval_s:                                                   │ CB thread
+        loop every poll_interval_s, until every sample is back or timeout_s:         │ CB thread
           "poll" ◄── (finished Completions, ForwardSteps) ◄────────────────────────────┘
              ├─ on_step(rank, step) for every forward step   (the recipe feeds jigsaw's client)
              └─ on_poll(self)  ──► migrate(source, target):
                    "abort_all" on source ─► partials ─► "submit" Request(partial_ids=…) on target
-      set_cpu(rank, cores, threads) ──► "set_cpu": sched_setaffinity on every thread + torch threads
       update_weights(state_dict) ── torch.save bytes ──► "update_weights" on every worker (paused CB)
+      pids ──► whoever binds the workers to a partition (the client, mux/bind.py); a worker's
+               generation threads follow the cores it may use
 
 Commands are (name, args) tuples of plain data over one Pipe per worker, answered in order,
 so a worker never runs two commands at once: a request is either returned by "poll" or by
@@ -47,29 +48,31 @@ class DPRollout:
     """Rollout workers as processes; every method is for one caller thread."""
 
     def __init__(self, model_config=None, config: RolloutConfig = RolloutConfig(), num_workers: int = 2,
-                 threads_per_worker: int = 1, *, poll_interval_s: float = 0.005, rpc_timeout_s: float = 120.0):
+                 *, poll_interval_s: float = 0.005, rpc_timeout_s: float = 120.0):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.config, self.num_workers = config, num_workers
         self.poll_interval_s, self.rpc_timeout_s = poll_interval_s, rpc_timeout_s
         self.migrated = 0
         """Requests moved by migrate() so far."""
+        self.moves: list[tuple[str, int, int, int]] = []
+        """(rid, source, target, partial tokens it carried) of every request migrate() moved."""
         self._pending: dict[str, _Pending] = {}
         self._results: dict[str, Completion] = {}
         self._procs, self._conns = [], []
         self.pids: list[int] = []
         """Worker process ids, by rank."""
         try:
-            self._spawn(model_config, max(1, threads_per_worker))
+            self._spawn(model_config)
         except BaseException:
             self.close()
             raise
 
-    def _spawn(self, model_config, threads: int) -> None:
+    def _spawn(self, model_config) -> None:
         ctx = mp.get_context("spawn")
         for rank in range(self.num_workers):  # start all before waiting: they load in parallel
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, model_config, self.config, threads),
+            proc = ctx.Process(target=_worker_main, args=(child, model_config, self.config),
                                name=f"jigsaw-rollout-{rank}", daemon=True)
             proc.start()
             child.close()
@@ -82,9 +85,10 @@ class DPRollout:
     def generate(self, prompts: list[tuple[str, tuple[int, ...]]], max_new_tokens: int | list[int],
                  routing: Sequence[float] | None = None,
                  on_step: Callable[[int, ForwardStep], None] | None = None,
-                 on_poll: Callable[[DPRollout], None] | None = None) -> list[Completion]:
+                 on_poll: Callable[[DPRollout], None] | None = None, timeout_s: float = 600.0) -> list[Completion]:
         """Generate every prompt, split across workers by `routing` weights; blocks until all
-        finished and returns one Completion per prompt, in input order."""
+        finished (WorkerError after `timeout_s`) and returns one Completion per prompt, in
+        input order."""
         if self._pending:
             raise RuntimeError("generate() is already running")
         requests = _requests(prompts, max_new_tokens)
@@ -98,7 +102,11 @@ class DPRollout:
                 self._pending.update({r.rid: _Pending(rank, r) for r in batch})
                 if batch:
                     self._rpc(rank, "submit", batch)
+            deadline = time.monotonic() + timeout_s
             while self._pending:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"generate() did not finish in {timeout_s:g} s: {len(self._pending)} samples "
+                                      f"outstanding ({sorted(self._pending)[:4]} ...)")
                 time.sleep(self.poll_interval_s)  # always: a spinning caller would steal the workers' cores
                 self._poll_round(on_step)
                 if on_poll is not None:
@@ -147,6 +155,7 @@ class DPRollout:
             req = entry.request
             moved.append(Request(rid=req.rid, prompt_ids=req.prompt_ids, max_new_tokens=req.max_new_tokens,
                                  partial_ids=c.output_ids, partial_logprobs=c.logprobs))
+            self.moves.append((req.rid, source, target, len(c.output_ids)))
             entry.rank = target
         if moved:
             self._rpc(target, "submit", moved)
@@ -154,10 +163,6 @@ class DPRollout:
         return len(moved)
 
     # ---------------------------------------------------------------- control
-
-    def set_cpu(self, rank: int, cores: Sequence[int], num_threads: int) -> None:
-        """Bind every thread of worker `rank` to `cores` and give it `num_threads` torch threads."""
-        self._rpc(rank, "set_cpu", tuple(int(c) for c in cores), int(num_threads))
 
     def status(self, rank: int) -> dict:
         """pid, affinity (per thread too), torch threads and requests in flight of a worker."""
@@ -278,17 +283,19 @@ def _stop(proc, grace_s: float = 5.0) -> None:
 # -------------------------------------------------------------------- worker process
 
 
-def _worker_main(conn, model_config, config: RolloutConfig, num_threads: int) -> None:
+def _worker_main(conn, model_config, config: RolloutConfig) -> None:
     """Entry point of a worker: load, announce the pid, serve commands until close/EOF."""
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)  # before torch is first imported here
+    if config.threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(config.threads)  # before torch is first imported here
     code = 0
     try:
-        import torch
+        import torch  # noqa: F401 - first here, after OMP_NUM_THREADS
 
         from jigsaw.engines.model import ModelConfig, load
         from jigsaw.engines.rollout import RolloutEngine
+        from jigsaw.mux.bind import follow_threads
 
-        torch.set_num_threads(num_threads)  # before the CB thread exists: it inherits this
+        follow_threads(config.threads)  # before the CB thread exists: it starts from this
         model, tokenizer = load(model_config or ModelConfig())
         engine = RolloutEngine(model, tokenizer, config)
         conn.send(("ok", os.getpid()))
@@ -337,24 +344,9 @@ def _handlers(engine) -> dict[str, Callable]:
         "abort": engine.abort,
         "active": engine.active,
         "reset": reset,
-        "set_cpu": lambda cores, threads: _set_cpu(engine, cores, threads),
         "status": lambda: _status(engine),
         "update_weights": lambda blob: engine.update_weights(_load_weights(blob)),
     }
-
-
-def _set_cpu(engine, cores: tuple[int, ...], num_threads: int) -> None:
-    """sched_setaffinity(0) binds one thread only, so bind every thread of the process
-    (command thread, CB thread, OpenMP pool); threads started later inherit it."""
-    import torch
-
-    for tid in _thread_ids():
-        try:
-            os.sched_setaffinity(tid, cores)
-        except ProcessLookupError:
-            pass  # the thread exited meanwhile
-    torch.set_num_threads(max(1, num_threads))  # this thread; OpenMP's setting is per thread
-    engine.set_num_threads(num_threads)  # the CB thread, at its next forward
 
 
 def _status(engine) -> dict:

@@ -29,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from jigsaw.mux.bind import follow_threads
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RolloutConfig:
@@ -48,6 +50,9 @@ class RolloutConfig:
     max_batch_tokens: int = 256
     """Most query tokens (prefill tokens + decode requests) in one forward; longer prompts
     are prefilled in chunks."""
+    threads: int | None = None
+    """Intra-op threads of generation; None: one per core the worker may use, followed at
+    every forward (a partition bound from outside changes them, mux/bind.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +87,10 @@ class Completion:
     same length as output_ids; carried over for partial tokens."""
     finished: bool
     """True when it hit EOS or its budget; False for an abort."""
+    prefilled_tokens: int = 0
+    """Tokens this engine prefilled for it: its prompt, plus a migrated request's partial output."""
+    generated_tokens: int = 0
+    """Tokens this engine generated for it (output_ids minus what it was given)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +120,12 @@ class _Live:
     new_ids: list[int] = field(default_factory=list)
     new_logprobs: list[float] = field(default_factory=list)
 
-    def completion(self, finished: bool) -> Completion:
+    def completion(self, finished: bool, prefilled: bool = True) -> Completion:
         return Completion(rid=self.req.rid, prompt_ids=self.req.prompt_ids,
                           output_ids=self.req.partial_ids + tuple(self.new_ids),
-                          logprobs=self.partial_logprobs + tuple(self.new_logprobs), finished=finished)
+                          logprobs=self.partial_logprobs + tuple(self.new_logprobs), finished=finished,
+                          prefilled_tokens=len(self.req.prompt_ids) + len(self.req.partial_ids) if prefilled else 0,
+                          generated_tokens=len(self.new_ids))
 
 
 class RolloutEngine:
@@ -132,7 +143,6 @@ class RolloutEngine:
         self._steps: list[ForwardStep] = []
         self._steps_lock = threading.Lock()
         self._step_start: tuple[float, int, int] | None = None
-        self._num_threads: int | None = None  # applied by the CB thread, whose OpenMP setting is its own
         self.generation_num_threads: int | None = None
         """torch intra-op threads of the CB thread at its last forward (None before the first)."""
         self._recording = True
@@ -157,7 +167,7 @@ class RolloutEngine:
         live = _Live(req=req, cb_id=f"{req.rid}@{next(self._serial)}", partial_logprobs=tuple(logprobs))
         remaining = req.max_new_tokens - len(req.partial_ids)
         if remaining <= 0 or (req.partial_ids and req.partial_ids[-1] == self.eos_token_id):
-            self._done.append(live.completion(finished=True))  # nothing left to generate
+            self._done.append(live.completion(finished=True, prefilled=False))  # nothing left to generate
             return
         self._live[req.rid], self._by_cb[live.cb_id] = live, req.rid
         self._mgr.add_request(list(req.prompt_ids + req.partial_ids), request_id=live.cb_id,
@@ -202,10 +212,6 @@ class RolloutEngine:
         return steps
 
     # ---------------------------------------------------------------- control
-
-    def set_num_threads(self, num_threads: int) -> None:
-        """Intra-op threads of the generation thread, from its next forward on."""
-        self._num_threads = max(1, int(num_threads))
 
     def update_weights(self, state_dict) -> None:
         """Copy weights in place between two steps; in-flight requests keep their KV cache
@@ -298,10 +304,8 @@ class RolloutEngine:
     def _on_pre(self, module, args, kwargs) -> None:
         if not self._recording:
             return
-        if self._num_threads is not None:
-            self._torch.set_num_threads(self._num_threads)
-            self._num_threads = None
-        self.generation_num_threads = self._torch.get_num_threads()
+        # the CB thread's OpenMP setting is its own: it follows the cores it may use now
+        self.generation_num_threads = follow_threads(self.config.threads)
         prefill, decode = _split_query(kwargs)
         self._step_start = (time.monotonic(), prefill, decode)
 

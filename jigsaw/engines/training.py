@@ -16,8 +16,8 @@
     reference_logprobs / old_logprobs ──────────────► forward only (reference: no collectives)
     state_dict() ───────────────────────────────────► get_model_state_dict(full, cpu_offload):
                  ◄──────────────────────────────────   rank 0 returns the full tensors
-    set_cpu(cores, threads) ────────────────────────► sched_setaffinity on every thread +
-                                                      torch.set_num_threads
+    pids() ─► whoever binds the ranks to a partition (the client, mux/bind.py); each rank's
+              intra-op threads follow the cores it may use, before every command
     close() ────────────────────────────────────────► ("stop"); terminate / kill stragglers
 
 Commands are (op, payload) tuples of plain data, never callables. A rank that fails answers
@@ -51,6 +51,7 @@ from jigsaw.engines.grpo import (
     token_logprobs,
 )
 from jigsaw.engines.model import ModelConfig
+from jigsaw.mux.bind import follow_threads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,8 +72,9 @@ class TrainConfig:
     """Rank processes (FSDP2 shards over all of them)."""
     seed: int = 0
     """torch seed in every rank (the model weights come from ModelConfig.seed)."""
-    threads_per_rank: int = 1
-    """torch intra-op threads in each rank until set_cpu changes it."""
+    threads_per_rank: int | None = None
+    """torch intra-op threads of each rank; None: one per core the rank may use, followed
+    before every command (a partition bound from outside changes them)."""
     start_timeout_s: float = 180.0
     """Longest wait for every rank to import torch, load the model and join the group."""
     op_timeout_s: float = 600.0
@@ -146,13 +148,6 @@ class Trainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) policy weights on CPU, keyed like the unwrapped model's state_dict."""
         return self._call("state_dict", [{}] * self.config.world_size)[0]
-
-    def set_cpu(self, cores: Sequence[int], num_threads: int) -> None:
-        """Pin every thread of every rank to `cores` and set torch's intra-op thread count."""
-        if not cores or num_threads < 1:
-            raise ValueError(f"need at least one core and one thread, got {list(cores)}, {num_threads}")
-        payload = {"cores": [int(c) for c in cores], "num_threads": int(num_threads)}
-        self._call("set_cpu", [payload] * self.config.world_size)
 
     def pids(self) -> list[int]:
         """Process ids of the ranks (for affinity checks and leak tests)."""
@@ -312,7 +307,7 @@ class _Rank:
 
         from jigsaw.engines.model import load
 
-        torch.set_num_threads(config.threads_per_rank)
+        follow_threads(config.threads_per_rank)
         torch.manual_seed(config.seed)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: keep gloo on loopback
         store = dist.TCPStore("127.0.0.1", port, world_size=config.world_size, is_master=False,
@@ -332,14 +327,13 @@ class _Rank:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=0.0)
 
     def handle(self, op: str, payload: dict) -> Any:
+        follow_threads(self.config.threads_per_rank)  # the cores may have changed since the last command
         if op == "train":
             return self.train(payload["micro_batches"], payload["num_tokens"])
         if op in ("ref_logprobs", "old_logprobs"):
             return self.logprobs(op, payload["micro_batches"])
         if op == "state_dict":
             return self.full_state_dict()
-        if op == "set_cpu":
-            return _set_cpu(payload["cores"], payload["num_threads"])
         raise ValueError(f"unknown command {op!r}")
 
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -363,6 +357,7 @@ class _Rank:
         model = self.reference if op == "ref_logprobs" else self.policy
         out: list[tuple[float, ...]] = []
         for rows in micro_batches:
+            follow_threads(self.config.threads_per_rank)
             logprobs = self.forward(model, self.batch(rows))  # empty ones still join collectives
             out.extend(tuple(logprobs[i, :len(r["output_ids"])].tolist()) for i, r in enumerate(rows))
         return out
@@ -371,6 +366,7 @@ class _Rank:
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
         for step, rows in enumerate(micro_batches):
+            follow_threads(self.config.threads_per_rank)  # a budget change mid-stage: at the next micro-batch
             # reduce-scatter once, after the last micro-batch's backward
             self.policy.set_requires_gradient_sync(step == len(micro_batches) - 1)
             batch = self.batch(rows)
@@ -417,16 +413,6 @@ class _Rank:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _set_cpu(cores: list[int], num_threads: int) -> None:
-    # sched_setaffinity(0) pins only the calling thread; OpenMP and gloo threads exist already
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except ProcessLookupError:
-            pass  # the thread ended meanwhile
-    torch.set_num_threads(num_threads)
 
 
 def _tuple_or_none(values: Sequence[float] | None) -> tuple[float, ...] | None:

@@ -19,14 +19,13 @@ kept idle while a ready replica could use it alone.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import MergeConfig, TailWorker, best_merge
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
-from jigsaw.graph.problem import Problem
+from jigsaw.graph.problem import Problem, SchedulerCache
 from jigsaw.graph.state import State
 
 Item = tuple
@@ -37,15 +36,19 @@ class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
     __slots__ = ("config", "balanced", "mem_cap", "budgets", "model", "_table", "peak_flops", "_feasible",
-                 "min_pack", "decode")
+                 "min_pack", "decode", "prefill", "multi_turn")
 
-    def __init__(self, model, config: SchedulerConfig, node: NodeSpec):
+    def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
+                 pipelines: Sequence[PipelineState] = ()):
         self.config, self.balanced, self.model = config, config.balance, model
-        self.mem_cap, self.budgets = node.mem_bytes, config.sm_budgets_frac
+        self.mem_cap, self.budgets = node.mem_bytes, config.budgets(model)
         self.min_pack = config.min_pack_efficiency
-        self.decode: tuple = ()  # per pipeline: its engine's decode fit, when the caller knows it
+        # Per pipeline, what its history says (PipelineState): decode fit, prefill work, multi-turn.
+        self.decode = tuple(ps.decode_fit for ps in pipelines)
+        self.prefill = tuple(ps.prefill_work for ps in pipelines)
+        self.multi_turn = tuple(ps.multi_turn for ps in pipelines)
         self.peak_flops = model.device.peak_flops
-        self._table = _tables(model)
+        self._table = cache.tables_for(model)
         self._feasible: dict[tuple, list] = {}
         missing = [b for b in self.budgets if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
@@ -90,21 +93,6 @@ class Context:
                 (m, sx, sy) for m, sx, sy in self.splits(P.kinds[x], P.kinds[y], sm_x)
                 if mx <= m * cap + 0.5 and my <= (1.0 - m) * cap + 0.5]
         return out
-
-
-_TABLES: OrderedDict[int, tuple[object, dict]] = OrderedDict()
-
-
-def _tables(model) -> dict:
-    """Lookup tables of a grid, shared by calls.  Keyed by identity and holding the model
-    (so an id is never reused while cached); the few most recent grids are kept."""
-    entry = _TABLES.get(id(model))
-    if entry is None or entry[0] is not model:
-        entry = _TABLES[id(model)] = (model, {})
-        while len(_TABLES) > 8:
-            _TABLES.popitem(last=False)
-    _TABLES.move_to_end(id(model))
-    return entry[1]
 
 
 def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: Context) -> State:
@@ -216,6 +204,8 @@ def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Op
 
 def _merge_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
     for p in range(len(P.names)):
+        if ctx.multi_turn[p]:
+            continue
         key = ("merge", p)
         tails = [i for i in P.mergeable[p] if i in S.running]
         if len(tails) < 2 or key in S.deferred or not any(P.tasks[i].devices[0] in S.touched for i in tails):
@@ -237,10 +227,11 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
         return None  # FLOPs of the migrated context unknown: the recompute cannot be costed
     workers = [_tail_worker(P, S, i) for i in tails]
     cfg: MergeConfig = ctx.config.merge_config
-    flops, seconds = P.prefill[P.tasks[tails[0]].pipe]
+    pipe = P.tasks[tails[0]].pipe
+    known = ctx.prefill[pipe] if pipe < len(ctx.prefill) else None
+    flops, seconds = known if known is not None else P.prefill[pipe]
     if flops > 0 and seconds > 0:  # the pipeline's own prefill MFU, measured, beats the default
         cfg = replace(cfg, prefill_mfu_frac=min(1.0, flops / (seconds * ctx.peak_flops)))
-    pipe = P.tasks[tails[0]].pipe
     decode = ctx.decode[pipe] if pipe < len(ctx.decode) and ctx.decode[pipe] is not None else P.decode[pipe]
     return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg, decode=decode)
 

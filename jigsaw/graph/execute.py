@@ -1,26 +1,30 @@
-"""Graph-level executor: applies Plans and advances time until every pipeline is done.
+"""Graph-level executor: pipelines whose graphs are known, run to completion under a policy.
 
-    PipelineState × K ─► policy(...) ─► Plan ─► apply (start, budgets, migrations)
-          ▲                                        │ rates: 1/s per replica, balanced
-          └──── done / running / remaining ◄── advance to the next completion
+    (graph, devices) × K ─► LivePipeline(static=graph) in a NodeState (node.py)
+      loop: every ready sub-stage asks to start (with `continuous`, a rollout piece that
+            continues its worker's rollout asks as urgent, as a live engine does)
+            NodeState.decide() ─► view, policy, Plan applied: the daemon's and the simulator's path
+            effect: each running replica's actual slowdown from the grid for what really
+                    shares its device; a lockstep gang at the gang's rate
+            advance to the next completion ─► the ledger is told it finished
+    ─► Execution(makespan, finish times, intervals, plans)
 
-It is the effect side of the scheduler: it reads only Plans (never the scheduler's
-internals), so any policy with the `schedule` signature can be executed and compared.
-Used by the tests (makespans, Fig. 11), `bench/` and as the core of what-if runs.
+It is the effect side at sub-stage granularity: what-if questions on recorded or predicted
+graphs (`jigsaw sim --replay`, the scheduler's tests, `bench/`).  The simulator is the same
+at forward-step granularity.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, Plan, SchedulerConfig
-from jigsaw.graph.schedule import schedule
-from jigsaw.graph.problem import gang_keys
+from jigsaw.graph.live import LivePipeline, Running
+from jigsaw.graph.node import NodeState
+from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
+from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.state import EPS_S, gang_rate
 from jigsaw.graph.substage import SubStageKind
-
-Policy = Callable[..., Plan]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,158 +51,147 @@ class Execution:
     plans: tuple[Plan, ...]
 
 
-class _Tracker:
-    """Mutable bookkeeping of one pipeline between plans."""
-
-    def __init__(self, ps: PipelineState):
-        self.ps = ps
-        self.done = set(ps.done)
-        self.running: dict[str, Budget] = dict(ps.running)
-        self.remaining = {sid: ps.remaining_s.get(sid, ps.graph[sid].duration_s) for sid in ps.running}
-        self.finish_s = 0.0
-        self.gang = {s.id: key for s, key in zip(ps.graph, gang_keys(ps.graph)) if s.kind.collective}
-
-    def state(self, continuous: bool) -> PipelineState:
-        return PipelineState(graph=self.ps.graph, devices=self.ps.devices, done=frozenset(self.done),
-                             running=dict(self.running), remaining_s=dict(self.remaining),
-                             urgent=self.continuing() if continuous else frozenset())
-
-    def continuing(self) -> frozenset[str]:
-        """Ready rollout pieces that continue their worker's rollout (its previous piece, or
-        the tool call it waited on, just ended): an engine does not stop between them."""
-        g = self.ps.graph
-        out = set()
-        for s in g.frontier(self.done, self.running):
-            if s.kind.is_rollout and any(g[d].dp_rank == s.dp_rank and (g[d].kind.is_rollout or
-                                         g[d].kind is SubStageKind.TOOL) for d in g.deps[s.id]):
-                out.add(s.id)
-        return frozenset(out)
-
-
 def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
-            config: SchedulerConfig = SchedulerConfig(), policy: Policy = schedule,
+            config: SchedulerConfig = SchedulerConfig(), policy: Policy | None = None,
             max_plans: int = 1_000_000, continuous: bool = False) -> Execution:
-    """Run `policy` at every completion event until all sub-stages are done.  With
-    `continuous`, a rollout piece that follows its worker's previous piece is urgent (as in
-    a live engine) and a plan that does not start it is an error."""
-    trackers = {ps.graph.pipeline: _Tracker(ps) for ps in pipelines}
-    t, plans, open_iv, intervals = 0.0, [], {}, []
-    while any(len(tr.done) < len(tr.ps.graph) for tr in trackers.values()):
-        if len(plans) >= max_plans:
+    """Run every pipeline's graph to completion; `policy` defaults to jigsaw with `config`.
+    With `continuous`, a plan that does not start an urgent rollout piece is an error."""
+    state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False)
+    for ps in pipelines:
+        if ps.done or ps.running:
+            raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
+        state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, more_steps=False)
+    run = _Run(state, model, config.balance, continuous)
+    while not run.done():
+        if len(run.plans) >= max_plans:
             raise RuntimeError(f"no completion after {max_plans} plans")
-        states = [tr.state(continuous) for tr in trackers.values()]
-        plan = policy(states, node, model, config, t)
-        missed = [sid for ps in states for sid in ps.urgent if sid not in plan.started]
-        if missed:
-            raise RuntimeError(f"plan at t={t} does not continue rollout piece(s) {missed[:3]}")
-        plans.append(plan)
-        slow = _apply(plan, trackers, t, node, model)
-        units = _units(trackers, slow, config.balance)
+        run.step()
+    run.close()
+    finish = tuple((name, run.finish_s.get(name, 0.0)) for name in state.pipelines)
+    return Execution(makespan_s=max((f for _, f in finish), default=0.0), finish_s=finish,
+                     intervals=tuple(sorted(run.intervals, key=lambda iv: (iv.start_s, iv.substage))),
+                     plans=tuple(run.plans))
+
+
+class _Run:
+    """The executor's clock, the work left of running replicas, and what it recorded."""
+
+    def __init__(self, state: NodeState, model, balanced: bool, continuous: bool):
+        self.state, self.model, self.balanced, self.continuous = state, model, balanced, continuous
+        self.t = 0.0
+        self.left: dict[tuple[str, str], float] = {}
+        """Exclusive seconds left of each running replica (what really happens)."""
+        self.asked: set[tuple[str, str]] = set()
+        self.plans: list[Plan] = []
+        self.intervals: list[Interval] = []
+        self.open: dict[tuple[str, str], Interval] = {}
+        self.finish_s: dict[str, float] = {}
+
+    def done(self) -> bool:
+        return all(len(p.finished) >= len(p.static) for p in self.state.pipelines.values())
+
+    def step(self) -> None:
+        self._ask()
+        d = self.state.decide(self.t)
+        if d is None:
+            raise RuntimeError(f"schedule stuck at t={self.t}: nothing waits or runs and work is left")
+        missed = [sid for p in self.state.pipelines.values() for sid, w in p.waiting.items() if w.urgent]
+        if self.continuous and missed:
+            raise RuntimeError(f"plan at t={self.t} does not continue rollout piece(s) {missed[:3]}")
+        if d.notes:
+            raise RuntimeError(f"plan at t={self.t} cannot take effect: {d.notes[0]}")
+        self.plans.append(d.plan)
+        for adm in d.admitted:
+            p = self.state.pipelines[adm.assignment.pipeline]
+            self.left[(p.name, adm.running.sid)] = p.static[adm.running.sid].duration_s
+        for m in d.plan.migrations:  # the source's requests now run on the target
+            self.left.pop((m.pipeline, m.source), None)
+            self.left[(m.pipeline, m.target)] = m.target_remaining_s
+        units = self._units()
         if not units:
-            raise RuntimeError(f"schedule stuck at t={t}: nothing runs and work is left")
-        dt = min(rem / rate for rem, rate, _ in units)
-        _record(open_iv, intervals, plan, trackers, t, t + dt)
-        t += dt
-        _advance(trackers, units, dt, t)
-    intervals.extend(open_iv.values())
-    finish = tuple((name, tr.finish_s) for name, tr in trackers.items())
-    return Execution(makespan_s=max(f for _, f in finish), finish_s=finish,
-                     intervals=tuple(sorted(intervals, key=lambda iv: (iv.start_s, iv.substage))),
-                     plans=tuple(plans))
+            raise RuntimeError(f"schedule stuck at t={self.t}: nothing runs and work is left")
+        dt = min(left / rate for left, rate, _, _ in units)
+        self._record(self.t + dt)
+        self.t += dt
+        self._advance(units, dt)
 
+    def _ask(self) -> None:
+        """Every sub-stage whose dependencies are done asks to start."""
+        for p in self.state.pipelines.values():
+            g = p.static
+            for s in g.frontier(p.finished, ()):
+                key = (p.name, s.id)
+                if key not in self.asked:
+                    self.asked.add(key)
+                    p.request(s.kind, s.dp_rank, s.step, self.t, sid=s.id, urgent=self._continues(p, s))
 
-def _apply(plan: Plan, trackers: dict[str, _Tracker], t: float, node: NodeSpec, model) -> dict[str, float]:
-    """Take the plan's migrations, starts and budgets; return each replica's slowdown."""
-    for tr in trackers.values():
-        for sid in plan.started:
-            if sid in tr.ps.graph:
-                tr.running[sid] = Budget(sm_frac=1.0, mem_frac=1.0)
-                tr.remaining.setdefault(sid, tr.ps.graph[sid].duration_s)
-    for m in plan.migrations:
-        tr = trackers[m.pipeline]
-        tr.running.pop(m.source, None)
-        tr.remaining.pop(m.source, None)
-        tr.done.add(m.source)
-        tr.remaining[m.target] = m.target_remaining_s
-    assigned = {a.substage: a for a in plan.assignments}
-    slow, kinds = {}, {}
-    for tr in trackers.values():
-        for sid in list(tr.running):
-            if sid in assigned:
-                a = assigned[sid]
-                tr.running[sid] = Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / node.mem_bytes)
-                kinds[sid] = tr.ps.graph[sid].kind.value
-            elif tr.ps.graph[sid].kind.on_device:
-                raise RuntimeError(f"plan at t={t} dropped running sub-stage {sid} (no preemption)")
-            else:
-                slow[sid] = 1.0
-    by_device: dict[int, list] = {}
-    for a in plan.assignments:
-        if a.substage in kinds:
-            by_device.setdefault(a.device, []).append(a)
-    for d, group in by_device.items():
-        slow.update(_slowdowns(model, group, kinds, t, d))
-    return slow
+    def _continues(self, p: LivePipeline, s) -> bool:
+        """A rollout piece right after its worker's previous piece (or tool wait) ended."""
+        g = p.static
+        return self.continuous and s.kind.is_rollout and any(
+            g[d].dp_rank == s.dp_rank and (g[d].kind.is_rollout or g[d].kind is SubStageKind.TOOL) for d in g.deps[s.id])
 
+    def _units(self) -> list[tuple[float, float, LivePipeline, list[Running]]]:
+        """(work left, rate, pipeline, replicas) per unit: a replica, or a gang's replicas."""
+        slow = self._slowdowns()
+        units = []
+        for p in self.state.pipelines.values():
+            groups: dict[object, list[Running]] = {}
+            for sid, r in p.running.items():
+                groups.setdefault(p.gang_key(sid) if r.kind.collective else sid, []).append(r)
+            for rs in groups.values():
+                s = [slow.get((p.name, r.sid), 1.0) for r in rs]
+                rate = gang_rate(s, self.balanced and any(r.micro_batch is not None for r in rs)) \
+                    if len(rs) > 1 else 1.0 / s[0]
+                units.append((max(self.left[(p.name, r.sid)] for r in rs), rate, p, rs))
+        return units
 
-def _slowdowns(model, group: list, kinds: dict[str, str], t: float, d: int) -> dict[str, float]:
-    """What the grid says for what really shares the device (a plan's own prediction is not
-    trusted: this is the effect side)."""
-    if len(group) > 2:
-        raise RuntimeError(f"plan at t={t} puts {len(group)} sub-stages on device {d}")
-    if len(group) == 1:
-        (a,) = group  # alone: its SM share is all that can slow it (memory bounds batch, not pace)
-        return {a.substage: 1.0 if a.sm_frac >= 1.0 - 1e-9 else
-                model.alone(kinds[a.substage], a.sm_frac, model.mem_levels[-1])}
-    a, b = group
-    mem_a = a.mem_bytes / (a.mem_bytes + b.mem_bytes)
-    pair = (model.shared(kinds[a.substage], kinds[b.substage], mem_a) if a.sm_frac >= 1.0 - 1e-9
-            else model.pair(kinds[a.substage], kinds[b.substage], a.sm_frac, mem_a))
-    if pair is None:
-        raise RuntimeError(f"plan at t={t} co-locates {a.substage} and {b.substage} on device {d}, "
-                           "which the slowdown grid says does not fit")
-    return {a.substage: pair[0], b.substage: pair[1]}
+    def _slowdowns(self) -> dict[tuple[str, str], float]:
+        """What the grid says for what really shares each device (the plan's own prediction
+        is not trusted: this is the effect side)."""
+        on: dict[int, list[tuple[str, Running]]] = {}
+        for p in self.state.pipelines.values():
+            for r in p.running.values():
+                if r.on_device:
+                    on.setdefault(r.device, []).append((p.name, r))
+        out = {}
+        for d, group in on.items():
+            got = self.model.actual(*[(r.kind.value, r.budget.sm_frac, r.budget.mem_frac) for _, r in group])
+            if got is None:
+                raise RuntimeError(f"plan at t={self.t} co-locates {[r.sid for _, r in group]} on device {d}, "
+                                   "which the slowdown grid says does not fit")
+            out.update({(name, r.sid): s for (name, r), s in zip(group, got)})
+        return out
 
+    def _advance(self, units, dt: float) -> None:
+        for left, rate, p, rs in units:
+            rest = left - dt * rate
+            ends = rest <= EPS_S * max(1.0, max(p.static[r.sid].duration_s for r in rs))
+            for r in rs:
+                if ends:
+                    del self.left[(p.name, r.sid)]
+                    p.finish(r.sid, self.t)
+                    self.finish_s[p.name] = max(self.finish_s.get(p.name, 0.0), self.t)
+                else:
+                    self.left[(p.name, r.sid)] = rest
 
-def _units(trackers: dict[str, _Tracker], slow: dict[str, float], balanced: bool):
-    """(remaining, rate, replica ids) per unit: a replica, or a collective stage's replicas."""
-    units = []
-    for tr in trackers.values():
-        groups: dict[tuple, list[str]] = {}
-        for sid in tr.running:
-            groups.setdefault(tr.gang.get(sid, sid), []).append(sid)
-        for ids in groups.values():
-            rate = gang_rate([slow[i] for i in ids], balanced) if len(ids) > 1 else 1.0 / slow[ids[0]]
-            units.append((max(tr.remaining[i] for i in ids), rate, (tr, ids)))
-    return units
+    def _record(self, t1: float) -> None:
+        """Extend or open one Interval per running replica; close those whose budget changed."""
+        slow = self._slowdowns()
+        current = {}
+        for p in self.state.pipelines.values():
+            for sid, r in p.running.items():
+                dev = r.device if r.on_device else None
+                current[(p.name, sid)] = (dev, r.budget.sm_frac if r.on_device else 0.0, slow.get((p.name, sid), 1.0))
+        for key in list(self.open):
+            iv = self.open[key]
+            if current.get(key) != (iv.device, iv.sm_frac, iv.slowdown):
+                self.intervals.append(self.open.pop(key))
+        for (name, sid), (dev, sm, s) in current.items():
+            iv = self.open.get((name, sid))
+            self.open[(name, sid)] = Interval(substage=sid, pipeline=name, device=dev, sm_frac=sm, slowdown=s,
+                                              start_s=iv.start_s if iv else self.t, end_s=t1)
 
-
-def _advance(trackers, units, dt: float, t: float) -> None:
-    for rem, rate, (tr, ids) in units:
-        left = rem - dt * rate
-        ends = left <= EPS_S * max(1.0, max(tr.ps.graph[i].duration_s for i in ids))
-        for sid in ids:
-            if ends:
-                tr.running.pop(sid)
-                tr.remaining.pop(sid)
-                tr.done.add(sid)
-                tr.finish_s = max(tr.finish_s, t)
-            else:
-                tr.remaining[sid] = left
-
-
-def _record(open_iv: dict, intervals: list, plan: Plan, trackers, t0: float, t1: float) -> None:
-    """Extend or open one Interval per running replica; close those whose budget changed."""
-    current = {a.substage: (a.pipeline, a.device, a.sm_frac, a.slowdown) for a in plan.assignments}
-    for tr in trackers.values():
-        for sid in tr.running:
-            if sid not in current:
-                current[sid] = (tr.ps.graph.pipeline, None, 0.0, 1.0)
-    for sid in list(open_iv):
-        iv = open_iv[sid]
-        if sid not in current or current[sid] != (iv.pipeline, iv.device, iv.sm_frac, iv.slowdown):
-            intervals.append(open_iv.pop(sid))
-    for sid, (pipe, dev, sm, s) in current.items():
-        iv = open_iv.get(sid)
-        open_iv[sid] = Interval(substage=sid, pipeline=pipe, device=dev, sm_frac=sm, slowdown=s,
-                                start_s=iv.start_s if iv else t0, end_s=t1)
+    def close(self) -> None:
+        self.intervals.extend(self.open.values())
+        self.open = {}

@@ -22,9 +22,9 @@ class SchedulerConfig:
     window: int = 3
     """W: decisions looked ahead before the critical path is measured; 1 is the greedy
     variant of paper Fig. 11."""
-    sm_budgets_frac: tuple[float, ...] = (0.25, 0.5, 0.75)
-    """SM shares offered to a sub-stage that joins a running one (which gets the rest).
-    Must be partition levels of the slowdown grid."""
+    sm_budgets_frac: tuple[float, ...] | None = None
+    """SM shares offered to a sub-stage that joins a running one (which gets the rest); None:
+    every partition level of the slowdown grid (the grid owns them).  Must be grid levels."""
     min_pack_efficiency: float = 1.25
     """A sub-stage joins a running partner only if they pack at least this well (best
     1/s_a + 1/s_b in the grid, judged on what each mostly is: a rollout by its longest
@@ -40,12 +40,21 @@ class SchedulerConfig:
     without interference (§2.7)."""
     merge_config: MergeConfig = field(default_factory=MergeConfig)
     """Migration cost parameters."""
+    next_step: bool = True
+    """Show the scheduler each pipeline's predicted next step behind its step barrier (each
+    worker's rollout summarised), so the window can see past the barrier."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
-        if not self.sm_budgets_frac or any(not 0.0 < b < 1.0 for b in self.sm_budgets_frac):
-            raise ValueError(f"sm_budgets_frac must be partition shares in (0, 1), got {self.sm_budgets_frac}")
+        b = self.sm_budgets_frac
+        if b is not None and (not b or any(not 0.0 < x < 1.0 for x in b)):
+            raise ValueError(f"sm_budgets_frac must be partition shares in (0, 1), got {b}")
+
+    def budgets(self, grid) -> tuple[float, ...]:
+        """The SM shares to offer under `grid`: the configured ones, or its partition levels."""
+        levels = tuple(x for x in grid.sm_levels if x < 1.0)
+        return levels if self.sm_budgets_frac is None else self.sm_budgets_frac
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,6 +101,26 @@ class PipelineState:
     decode_fit: DecodeFit | None = None
     """The rollout engine's decode step latency against KV tokens, which prices merged
     tails (None: fitted from the graph's last step)."""
+    multi_turn: bool = False
+    """Its requests come back from tool calls for more turns (known from its history even
+    when no tool wait is left in the graph): its tails are never merged."""
+    prefill_work: tuple[float, float] | None = None
+    """(FLOPs, exclusive seconds) of the pipeline's prefill sub-stages: their MFU prices a
+    migration's KV recompute (None: read from the graph's prefill sub-stages)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a pipeline is in its step, besides its graph (whole-stage baselines order by it)."""
+
+    stage: str
+    """rollout | reward | reference | training: the latest stage that asked to run."""
+    step: int
+    rollout_done_frac: float
+    """Share of this step's rollout done: samples when the pipeline reports them (RollMux's
+    tail trigger), else exclusive rollout work done over done + left."""
+    ready_since_s: float
+    """When the current stage first asked to run (HRRS waiting time)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

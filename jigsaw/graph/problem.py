@@ -4,6 +4,7 @@
                                              decode step fit (cached per graph; patched when
                                              only a few sub-stages changed since last time)
     Parts ─► Problem (tasks, kinds, mergeable tails, ...)            used by state.py
+    SchedulerCache: those caches, owned by whoever calls the scheduler on one node (a policy)
 
 A *task* is what the scheduler places: one sub-stage replica, or all replicas of a
 collective (reference / training) stage, which run in lockstep on their devices.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import NamedTuple
 
 from jigsaw.graph.graph import SubStageGraph
@@ -39,7 +39,9 @@ class Problem:
     __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill",
                  "decode", "dominant")
 
-    def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec):
+    def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec,
+                 cache: SchedulerCache | None = None):
+        cache = cache or SchedulerCache()
         self.tasks: list[Task] = []
         self.names: list[str] = []
         self.pipe_tasks: list[tuple[int, ...]] = []
@@ -48,7 +50,7 @@ class Problem:
         parts = []
         for p, (graph, devices) in enumerate(pipelines):
             start = len(self.tasks)
-            part = _part(graph, devices, p, start, node)
+            part = cache.part(graph, devices, p, start, node)
             parts.append(part)
             self.tasks.extend(part.tasks)
             self.names.append(graph.pipeline)
@@ -71,21 +73,62 @@ class _Part(NamedTuple):
     decode: DecodeFit | None
 
 
-@lru_cache(maxsize=64)
-def _part(graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int, node: NodeSpec) -> _Part:
-    """Cached per graph; a graph with the shape of an earlier one (same ids, same deps: the
-    next decision of a running pipeline) patches that one's tasks instead of rebuilding."""
-    _check_placement(graph, devices, node)
-    key = (pipe, start, devices, node, tuple(s.id for s in graph))
-    shape = _SHAPES.get(key)
-    if shape is None or shape.graph.deps != graph.deps:
-        shape = _SHAPES[key] = _Shape.build(graph, devices, pipe, start, node)
-        while len(_SHAPES) > 32:
-            _SHAPES.popitem(last=False)
+class SchedulerCache:
+    """What the scheduler keeps between calls on one node (owned by a policy instance).
+
+    Graphs hash by identity: a pipeline whose graph did not change since the last call reuses
+    its tasks; one whose graph kept its shape (same ids and dependencies: the next decision
+    of a running pipeline) has only its changed tasks rebuilt.  Each table is bounded.
+    """
+
+    __slots__ = ("grid", "tables", "_parts", "_shapes", "_problems")
+    MAX_PARTS, MAX_SHAPES, MAX_PROBLEMS = 64, 32, 16
+
+    def __init__(self):
+        self.grid: object = None
+        self.tables: dict = {}
+        """Lookups on `grid` (actions.Context): pair points by SM share, packing efficiencies."""
+        self._parts: OrderedDict[tuple, _Part] = OrderedDict()
+        self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
+        self._problems: OrderedDict[tuple, Problem] = OrderedDict()
+
+    def tables_for(self, grid) -> dict:
+        if grid is not self.grid:
+            self.grid, self.tables = grid, {}
+        return self.tables
+
+    def problem(self, pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
+        """Problems are rebuilt only when a graph or a placement changes."""
+        key = (pipelines, node)
+        got = _lru(self._problems, key, self.MAX_PROBLEMS)
+        if got is None:
+            got = self._problems[key] = Problem(pipelines, node, self)
+        return got
+
+    def part(self, graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int, node: NodeSpec) -> _Part:
+        key = (graph, devices, pipe, start, node)
+        got = _lru(self._parts, key, self.MAX_PARTS)
+        if got is None:
+            _check_placement(graph, devices, node)
+            shape_key = (pipe, start, devices, node, tuple(s.id for s in graph))
+            shape = _lru(self._shapes, shape_key, self.MAX_SHAPES)
+            if shape is None or shape.graph.deps != graph.deps:
+                shape = self._shapes[shape_key] = _Shape.build(graph, devices, pipe, start, node)
+            else:
+                shape.patch(graph, devices)
+            got = self._parts[key] = shape.part
+        return got
+
+
+def _lru(table: OrderedDict, key, limit: int):
+    """table[key] marked most recent, or None (dropping the oldest entries past `limit`)."""
+    got = table.get(key)
+    if got is not None:
+        table.move_to_end(key)
     else:
-        shape.patch(graph, devices)
-    _SHAPES.move_to_end(key)
-    return shape.part
+        while len(table) >= limit:
+            table.popitem(last=False)
+    return got
 
 
 class _Shape:
@@ -113,7 +156,7 @@ class _Shape:
                 t.mergeable = False
         sh.chain = {}
         dominant = [_dominant(t, tasks, start, sh.chain) for t in reversed(tasks)][::-1]
-        sh.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=_prefill_stats(graph),
+        sh.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=prefill_stats(graph),
                         decode=decode_fit(graph))
         return sh
 
@@ -136,11 +179,8 @@ class _Shape:
             for i in changed:
                 tasks[i].mergeable = False
         self.graph = graph
-        self.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=_prefill_stats(graph),
+        self.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=prefill_stats(graph),
                           decode=decode_fit(graph))
-
-
-_SHAPES: OrderedDict[tuple, _Shape] = OrderedDict()
 
 
 def _with_ancestors(changed: set[int], tasks: Sequence[Task], start: int) -> set[int]:
@@ -160,10 +200,10 @@ def _copy(t: Task) -> Task:
     return c
 
 
-@lru_cache(maxsize=16)
-def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
-    """Problems are rebuilt only when a graph or a placement changes (graphs hash by identity)."""
-    return Problem(pipelines, node)
+def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec,
+                cache: SchedulerCache | None = None) -> Problem:
+    """The Problem of these graphs and placements (from `cache` when it has it)."""
+    return (cache or SchedulerCache()).problem(pipelines, node)
 
 
 def _dominant(t: Task, tasks: Sequence[Task], start: int, chain: dict[int, dict[str, float]]) -> str:
@@ -182,7 +222,8 @@ def _dominant(t: Task, tasks: Sequence[Task], start: int, chain: dict[int, dict[
     return max(totals, key=totals.get) if t.devices and totals else t.kind
 
 
-def _prefill_stats(graph: SubStageGraph) -> tuple[float, float]:
+def prefill_stats(graph: SubStageGraph) -> tuple[float, float]:
+    """(FLOPs, exclusive seconds) of the graph's prefill sub-stages that report FLOPs."""
     pre = [s for s in graph if s.kind.value == "rollout_prefill" and s.flops > 0]
     return sum(s.flops for s in pre), sum(s.duration_s for s in pre)
 

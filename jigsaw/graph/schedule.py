@@ -28,26 +28,28 @@ from jigsaw.graph import state as st
 from jigsaw.graph.merge import balance
 from jigsaw.graph.plan import (Assignment, Migration, NodeSpec, PipelineState, Plan, Routing,
                                SchedulerConfig)
-from jigsaw.graph.problem import Problem, problem_for
+from jigsaw.graph.problem import Problem, SchedulerCache
 from jigsaw.graph.state import State
 
 _TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier one wins
 
 
 def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
-             config: SchedulerConfig = SchedulerConfig(), time_s: float = 0.0) -> Plan:
+             config: SchedulerConfig = SchedulerConfig(), time_s: float = 0.0,
+             cache: SchedulerCache | None = None) -> Plan:
     """Decide what runs on every device from `time_s` on.
 
     `model` is a `jigsaw.mux.slowdown.SlowdownGrid` (anything with `pair`,
-    `pair_options`, `sm_levels` and `device.peak_flops`)."""
+    `pair_options`, `sm_levels` and `device.peak_flops`).  `cache` keeps lookup tables
+    and task tables between calls on one node (the same Plan with or without it)."""
+    cache = cache or SchedulerCache()
     if len(pipelines) < 1:
         raise ValueError("schedule needs at least one pipeline")
     names = [ps.graph.pipeline for ps in pipelines]
     if len(set(names)) != len(names):
         raise ValueError(f"pipeline names must be unique, got {names}")
-    P = problem_for(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
-    ctx = act.Context(model, config, node)
-    ctx.decode = tuple(ps.decode_fit for ps in pipelines)
+    P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
+    ctx = act.Context(model, config, node, cache, pipelines)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:

@@ -1,14 +1,16 @@
 """SM partitions of one GPU with CUDA green contexts (the device side of an SM budget σ).
 
+    probe_resource(device) ─► SmResource (the driver only: what the daemon asks, no torch)
     probe(device) ─► GreenSupport: driver version, compute capability, SM resource, backend
          │                         ("torch" | "cuda-python", picked at run time)
-    split_sms(resource, σ) ─► (SMs for σ, SMs for 1-σ)     pure: granularity table + rounding
+    smsplit.split_sms(resource, σ) ─► (SMs for σ, SMs for 1-σ)   pure rounding (smsplit.py)
          │
     GreenPartitions(device, fracs): ONE split per budget pair {σ, 1-σ} ─► two green contexts,
          │   one non-blocking stream each (torch.cuda.ExternalStream)
          ├─ pair(σ) ─► (Partition σ, Partition 1-σ)   pair(1-σ) is the same two, swapped
          └─ full    ─► Partition 1.0 on an ordinary stream (the whole device)
-    GreenPartitioner.apply(device, {substage: σ}) ─► {substage: {kind, num_sms, budget, side}}
+    the daemon's descriptor (partition.Green) is computed by partition.py; a worker binds it
+    with bind.py, which opens GreenPartitions in the worker's own process
 
 Disjointness comes from the split, not from the counts: results of ONE split are disjoint,
 results of two splits of the device may overlap (torch 2.15 `SMPartition.split` docstring).
@@ -27,9 +29,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self
+
+from jigsaw.mux.smsplit import (FRAC_TOL, PARTITION_LEVELS, SmResource, budget_levels, granularity, match_level,
+                                pair_key, split_sms)
 
 log = logging.getLogger("jigsaw.green")
 
@@ -41,8 +46,6 @@ STRUCTURED_SPLIT_MIN_DRIVER = 13010
 """cuDevSmResourceSplit (several exact groups from one split) appears in CUDA 13.1."""
 TORCH_BACKEND_MIN_DRIVER = max(12080, STRUCTURED_SPLIT_MIN_DRIVER)
 """torch.cuda.green_contexts refuses drivers below 12.8; its SMPartition.split needs 13.1."""
-FRAC_TOL = 1e-9
-"""Budgets within this of a level are that level (1 - 0.8 is 0.19999999999999996)."""
 
 Cause = Literal["torch-no-cuda", "torch-cuda-unavailable", "no-cuda-python", "no-driver",
                 "driver-too-old", "no-device", "bad-device", "unsupported-device",
@@ -65,104 +68,6 @@ class GreenContextError(RuntimeError):
     def __init__(self, message: str, *, cause: Cause = "driver-error"):
         super().__init__(message)
         self.cause: Cause = cause
-
-
-# ---------------------------------------------------------------------------------------
-# pure: granularity and rounding
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SmResource:
-    """The SMs of one device and the partition sizes its driver accepts."""
-
-    num_sms: int
-    """Streaming multiprocessors on the device."""
-    min_partition_sms: int
-    """Smallest green-context partition, in SMs."""
-    alignment_sms: int
-    """A partition's SM count must be a multiple of this."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_sms", "min_partition_sms", "alignment_sms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SmResource.{name} must be a positive int, got {value!r}")
-
-    @property
-    def smallest_sms(self) -> int:
-        """The smallest valid partition: min_partition_sms rounded up to the alignment."""
-        return -(-self.min_partition_sms // self.alignment_sms) * self.alignment_sms
-
-
-def granularity(compute_capability: tuple[int, int]) -> tuple[int, int]:
-    """(min_partition_sms, alignment_sms) of cuDevSmResourceSplitByCount by compute capability.
-
-        CC 6.x   (1, 1)      CC 8.x   (4, 2)
-        CC 7.x   (2, 2)      CC 9.0+  (8, 8)   Hopper, Blackwell
-
-    Driver docs 12.4 / 13.0; flashinfer `get_sm_count_constraint` and sglang pdmux hard-code
-    the same table.  Drivers >= 13.0 also report both numbers, and `probe` prefers those.
-    """
-    major, minor = compute_capability
-    if major < 6:
-        raise ValueError(f"green contexts need compute capability >= 6.0, got {major}.{minor}")
-    if major >= 9:
-        return (8, 8)
-    return {6: (1, 1), 7: (2, 2), 8: (4, 2)}[major]
-
-
-def split_sms(resource: SmResource, frac: float) -> tuple[int, int]:
-    """SMs for share `frac` and for its complement: two valid, disjoint partitions.
-
-    Rounding rule (mirror-symmetric: split_sms(r, 1-σ) is split_sms(r, σ) swapped):
-      1. the smaller share s = min(σ, 1-σ) gets the valid count nearest to s * num_sms that
-         still leaves room for a valid complement; an exact tie takes the larger count (the
-         smaller side loses a bigger fraction of its throughput per missing SM);
-      2. the other share gets the largest valid count that fits in what is left;
-      3. the leftover (num_sms minus both, always < alignment_sms) goes to neither side.
-    At σ = 0.5 the requested side plays the smaller one.
-
-        Hopper 132 SMs (8, 8):  0.25 -> (32, 96)  0.5 -> (64, 64)  0.75 -> (96, 32)  4 unused
-        A100   108 SMs (4, 2):  0.25 -> (28, 80)  0.5 -> (54, 54)  0.75 -> (80, 28)
-    """
-    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac < 1.0:
-        raise ValueError(f"frac must be a number strictly between 0 and 1, got {frac!r}")
-    n, step, lo = resource.num_sms, resource.alignment_sms, resource.smallest_sms
-    if n - lo < lo:
-        raise ValueError(
-            f"a device with {n} SMs cannot hold two green-context partitions: each needs at "
-            f"least {resource.min_partition_sms} SMs in multiples of {step} ({2 * lo} in all)")
-    target = min(frac, 1.0 - frac) * n
-    # NOTE: round() absorbs float noise (0.3 * 10 = 3.0000000000000004) so ties stay ties.
-    small = min(range(lo, n - lo + 1, step), key=lambda c: (round(abs(c - target), 9), -c))
-    other = (n - small) // step * step
-    return (small, other) if frac <= 0.5 else (other, small)
-
-
-def budget_grid(resource: SmResource, fracs: Sequence[float] = (0.25, 0.5, 0.75)) -> dict[float, tuple[int, int]]:
-    """split_sms for each budget level: {σ: (SMs for σ, SMs for 1-σ)}."""
-    return {frac: split_sms(resource, frac) for frac in fracs}
-
-
-def _levels(fracs: Sequence[float]) -> tuple[float, ...]:
-    """The budget levels `fracs` allow, closed under complement (σ held means 1-σ is too)."""
-    out: list[float] = []
-    for frac in fracs:
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac < 1.0:
-            raise ValueError(f"partition budgets must lie strictly between 0 and 1, got {frac!r}")
-        for level in (float(frac), round(1.0 - frac, 12)):
-            if _match(level, out) is None:
-                out.append(level)
-    return tuple(sorted(out))
-
-
-def _match(frac: float, levels: Sequence[float]) -> float | None:
-    return next((level for level in levels if abs(level - frac) <= FRAC_TOL), None)
-
-
-def _pair_key(level: float) -> float:
-    """The split that serves `level`: σ and 1-σ share one, keyed by the smaller share."""
-    return min(level, round(1.0 - level, 12))
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,11 +194,31 @@ def probe(device: int = 0) -> GreenSupport:
     is >= 12.4, the ordinal exists, compute capability >= 6.0 with an SM resource, and torch
     can use the device.  The first failure raises GreenContextError with its `cause`.
     """
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise GreenContextError(f"bad device index {device!r}: expected an int >= 0", cause="bad-device")
+    _check_index(device)
     torch = _import_torch()
     if torch.version.cuda is None:
         require_torch_cuda(device)  # raises the torch-no-cuda message
+    drv, version, name, cc, resource = _driver_facts(device)
+    require_torch_cuda(device)
+    backend: Backend = "torch" if _torch_backend_ok(torch, drv, version, resource) else "cuda-python"
+    return GreenSupport(backend=backend, driver_version=version, device=device, name=name,
+                        compute_capability=cc, resource=resource)
+
+
+def probe_resource(device: int = 0) -> SmResource:
+    """The SMs of `device` and their partition granularity, from the driver alone: no torch,
+    no context (what the daemon needs to compute partition descriptors)."""
+    _check_index(device)
+    return _driver_facts(device)[4]
+
+
+def _check_index(device: object) -> None:
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise GreenContextError(f"bad device index {device!r}: expected an int >= 0", cause="bad-device")
+
+
+def _driver_facts(device: int) -> tuple[Any, int, str, tuple[int, int], SmResource]:
+    """(driver module, version, name, compute capability, SM resource) of `device`."""
     drv = _import_driver()
     version = _init_driver(drv)
     count = int(_check(drv.cuDeviceGetCount(), "cuDeviceGetCount"))
@@ -314,11 +239,7 @@ def probe(device: int = 0) -> GreenSupport:
                     "cuDeviceGetDevResource(SM)")
     except GreenContextError as exc:
         raise GreenContextError(f"{name} has no SM resource to split ({exc})", cause="unsupported-device") from exc
-    resource = _sm_resource(sm.sm, cc)
-    require_torch_cuda(device)
-    backend: Backend = "torch" if _torch_backend_ok(torch, drv, version, resource) else "cuda-python"
-    return GreenSupport(backend=backend, driver_version=version, device=device, name=name,
-                        compute_capability=cc, resource=resource)
+    return drv, version, name, cc, _sm_resource(sm.sm, cc)
 
 
 # ---------------------------------------------------------------------------------------
@@ -345,8 +266,8 @@ class GreenPartitions:
     Not thread-safe; one per process and device (green contexts do not cross processes).
     """
 
-    def __init__(self, device: int = 0, fracs: Sequence[float] = (0.25, 0.5, 0.75)):
-        self._levels = _levels(fracs)
+    def __init__(self, device: int = 0, fracs: Sequence[float] = PARTITION_LEVELS):
+        self._levels = budget_levels(fracs)
         self._support = probe(device)
         self._torch = _import_torch()
         self._backend = _make_backend(self._torch, self._support)
@@ -365,7 +286,7 @@ class GreenPartitions:
         torch, n = self._torch, self._support.resource.num_sms
         with torch.cuda.device(device):
             torch.cuda.synchronize()  # primary context first: cuGreenCtxCreate advises it
-            for key in sorted({_pair_key(level) for level in self._levels}):
+            for key in sorted({pair_key(level) for level in self._levels}):
                 self._pairs[key] = self._open_pair(key)
             self._full = Partition(frac=1.0, num_sms=n, stream=torch.cuda.Stream(device=device))
 
@@ -413,10 +334,10 @@ class GreenPartitions:
     def pair(self, frac: float) -> tuple[Partition, Partition]:
         """(the σ side, the 1-σ side); pair(1-σ) is the same two partitions swapped."""
         self._alive()
-        level = _match(frac, self._levels)
+        level = match_level(frac, self._levels)
         if level is None:
             raise ValueError(f"no partition pair for budget {frac!r}; this device holds {self._levels}")
-        first, second = self._pairs[_pair_key(level)]
+        first, second = self._pairs[pair_key(level)]
         return (first, second) if level <= 0.5 + FRAC_TOL else (second, first)
 
     def by_budget(self) -> dict[float, Partition]:
@@ -444,83 +365,3 @@ def _make_backend(torch: Any, support: GreenSupport):
     if support.backend == "torch":
         return _TorchBackend(torch, support)
     return _DriverBackend(torch, _import_driver(), support)
-
-
-# ---------------------------------------------------------------------------------------
-# the daemon's Partitioner
-
-
-def assign_sides(budgets: Mapping[str, float], levels: Sequence[float]) -> dict[str, tuple[float, int]]:
-    """{substage: (budget level, side)} for one device's budgets; ValueError if not a layout.
-
-    A layout is a pair (σ, 1-σ) of levels, one budget alone (1.0, or a level σ < 1: a task
-    keeps its side when its partner ends first), or nothing; 0.0 is host work (level 0.0).
-    `side` indexes pair(level): 0, except the second of two 0.5 budgets (by substage id).
-    """
-    on_device: list[tuple[float, str]] = []
-    out: dict[str, tuple[float, int]] = {}
-    for sid, frac in budgets.items():
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not -FRAC_TOL <= frac <= 1 + FRAC_TOL:
-            raise ValueError(f"{sid}: SM budget must lie in [0, 1], got {frac!r}")
-        if frac <= FRAC_TOL:
-            out[sid] = (0.0, 0)
-        else:
-            on_device.append((float(frac), sid))
-    on_device.sort()
-    layout = ", ".join(f"{sid}={frac:g}" for frac, sid in on_device)
-    if len(on_device) > 2 or (len(on_device) == 2 and abs(on_device[0][0] + on_device[1][0] - 1.0) > FRAC_TOL):
-        raise ValueError(f"budgets {{{layout}}} are not a pair (σ, 1-σ) of the levels {tuple(levels)} or one "
-                         "budget alone")
-    sides = {}
-    for frac, sid in on_device:
-        level = 1.0 if frac >= 1.0 - FRAC_TOL and len(on_device) == 1 else _match(frac, levels)
-        if level is None:
-            raise ValueError(f"{sid}: budget {frac:g} (in {{{layout}}}) is not a level {tuple(levels)} "
-                             "or 1.0 alone")
-        sides[level] = sides.get(level, -1) + 1
-        out[sid] = (level, sides[level])
-    return out
-
-
-class GreenPartitioner:
-    """Partitioner (jigsaw.mux.partition) backed by GreenPartitions, one per device, made lazily.
-
-    The descriptor says which partition a sub-stage binds to: `parts.pair(budget)[side]` of a
-    GreenPartitions with the same levels ("kind" "green"), the whole device ("full") or none
-    ("host"); `num_sms` is what the driver gave in this process.
-    """
-
-    def __init__(self, fracs: Sequence[float] = (0.25, 0.5, 0.75), *,
-                 factory: Callable[[int, Sequence[float]], GreenPartitions] = GreenPartitions):
-        self.levels = _levels(fracs)
-        self._factory = factory
-        self._parts: dict[int, GreenPartitions] = {}
-
-    def apply(self, device: int, budgets: Mapping[str, float]) -> Mapping[str, dict[str, str]]:
-        placed = assign_sides(budgets, self.levels)
-        if all(level == 0.0 for level, _ in placed.values()):
-            return {sid: _descriptor("host", 0, 0.0, 0) for sid in placed}
-        parts = self._partitions(device)
-        out = {}
-        for sid, (level, side) in placed.items():
-            if level == 0.0:
-                out[sid] = _descriptor("host", 0, level, side)
-            elif level == 1.0:
-                out[sid] = _descriptor("full", parts.full.num_sms, level, side)
-            else:
-                out[sid] = _descriptor("green", parts.pair(level)[side].num_sms, level, side)
-        return out
-
-    def _partitions(self, device: int) -> GreenPartitions:
-        if device not in self._parts:
-            self._parts[device] = self._factory(device, self.levels)
-        return self._parts[device]
-
-    def close(self) -> None:
-        parts, self._parts = self._parts, {}
-        for p in parts.values():
-            p.close()
-
-
-def _descriptor(kind: str, num_sms: int, level: float, side: int) -> dict[str, str]:
-    return {"kind": kind, "num_sms": str(num_sms), "budget": f"{level:g}", "side": str(side)}

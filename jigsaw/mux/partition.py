@@ -1,28 +1,124 @@
-"""Partitioner protocol: the scheduler's budgets → partitions a worker can bind to.
+"""Partitions: what a budget is on the device, computed by pure functions in the daemon.
 
-    Plan.assignments of one device ─► Partitioner.apply(device, {substage: sm_frac})
-                                   ─► {substage: descriptor}  (sent inside each Grant)
+    the node's running sub-stages on device d after a plan ─► layout: ((substage, σ), ...)
+        ─► Partitioner.partitions(d, layout) ─► {substage: Advisory | Cpu | Green}
+        ─► inside each Grant (msgspec tagged union) ─► the worker's bind() (bind.py)
 
-The GPU partitioner (green contexts, `mux/green.py`) and the CPU one (core sets and
-thread counts, `mux/cpu.py`) implement it in their own issues.  `NullPartitioner` keeps
-budgets advisory: the daemon schedules and the workers see their SM share, but nothing
-on the device enforces it.
+    Advisory()                 budgets are told to the worker, nothing enforces them
+    Cpu(cores, threads)        a core set of the device's cores and one thread per core
+    Green(num_sms, budget, side, levels)   side `side` of the green-context pair of level
+                               `budget` (1.0: the whole device), split as `levels` split it
+
+The scheduler has already decided who shares a device with whom and at which share; these
+functions only turn shares into concrete partitions, so they never fail on a layout the
+scheduler can produce and never touch a driver (the daemon imports neither torch nor CUDA).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Protocol
+
+import msgspec
+
+Layout = tuple[tuple[str, float], ...]
+"""The on-device sub-stages of one device and their SM shares (σ; pairs sum to 1)."""
+
+
+class Advisory(msgspec.Struct, tag="advisory", frozen=True, forbid_unknown_fields=True):
+    """Nothing on the device enforces the budget (the grant's SM share is advice)."""
+
+
+class Cpu(msgspec.Struct, tag="cpu", frozen=True, forbid_unknown_fields=True):
+    """A CPU partition: the cores the sub-stage's processes may run on."""
+
+    cores: tuple[int, ...]
+    threads: int
+    """Intra-op threads: one per core."""
+
+
+class Green(msgspec.Struct, tag="green", frozen=True, forbid_unknown_fields=True):
+    """A green-context partition: `GreenPartitions(device, levels).pair(budget)[side]`."""
+
+    num_sms: int
+    """SMs of this side, as split_sms rounds them (the worker checks what its driver gives)."""
+    budget: float
+    """The pair's level σ of this side; 1.0: the whole device, on an ordinary stream."""
+    side: int
+    """0, or 1 for the second of two equal halves."""
+    levels: tuple[float, ...]
+    """Every level the daemon partitions by (the worker opens the same splits)."""
+
+
+Partition = Advisory | Cpu | Green
 
 
 class Partitioner(Protocol):
-    def apply(self, device: int, budgets: Mapping[str, float]) -> Mapping[str, dict[str, str]]:
-        """Partition `device` so each sub-stage gets its SM share; describe each part."""
+    kind: str
+
+    def partitions(self, device: int, layout: Layout) -> dict[str, Partition]:
+        """The partition of each sub-stage of `layout` on `device`."""
         ...
 
 
-class NullPartitioner:
-    """Advisory budgets: no device-side enforcement (the default until a real one is set)."""
+class AdvisoryPartitioner:
+    """Budgets stay advice (the default until a real partitioner is chosen)."""
 
-    def apply(self, device: int, budgets: Mapping[str, float]) -> Mapping[str, dict[str, str]]:
-        return {sid: {"kind": "advisory", "sm_frac": f"{frac:g}"} for sid, frac in budgets.items()}
+    kind = "advisory"
+
+    def partitions(self, device: int, layout: Layout) -> dict[str, Partition]:
+        return {sid: Advisory() for sid, _ in layout}
+
+
+class CpuPartitioner:
+    """This machine's cores, split evenly among the daemon's devices; a pair (σ, 1-σ) gets
+    disjoint core sets (at least one core each), one alone all of them."""
+
+    kind = "cpu"
+
+    def __init__(self, num_devices: int = 1, cores: Sequence[int] | None = None):
+        from jigsaw.mux.cpu import usable_cores
+
+        cores = tuple(cores if cores is not None else usable_cores())
+        if num_devices < 1 or len(cores) < num_devices:
+            raise ValueError(f"{len(cores)} cores cannot make {num_devices} CPU devices")
+        per = len(cores) // num_devices
+        self.devices = [cores[d * per:(d + 1) * per] for d in range(num_devices)]
+
+    def partitions(self, device: int, layout: Layout) -> dict[str, Partition]:
+        from jigsaw.mux.cpu import split_cores
+
+        cores = self.devices[device]
+        if len(layout) > 2:
+            raise ValueError(f"device {device} holds {len(layout)} sub-stages; a partition holds at most 2")
+        if len(layout) == 1 or len(cores) < 2 or min(frac for _, frac in layout) >= 1.0:
+            return {sid: Cpu(cores=cores, threads=len(cores)) for sid, _ in layout}  # alone, or unpartitioned
+        (a, frac), (b, _) = sorted(layout, key=lambda x: (-x[1], x[0]))
+        mine, theirs = split_cores(cores, frac)
+        return {a: Cpu(cores=mine, threads=len(mine)), b: Cpu(cores=theirs, threads=len(theirs))}
+
+
+class GreenPartitioner:
+    """Green-context pairs by smsplit's rounding of the device's SM resource (read once from
+    the driver at start-up, or given)."""
+
+    kind = "green"
+
+    def __init__(self, levels: Sequence[float], resource=None, device: int = 0):
+        from jigsaw.mux.smsplit import budget_levels
+
+        if resource is None:
+            from jigsaw.mux.green import probe_resource
+
+            resource = probe_resource(device)
+        self.resource, self.levels = resource, budget_levels(levels)
+
+    def partitions(self, device: int, layout: Layout) -> dict[str, Partition]:
+        from jigsaw.mux.smsplit import assign_sides, split_sms
+
+        out: dict[str, Partition] = {}
+        for sid, (level, side) in assign_sides(dict(layout), self.levels).items():
+            # pair(σ)[side]: the σ side first; two halves are the split's first and second part
+            sms = self.resource.num_sms if level >= 1.0 else split_sms(self.resource, level)[side]
+            out[sid] = Green(num_sms=sms, budget=level, side=side, levels=self.levels)
+        return out

@@ -450,3 +450,11 @@ SHIPPED = (
 def shipped_path(out_dir: str | os.PathLike, device_dir: str, model_name: str) -> str:
     """Where a shipped prior lives: <out>/<device>/<model>.prior.json."""
     return os.path.join(os.fspath(out_dir), device_dir, f"{model_name}.prior.json")
+
+
+def node_grid(profile: str | os.PathLike | None) -> SlowdownGrid:
+    """The grid a node schedules with: a profile file, or by default the analytic H100 prior
+    of Qwen3-4B (what `jigsaw daemon` and a replay of its trace use)."""
+    if profile is not None:
+        return SlowdownGrid.load(profile)
+    return analytic_prior(DEVICES["h100"], "qwen3-4b")

@@ -22,7 +22,7 @@ import multiprocessing as mp
 import platform
 import time
 
-from jigsaw.mux.cpu import CpuSlice, split_cores, usable_cores
+from jigsaw.mux.cpu import split_cores, usable_cores
 from jigsaw.mux.slowdown import DeviceInfo
 
 KV_CONTEXT = {"rollout_decode": 64, "rollout_tail": 256}
@@ -57,7 +57,7 @@ class CpuBench:
                 p.kill()
 
     def _peak_flops(self) -> float:
-        self.pipes[0].send(("bind", self.cores, len(self.cores)))
+        self.pipes[0].send(("bind", self.cores))
         _reply(self.pipes[0])
         self.pipes[0].send(("matmul",))
         return _reply(self.pipes[0])
@@ -73,7 +73,7 @@ class CpuBench:
 
     def _run(self, jobs) -> list[float]:
         for w, _, _, cores in jobs:
-            self.pipes[w].send(("bind", cores, len(cores)))
+            self.pipes[w].send(("bind", cores))
             _reply(self.pipes[w])
         start = time.time() + 0.05  # both begin together after their warm-up
         for w, kind, mem, _ in jobs:
@@ -109,9 +109,10 @@ def _worker(pipe, model_name: str) -> None:
         pipe.send("ready")
         while (cmd := pipe.recv())[0] != "stop":
             if cmd[0] == "bind":
-                from jigsaw.mux.cpu import apply_slice
+                from jigsaw.mux.bind import Binder
+                from jigsaw.mux.partition import Cpu
 
-                apply_slice(CpuSlice(cores=tuple(cmd[1]), num_threads=cmd[2]))
+                Binder().bind(Cpu(cores=tuple(cmd[1]), threads=len(cmd[1])))  # this process, threads follow
                 pipe.send("ok")
             elif cmd[0] == "matmul":
                 pipe.send(_matmul_flops(torch))

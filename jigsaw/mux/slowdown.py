@@ -280,7 +280,8 @@ class SlowdownGrid:
     FORMAT = FORMAT
     VERSION = VERSION
     __slots__ = ("device", "model", "_source", "kinds", "sm_levels", "mem_levels", "path", "_alone",
-                 "_pairs", "_alone_tables", "_part_tables", "_shared_tables", "_options", "_max_pack", "_hash")
+                 "_pairs", "_alone_tables", "_part_tables", "_shared_tables", "_options", "_max_pack", "_hash",
+                 "_actual")
 
     def __init__(self, *, device: DeviceInfo, model: str, source: dict, sm_levels: tuple[float, ...],
                  mem_levels: tuple[float, ...], kinds: tuple[str, ...], alone: dict[str, np.ndarray],
@@ -298,6 +299,7 @@ class SlowdownGrid:
         # NOTE: running the two back to back is always possible, so packing is worth >= 1.
         efficiency = max([1.0, *(1 / sa + 1 / sb for opts in options.values() for _, _, sa, sb in opts)])
         object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_actual", {})
         object.__setattr__(self, "_max_pack", efficiency)
         object.__setattr__(self, "_hash", hash(json.dumps(self.to_dict(), sort_keys=True)))
 
@@ -403,6 +405,28 @@ class SlowdownGrid:
             self._check_kind(kind_a)
             self._check_kind(kind_b)
             raise
+
+    def actual(self, *units: tuple[str, float, float]) -> tuple[float, ...] | None:
+        """Slowdowns of what really shares a device, each unit (kind, sm_frac, mem_frac) of its
+        budget: one alone (1.0 on the whole device), or a pair (σ < 1: partitioned; both 1.0:
+        unpartitioned sharing).  None for an infeasible pair.  Memoised: executors ask for the
+        same few points over and over."""
+        got = self._actual.get(units)
+        if got is None and units not in self._actual:
+            got = self._actual[units] = self._occupancy(units)
+        return got
+
+    def _occupancy(self, units: tuple[tuple[str, float, float], ...]) -> tuple[float, ...] | None:
+        if len(units) == 1:
+            (kind, sm, mem), = units
+            if sm >= 1.0 - LEVEL_TOL and mem >= self.mem_levels[-1] - LEVEL_TOL:
+                return (1.0,)
+            return (self.alone(kind, min(sm, 1.0), min(mem, self.mem_levels[-1])),)
+        if len(units) != 2:
+            raise ValueError(f"a device holds at most two sub-stages, got {len(units)}")
+        (ka, sa, ma), (kb, _, _) = units
+        pair = self.shared(ka, kb, ma) if sa >= 1.0 - LEVEL_TOL else self.pair(ka, kb, sa, ma)
+        return pair
 
     def max_pack_efficiency(self) -> float:
         """max over feasible partitioned pair points of 1/s_a + 1/s_b, and at least 1.0."""

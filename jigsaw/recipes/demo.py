@@ -1,11 +1,14 @@
-"""`jigsaw demo`: two real GRPO pipelines on this CPU, three ways, side by side.
+"""`jigsaw demo`: two real GRPO pipelines on this CPU, four ways, side by side.
 
-    DemoConfig ─► for mode in (serial, naive, jigsaw):
-        serial  pipeline 1 to the end, then pipeline 2          (verl: one job owns the node)
-        naive   both at once, no control                        (the OS time-shares the cores)
-        jigsaw  a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
+    DemoConfig ─► for mode in (serial, naive, naive-fair, jigsaw):
+        serial      pipeline 1 to the end, then pipeline 2      (verl: one job owns the node)
+        naive       both at once, no control: every worker uses every core (oversubscribed)
+        naive-fair  both at once, each worker with cores / pipelines threads (no pinning), so
+                    "above naive" is not a thread-count artefact
+        jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json
-    ─► table: wall time, aggregated tokens/s, mean step latency per pipeline, ratio to serial
+    ─► table: wall time, aggregated tokens/s, mean step latency per pipeline, ratio to serial,
+       sub-stages that fell open (ran without the daemon)
     ─► jigsaw mode's trace and its timeline PNG in --out-dir
 
 Every mode runs the same two seeds, so the pipelines do the same work in each.
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("serial", "naive", "jigsaw")
+MODES = ("serial", "naive", "naive-fair", "jigsaw")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,7 +40,7 @@ class DemoConfig:
     seeds: tuple[int, ...] = (1, 2)
     """One pipeline per seed."""
     modes: tuple[str, ...] = MODES
-    """Which of serial, naive, jigsaw to run."""
+    """Which of serial, naive, naive-fair, jigsaw to run."""
     out_dir: Path = Path("jigsaw-demo")
     """Trace, timeline PNG and per-pipeline results go here."""
     profile: Path | None = None
@@ -64,6 +67,8 @@ class ModeResult:
     tokens: int
     step_latency_s: dict[str, float] = field(default_factory=dict)
     """Mean step latency per pipeline."""
+    fell_open: int = 0
+    """Sub-stages that ran without the daemon's control (jigsaw mode; 0 elsewhere)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,10 +89,11 @@ def run_demo(cfg: DemoConfig, say=print) -> list[ModeResult]:
     return results
 
 
-def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path) -> list[str]:
+def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None = None) -> list[str]:
     return [sys.executable, "-m", "jigsaw.recipes.grpo", "--seed", str(seed), "--steps", str(cfg.steps),
             "--prompts", str(cfg.prompts), "--group", str(cfg.group), "--max-new-tokens", str(cfg.max_new_tokens),
-            "--long-tail" if cfg.long_tail else "--no-long-tail", "--result", str(result)]
+            "--long-tail" if cfg.long_tail else "--no-long-tail", "--result", str(result),
+            *(["--threads", str(threads)] if threads else [])]
 
 
 def _run_mode(mode: str, cfg: DemoConfig) -> ModeResult:
@@ -97,8 +103,10 @@ def _run_mode(mode: str, cfg: DemoConfig) -> ModeResult:
     if mode == "serial":
         for s, r in zip(cfg.seeds, results):
             _check(subprocess.run(_pipeline_cmd(cfg, s, r), env=env, cwd=ROOT).returncode, mode)
-    elif mode == "naive":
-        procs = [subprocess.Popen(_pipeline_cmd(cfg, s, r), env=env, cwd=ROOT) for s, r in zip(cfg.seeds, results)]
+    elif mode in ("naive", "naive-fair"):
+        threads = max(1, len(os.sched_getaffinity(0)) // len(cfg.seeds)) if mode == "naive-fair" else None
+        procs = [subprocess.Popen(_pipeline_cmd(cfg, s, r, threads), env=env, cwd=ROOT)
+                 for s, r in zip(cfg.seeds, results)]
         for p in procs:
             _check(p.wait(), mode)
     else:
@@ -148,7 +156,7 @@ def _summarise(mode: str, wall: float, results: list[Path]) -> ModeResult:
     else:
         steps_s = max(d["end_s"] for d in docs) - min(d["start_s"] for d in docs)
     return ModeResult(mode=mode, wall_s=wall, steps_s=steps_s, tokens=sum(d["tokens"] for d in docs),
-                      step_latency_s=lat)
+                      step_latency_s=lat, fell_open=sum(len(d.get("fell_open", ())) for d in docs))
 
 
 def table(results: list[ModeResult]):
@@ -156,10 +164,11 @@ def table(results: list[ModeResult]):
 
     serial = next((r for r in results if r.mode == "serial"), None)
     t = Table(title="two GRPO pipelines on this CPU")
-    for col in ("mode", "steps s", "wall s", "tokens/s", "× serial", "step latency s (per pipeline)"):
+    for col in ("mode", "steps s", "wall s", "tokens/s", "× serial", "step latency s (per pipeline)", "fell open"):
         t.add_column(col, justify="right")
     for r in results:
         ratio = f"{r.tokens_per_s / serial.tokens_per_s:.2f}" if serial else "-"
         lat = "  ".join(f"{v:.2f}" for v in r.step_latency_s.values())
-        t.add_row(r.mode, f"{r.steps_s:.1f}", f"{r.wall_s:.1f}", f"{r.tokens_per_s:,.0f}", ratio, lat)
+        t.add_row(r.mode, f"{r.steps_s:.1f}", f"{r.wall_s:.1f}", f"{r.tokens_per_s:,.0f}", ratio, lat,
+                  str(r.fell_open) if r.mode == "jigsaw" else "-")
     return t

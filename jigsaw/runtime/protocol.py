@@ -14,11 +14,19 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+from jigsaw.mux.partition import Partition
+
+PROTOCOL_VERSION = 2
+"""2: typed partitions in grants, the processes of a sub-stage, fail-open reports."""
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest request the daemon reads; larger ones get an `Error` (ZeroMQ drops frames above
 HARD_LIMIT_BYTES before they reach the daemon's memory)."""
 HARD_LIMIT_BYTES = 16 << 20
+HEARTBEAT_S = 0.25
+"""How often a client renews its lease (the daemon says so at registration; this is the
+value until it does)."""
+LEASE_S = 1.0
+"""A client silent this long loses its grants."""
 
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -58,6 +66,8 @@ class Admit(_Msg, tag="admit"):
     urgent: bool = False
     """A rollout worker entering its next regime cannot pause: admitted at once, the
     scheduler only picks its budget."""
+    pids: tuple[int, ...] = ()
+    """Processes that run the sub-stage: the client binds them to its partition (traced)."""
 
 
 class Done(_Msg, tag="done"):
@@ -70,6 +80,24 @@ class Done(_Msg, tag="done"):
     num_steps: int = 1
     num_tokens: int = 0
     flops: float = 0.0
+    final: bool = False
+    """The worker has no more rollout in this step (what was predicted after it will not run)."""
+
+
+class Opened(_Msg, tag="opened"):
+    """A sub-stage ran without the daemon's control (fail-open), reported once a daemon
+    answers again: the trace counts every one."""
+
+    session: str
+    kind: str
+    dp_rank: int
+    step: int
+    reason: str
+    """unreachable (no daemon answered) | refused (an Error reply) | lost (its grant was
+    reclaimed while it ran, e.g. a lease expired)."""
+    substage: str = ""
+    """Its id, when it had been granted one."""
+    duration_s: float = 0.0
 
 
 class StepEnd(_Msg, tag="step_end"):
@@ -86,7 +114,7 @@ class Status(_Msg, tag="status"):
     """Who is registered and what runs where (also the liveness probe of `jigsaw run`)."""
 
 
-Request = Register | Heartbeat | Unregister | Admit | Done | StepEnd | Status
+Request = Register | Heartbeat | Unregister | Admit | Done | Opened | StepEnd | Status
 
 
 # ------------------------------------------------------------------ replies
@@ -124,8 +152,8 @@ class Grant(_Msg, tag="grant"):
     micro_batch: int | None = None
     routing: tuple[float, ...] | None = None
     migrations: tuple[MigrationOrder, ...] = ()
-    partition: dict[str, str] = {}
-    """What the device's Partitioner made of the budget (e.g. a core set or a stream id)."""
+    partition: Partition | None = None
+    """What the budget is on the device (partition.py); None for host work."""
 
 
 class Beat(_Msg, tag="beat"):

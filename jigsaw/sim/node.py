@@ -2,10 +2,14 @@
 
     heap of Events keyed (time_s, priority, seq)        frozen records; ties fire in that order
         segment   a rollout worker's batch segment ended  ─► commit, re-plan the worker
-        stage     a reward / reference / training stage ended ─► next stage or next step
-    after all events at one time, if anything changed:  view ─► policy.plan ─► Plan
-        apply: migrations, starts, budgets ─► actual slowdowns from the grid (live kinds)
-               ─► workers re-timed (interrupt), gangs re-rated; invariants checked
+        reward / gang   a host reward or a reference / training stage ended ─► next stage or step
+    each engine reports to the node state as its client would (report.py): a worker's regime
+    changes finish one sub-stage and ask for the next (urgent), stages ask and finish
+    after all events at one time, if anything changed:
+        NodeState.decide()  (graph/node.py: the daemon's view, policy and applier)
+        ─► admitted: workers and gangs start; migrations move requests; budgets from the
+           node state ─► actual slowdowns from the grid for what really shares a device
+           ─► workers re-timed (interrupt), gangs re-rated; invariants checked
     every grant, release, migration and finished step goes to the Trace
 
 The simulator is the ground truth: slowdowns come from the grid for what really runs
@@ -19,11 +23,12 @@ import itertools
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
-from jigsaw.graph.plan import Budget, NodeSpec, Plan
+from jigsaw.graph.node import Decision, NodeState
+from jigsaw.graph.plan import Budget, NodeSpec
 from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStageKind
-from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, WAITING, PipelineRun
-from jigsaw.sim.view import Policy, Progress, View, pipeline_state
+from jigsaw.sim import report
+from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
 from jigsaw.trace import Trace, TraceEvent
 
 EPS = 1e-9
@@ -62,20 +67,23 @@ class _Slot:
 class NodeSim:
     """Runs pipelines to completion under `policy`; see the module docstring."""
 
-    def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy: Policy, *, trace: bool = True):
+    def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy, *, trace: bool = True,
+                 next_step: bool = True):
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
+        self.state = NodeState(node, grid, policy, next_step=next_step)
+        self.live: dict[tuple[int, int], str] = {}
+        """(pipeline, rank) -> the sub-stage id its worker's client has asked for last."""
         self.heap: list[tuple] = []
         self.seq = itertools.count()
         self.t = 0.0
         self.versions: dict[tuple, int] = {}
-        self.granted: dict[str, Budget] = {}
         self.slots: dict[int, list[_Slot]] = {d: [] for d in range(node.num_devices)}
         self.trace = Trace() if trace else None
         self.decisions = 0
         self.violations: list[str] = []
         self.balanced_gangs = False
         self.fired: list[Event] = []
-        self._pairs: dict[tuple, tuple[float, float] | None] = {}
+        self._routing: dict[str, tuple[float, ...]] = {}
 
     # ------------------------------------------------------------ loop
 
@@ -84,7 +92,8 @@ class NodeSim:
             self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
                                                     "device": run.spec.device, "devices": list(run.devices),
                                                     "prior": asdict(run.cost.config)})
-            run.begin_step(0.0)
+            run.ledger = self.state.register(run.name, run.devices, lengths=run.lengths)
+            self._begin_step(run, 0.0)
         self._decide(0.0)
         while self.heap:
             t = self.heap[0][0]
@@ -114,12 +123,19 @@ class NodeSim:
         if ev.kind == "segment":
             return self._segment_end(run, ev.rank)
         if ev.kind == "reward":
+            report.finish_stage(run, self.t)
             run.next_gang(self.t)
+            report.ask_gang(run, self.t)
             return True
         if ev.kind == "gang":
             self._gang_end(run)
             return True
         raise ValueError(f"unknown event kind {ev.kind!r}")
+
+    def _begin_step(self, run: PipelineRun, t: float) -> None:
+        run.begin_step(t, self._routing.get(run.name))
+        if run.stage != DONE:
+            report.begin_step(run, t, self.live)
 
     def _segment_end(self, run: PipelineRun, rank: int) -> bool:
         wk = run.workers[rank]
@@ -129,6 +145,7 @@ class NodeSim:
         if abort:
             self._abort(run, abort)
         self._reschedule_worker(run, rank)
+        report.sync_worker(run, rank, self.t, self.live)
         changed = out.switched or out.idle_ended or out.finished or was_on != wk.on_device or bool(abort)
         if run.stage == ROLLOUT and run.rollout_done():
             self._end_rollout(run)
@@ -140,6 +157,7 @@ class NodeSim:
             if wk.take(rids) and r in run.started_workers:
                 wk.segment = None
                 self._reschedule_worker(run, r)
+                report.sync_worker(run, r, self.t, self.live)
 
     def _reschedule_worker(self, run: PipelineRun, rank: int) -> None:
         wk = run.workers[rank]
@@ -153,72 +171,72 @@ class NodeSim:
         for r in range(len(run.workers)):
             self._release(run, ("w", run.index, r))
         end = run.end_rollout(self.t)
+        report.ask_reward(run, self.t, end)
         self.push(end, Priority.STAGE, "reward", run.index)
 
     def _gang_end(self, run: PipelineRun) -> None:
         g = run.gang
         g.advance(self.t)
         self._release(run, ("g", run.index))
+        report.finish_stage(run, self.t)
         was = run.stage
         run.next_gang(self.t)
-        if was == TRAINING:
-            self._trace_host(run)
-            m = run.metrics[-1]
-            self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
-                                                "samples": m.samples, "round": m.round,
-                                                "flops": run.cost.flops_per_token * m.tokens * 4})
-            run.begin_step(self.t, self._routing(run))
+        if was != TRAINING:
+            report.ask_gang(run, self.t)
+            return
+        self._trace_host(run)
+        m = run.metrics[-1]
+        self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
+                                            "samples": m.samples, "round": m.round,
+                                            "flops": run.cost.flops_per_token * m.tokens * 4})
+        run.ledger.close_step(run.step + 1, self.t, graph=run.last_graph)
+        self._begin_step(run, self.t)
 
     def _trace_host(self, run: PipelineRun) -> None:
         """Host sub-stages of the finished step (tool waits, reward), numbered as the builder does."""
         if self.trace is None:
             return
+        from jigsaw.graph.ids import SubStageId
+
         seen: dict[tuple, int] = {}
         for r in sorted((r for r in run.records if r.stage in (Stage.TOOL, Stage.REWARD)), key=lambda r: r.t_start_s):
-            kind = "tool" if r.stage is Stage.TOOL else "reward"
+            kind = SubStageKind.TOOL if r.stage is Stage.TOOL else SubStageKind.REWARD
             n = seen[(r.dp_rank, kind)] = seen.get((r.dp_rank, kind), -1) + 1
             self.trace.add(TraceEvent(t_s=r.t_start_s, event="host", pipeline=run.name,
-                                      substage=f"{run.name}/{run.step}/r{r.dp_rank}/{kind}/{n}", data={"end_s": r.t_end_s}))
-
-    def _routing(self, run: PipelineRun) -> tuple[float, ...] | None:
-        return getattr(self, "_last_routing", {}).get(run.name)
+                                      substage=str(SubStageId(run.name, run.step, r.dp_rank, kind, n)),
+                                      data={"end_s": r.t_end_s}))
 
     # ------------------------------------------------------------ decisions
 
     def _decide(self, t: float) -> None:
-        active = [r for r in self.runs if r.stage not in (DONE, WAITING)]
-        if not active:
+        for run in self.runs:
+            if run.stage == ROLLOUT:
+                report.live_numbers(run)
+        d = self.state.decide(t)
+        if d is None:
             return
-        states = tuple(pipeline_state(r, t, self.granted) for r in active)
-        progress = tuple(self._progress(r) for r in active)
-        view = View(time_s=t, pipelines=states, progress=progress, node=self.node, model=self.grid)
-        plan = self.policy.plan(view)
         self.decisions += 1
-        self._apply(plan, t)
+        self.violations += [f"t={t:.3f}: {n}" for n in d.notes]
+        self._apply(d, t)
 
-    def _progress(self, run: PipelineRun) -> Progress:
-        total = sum(len(w.finished) + w.num_active for w in run.workers) or 1
-        done = sum(len(w.finished) for w in run.workers)
-        return Progress(stage=run.stage, step=run.step, rollout_done_frac=done / total, ready_since_s=run.t_stage)
-
-    def _apply(self, plan: Plan, t: float) -> None:
-        self._last_routing = {r.pipeline: r.weights for r in plan.routing}
-        for m in plan.migrations:
+    def _apply(self, d: Decision, t: float) -> None:
+        self._routing = {r.pipeline: r.weights for r in d.plan.routing}  # the latest plan's
+        for m in d.plan.migrations:
             self._migrate(m, t)
         by_name = {r.name: r for r in self.runs}
-        for sid in plan.started:
-            self._start(by_name[sid.split("/", 1)[0]], sid, t)
-        assigned = {a.substage: a for a in plan.assignments}
-        self.balanced_gangs = any(a.micro_batch is not None for a in plan.assignments) or self.balanced_gangs
-        self._regrant(assigned, t)
+        for adm in d.admitted:
+            self._start(by_name[adm.assignment.pipeline], adm.running, t)
+        self.balanced_gangs = any(a.micro_batch is not None for a in d.plan.assignments) or self.balanced_gangs
+        self._regrant(t)
 
-    def _start(self, run: PipelineRun, sid: str, t: float) -> None:
-        rank = int(sid.split("/")[2][1:])
-        if run.stage == ROLLOUT and rank < len(run.workers) and rank not in run.started_workers:
-            run.started_workers.add(rank)
-            run.workers[rank].t = max(run.workers[rank].t, t)
-            self._reschedule_worker(run, rank)
-        elif run.gang is not None and run.gang.started_s is None and sid in run.gang.ids:
+    def _start(self, run: PipelineRun, r, t: float) -> None:
+        if run.stage == ROLLOUT and r.kind.is_rollout and r.rank < len(run.workers) \
+                and r.rank not in run.started_workers:
+            run.started_workers.add(r.rank)
+            run.workers[r.rank].t = max(run.workers[r.rank].t, t)
+            self._reschedule_worker(run, r.rank)
+            report.sync_worker(run, r.rank, t, self.live)
+        elif run.gang is not None and run.gang.started_s is None and r.sid in run.gang.ids:
             g = run.gang
             g.started_s, g.t_last = t, t
             self.push(g.end_time(), Priority.STAGE, "gang", run.index)
@@ -236,37 +254,33 @@ class NodeSim:
                                                             "delta_s": m.delta_s})
         for r in (m.source_rank, m.target_rank):
             self._reschedule_worker(run, r)
+            report.sync_worker(run, r, t, self.live)
         self._release(run, ("w", run.index, m.source_rank))
         if run.rollout_done():
             self._end_rollout(run)
 
     # ------------------------------------------------------------ budgets
 
-    def _regrant(self, assigned: dict, t: float) -> None:
-        """New budgets for every unit on a device, then actual slowdowns, then re-timing."""
-        occupants = self._occupants()
-        granted: dict[str, Budget] = {}
+    def _regrant(self, t: float) -> None:
+        """Budgets of every unit on a device (the node state's), actual slowdowns, re-timing."""
         new_slots: dict[int, list[_Slot]] = {d: [] for d in range(self.node.num_devices)}
         ungranted = set()
-        for key, run, sid, kind, device in occupants:
-            a = assigned.get(sid)
-            if a is None or a.device != device:
+        for key, run, sid, kind, device in self._occupants():
+            r = run.ledger.running.get(sid)
+            if r is None or r.device != device:
                 self.violations.append(f"t={t:.3f}: {sid} runs on device {device} without a grant")
                 ungranted.add(device)
-                a_budget = Budget(sm_frac=1.0, mem_frac=1.0)
+                budget = Budget(sm_frac=1.0, mem_frac=1.0)
             else:
-                a_budget = Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / self.node.mem_bytes)
-            granted[sid] = a_budget
-            new_slots[device].append(_Slot(key=key, kind=kind, budget=a_budget, sid=sid))
+                budget = r.budget
+            new_slots[device].append(_Slot(key=key, kind=kind, budget=budget, sid=sid))
         for d in ungranted:  # the plan missed a running unit: share the device evenly
             for slot in new_slots[d]:
                 slot.budget = Budget(sm_frac=1.0 / len(new_slots[d]), mem_frac=1.0 / len(new_slots[d]))
-                granted[self._sid(slot.key)] = slot.budget
         self._check(new_slots, t)
         for slots in new_slots.values():
             self._slowdowns(slots)
         self._retime(new_slots, t)
-        self.granted = granted
 
     def _occupants(self):
         """(unit key, run, live sub-stage id, live kind, device) for everything holding a device now."""
@@ -276,17 +290,14 @@ class NodeSim:
                 for r in sorted(run.started_workers):
                     wk = run.workers[r]
                     if wk.on_device or (wk.segment is not None and wk.segment.kind != "idle"):
-                        sid = wk.piece_id() or self._first_id(run, r)
-                        kind = wk.piece.kind if wk.piece and wk.piece.kind.on_device else _first_kind(run, r)
+                        sid = self.live.get((run.index, r)) or wk.piece_id()
+                        kind = wk.piece.kind if wk.piece and wk.piece.kind.on_device else _kind(sid)
                         out.append((("w", run.index, r), run, sid, kind, run.rollout_devices[r]))
             g = run.gang
             if run.stage in (REFERENCE, TRAINING) and g is not None and g.started_s is not None:
                 for sid, d in zip(g.ids, g.devices):
                     out.append((("g", run.index, d), run, sid, g.kind, d))
         return out
-
-    def _first_id(self, run: PipelineRun, rank: int) -> str:
-        return next((s.id for s in run.prediction if s.dp_rank == rank and s.kind.on_device), f"{run.name}/{run.step}/r{rank}/rollout_prefill/0")
 
     def _check(self, slots: dict[int, list[_Slot]], t: float) -> None:
         for d, ss in slots.items():
@@ -299,25 +310,14 @@ class NodeSim:
                 raise AssertionError(f"t={t:.3f}: device {d} memory over capacity")
 
     def _slowdowns(self, ss: list[_Slot]) -> None:
-        if len(ss) == 1:
-            s = ss[0]
-            full = s.budget.sm_frac >= 1.0 - EPS and s.budget.mem_frac >= 1.0 - EPS
-            s.slowdown = 1.0 if full else self.grid.alone(s.kind.value, s.budget.sm_frac,
-                                                          min(s.budget.mem_frac, self.grid.mem_levels[-1]))
-        elif len(ss) == 2:
-            a, b = ss
-            pair = self._pair(a.kind.value, b.kind.value, a.budget.sm_frac, a.budget.mem_frac)
-            if pair is None:
-                self.violations.append(f"{a.key} beside {b.key}: infeasible in the grid; charged 2x")
-                pair = (2.0, 2.0)
-            a.slowdown, b.slowdown = pair
-
-    def _pair(self, ka: str, kb: str, sm: float, mem: float) -> tuple[float, float] | None:
-        """Grid slowdowns of a pair (memoised: plans grant the same few grid points)."""
-        key = (ka, kb, round(sm, 9), round(mem, 9))
-        if key not in self._pairs:
-            self._pairs[key] = (self.grid.shared(ka, kb, mem) if sm == 1.0 else self.grid.pair(ka, kb, sm, mem))
-        return self._pairs[key]
+        if not ss:
+            return
+        got = self.grid.actual(*[(s.kind.value, s.budget.sm_frac, s.budget.mem_frac) for s in ss])
+        if got is None:
+            self.violations.append(f"{ss[0].key} beside {ss[1].key}: infeasible in the grid; charged 2x")
+            got = (2.0, 2.0)
+        for s, slow in zip(ss, got):
+            s.slowdown = slow
 
     def _retime(self, slots: dict[int, list[_Slot]], t: float) -> None:
         gangs: dict[int, dict[int, float]] = {}
@@ -357,13 +357,6 @@ class NodeSim:
                 ss.remove(s)
                 self._trace("release", run.name, "", d, s)
 
-    def _sid(self, key: tuple) -> str:
-        run = self.runs[key[1]]
-        if key[0] == "w":
-            return run.workers[key[2]].piece_id() or self._first_id(run, key[2])
-        g = run.gang
-        return g.ids[g.devices.index(key[2])]
-
     def _trace(self, event: str, pipeline: str, substage: str = "", device: int | None = None,
                slot: _Slot | None = None, data: dict | None = None) -> None:
         if self.trace is None:
@@ -374,6 +367,7 @@ class NodeSim:
                                   slowdown=slot.slowdown if slot else 1.0, data=data or {}))
 
 
-def _first_kind(run: PipelineRun, rank: int) -> SubStageKind:
-    return next((s.kind for s in run.prediction if s.dp_rank == rank and s.kind.on_device),
-                SubStageKind.ROLLOUT_PREFILL)
+def _kind(sid: str) -> SubStageKind:
+    from jigsaw.graph.ids import SubStageId
+
+    return SubStageId.parse(sid).kind

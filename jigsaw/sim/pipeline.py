@@ -5,7 +5,7 @@
         REWARD    host, reward_s_per_sample × samples
         REFERENCE Gang: actor old log-probs + reference log-probs (two forward passes, verl)
         TRAINING  Gang: forward, recompute, backward, optimizer share
-    end_step  ─► records + columns ─► GraphBuilder ─► prediction of the next step
+    end_step  ─► records + columns ─► GraphBuilder ─► the step's graph (the node's history)
 
 A Gang's replicas run in lockstep: it progresses at the balanced rate Σ(1/s_d)/n when the
 plan skews micro-batches (jigsaw), else at 1/max(s_d) (verl's equal split).
@@ -24,6 +24,7 @@ import numpy as np
 
 from jigsaw.graph.builder import GraphBuilder, GraphConfig
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.residual import ResidualLength
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
 from jigsaw.mux.costmodel import StepCost
@@ -110,7 +111,10 @@ class PipelineRun:
         """rid -> times completed, this step (exactly-once check)."""
         self.deferred_scales: list[float] = []
         self._round: dict = {}
-        self.prediction: SubStageGraph | None = None
+        self.ledger = None
+        """Its facts in the node state (graph.live.LivePipeline), set by the simulator."""
+        self.last_graph: SubStageGraph | None = None
+        """The builder's graph of the last finished step (the pipeline's history)."""
         self.lengths = ResidualLength(max_tokens=spec.lengths.max_tokens)
         """Turn lengths of finished requests: how long a live tail still runs."""
         self._stage_s: dict[str, float] = {}
@@ -144,7 +148,6 @@ class PipelineRun:
         self.t_stage = t
         self.records, self.completed, self.started_workers = [], {}, set()
         self.gang = None
-        self.prediction = self.builder.predict(self.name) if self.builder.history(self.name) else self.cold_graph()
         requests = self._requests()
         self.workers = [RolloutWorker(pipeline=self.name, step=self.step, rank=r, cost=self.cost,
                                       mem_bytes=self.rollout_mem, graph_config=self.graph_config,
@@ -256,7 +259,7 @@ class PipelineRun:
         first = self.train_rank0
         excl = self._gang_seconds(kind, per_rank, seqs)
         mem = self.cost.fsdp_mem_bytes(train=kind is SubStageKind.TRAINING)
-        ids = tuple(f"{self.name}/{self.step}/r{first + r}/{kind.value}/0" for r in range(ranks))
+        ids = tuple(str(SubStageId(self.name, self.step, first + r, kind, 0)) for r in range(ranks))
         return Gang(kind=kind, ids=ids, ranks=tuple(range(first, first + ranks)), devices=self.train_devices, excl_s=excl,
                     tokens_per_rank=per_rank, seqs_per_rank=seqs, mem_bytes=mem, rem_s=excl)
 
@@ -289,7 +292,7 @@ class PipelineRun:
                                         tokens=sum(q.context for q in samples), samples=len(samples),
                                         round=self._round.get("kind", "plain"), stage_s=dict(self._stage_s)))
         cols = [c for wk in self.workers if (c := wk.columns()) is not None]
-        graph = self.builder.add_step(self.records, columns=cols)
+        graph = self.last_graph = self.builder.add_step(self.records, columns=cols)
         self.device_s += graph.total_work_s()
         self.stage = WAITING
 
@@ -322,7 +325,7 @@ class PipelineRun:
         return SubStageGraph(nodes, deps)
 
     def _cold(self, rank: int, kind: SubStageKind, dur: float, mem: int) -> SubStage:
-        return SubStage(id=f"{self.name}/{max(self.step, 0)}/r{rank}/{kind.value}/0", pipeline=self.name,
+        return SubStage(id=str(SubStageId(self.name, max(self.step, 0), rank, kind, 0)), pipeline=self.name,
                         step=max(self.step, 0), kind=kind, dp_rank=rank, duration_s=dur, mem_bytes=mem)
 
 

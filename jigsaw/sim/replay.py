@@ -1,15 +1,20 @@
-"""Replay a recorded trace (simulator or runtime, one format) under any policy.
+"""Replay a recorded trace (simulator or runtime, one format): its work, or its decisions.
 
-    Trace ─► per sub-stage: grant/release intervals on devices (exclusive time = Σ interval /
-    │        slowdown), host intervals, memory held ─► SubStage
-    └─► assemble_step_graph per (pipeline, step) ─► steps chained ─► PipelineState per pipeline
-        ─► jigsaw.graph.execute.execute(policy adapted to the View interface) ─► Replay
+    re-pack:   Trace ─► per sub-stage: grant/release intervals on devices (exclusive time =
+               Σ interval / slowdown), host intervals, memory held ─► SubStage
+               └─► assemble_step_graph per (pipeline, step) ─► steps chained ─► PipelineState
+                   ─► jigsaw.graph.execute.execute(any policy) ─► Execution
+    decisions: a daemon's trace ─► its inputs (node, pipeline, request, done, drop) fed in
+               order to a fresh NodeState with the recorded policy and configuration ─► at
+               each recorded plan, decide() again ─► the same plans, or the first difference
 
-What replays is the recorded work at sub-stage granularity: the same sub-stages with
+What re-packs is the recorded work at sub-stage granularity: the same sub-stages with
 their exclusive durations, re-packed by another policy (no forward-step re-simulation,
 so rollout regimes and tails are as recorded).  The placement is the recorded one:
 policies that split the node into pools (rollmux, hrrs) keep their ordering rules but
-not their pools, and a consolidated tail keeps its worker's later pieces.
+not their pools, and a consolidated tail keeps its worker's later pieces.  A decision
+replay runs the daemon's own code path (view, policy, applier) on the daemon's own inputs,
+so it must reproduce every plan exactly.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from dataclasses import dataclass, replace
 
 from jigsaw.graph.builder import assemble_step_graph
 from jigsaw.graph.execute import Execution, execute
-from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
+from jigsaw.graph.ids import SubStageId
+from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.substage import SubStage, SubStageKind
-from jigsaw.sim.view import Progress, View
-from jigsaw.trace import Trace
+from jigsaw.trace import Trace, TraceEvent
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,14 +94,9 @@ def _pieces(trace: Trace) -> tuple[list[SubStage], dict[str, float]]:
 
 
 def _parse_id(sid: str) -> tuple[str, int, int, SubStageKind]:
-    """(pipeline, step, rank, kind) of a builder id `pipeline/step/rRANK/kind/n`."""
-    parts = sid.split("/")
-    try:
-        if len(parts) != 5 or not parts[2].startswith("r"):
-            raise ValueError
-        return parts[0], int(parts[1]), int(parts[2][1:]), SubStageKind(parts[3])
-    except ValueError:
-        raise ValueError(f"trace sub-stage id {sid!r} is not pipeline/step/rRANK/kind/n") from None
+    """(pipeline, step, rank, kind) of a sub-stage id in a trace."""
+    i = SubStageId.parse(sid)
+    return i.pipeline, i.step, i.rank, i.kind
 
 
 def _close(held: dict, excl: dict, key: tuple, t: float) -> None:
@@ -114,34 +114,6 @@ def _one_per_replica(pieces: list[SubStage]) -> list[SubStage]:
             key = (s.pipeline, s.step, s.kind)
             gang[key] = max(gang.get(key, 0.0), s.duration_s)
     return [replace(s, duration_s=gang[(s.pipeline, s.step, s.kind)]) if s.kind.collective else s for s in pieces]
-
-
-class ViewAdapter:
-    """Calls a View policy from the graph executor (which passes PipelineStates)."""
-
-    def __init__(self, policy):
-        self.policy = policy
-        self.since: dict[str, tuple[str, float]] = {}
-
-    def __call__(self, states, node: NodeSpec, model, config: SchedulerConfig, time_s: float) -> Plan:
-        states = [ps for ps in states if len(ps.done) < len(ps.graph)]  # as the simulator: finished ones leave
-        progress = tuple(self._progress(ps, time_s) for ps in states)
-        return self.policy.plan(View(time_s=time_s, pipelines=tuple(states), progress=progress, node=node, model=model))
-
-    def _progress(self, ps: PipelineState, t: float) -> Progress:
-        left = [s for s in ps.graph if s.id not in ps.done]
-        step = min((s.step for s in left), default=0)
-        now = [s for s in left if s.step == step]
-        stage = next((name for name, kinds in (("rollout", ("rollout", "tool")), ("reward", ("reward",)),
-                                                ("reference", ("reference",)), ("training", ("training",)))
-                      if any(s.kind.value.startswith(kinds) for s in now)), "training")
-        prev = self.since.get(ps.graph.pipeline)
-        if prev is None or prev[0] != (stage, step):
-            self.since[ps.graph.pipeline] = prev = ((stage, step), t)
-        rollout = [s for s in ps.graph if s.step == step and s.kind.is_rollout]
-        done = sum(s.id in ps.done for s in rollout)
-        return Progress(stage=stage, step=step, rollout_done_frac=done / len(rollout) if rollout else 1.0,
-                        ready_since_s=prev[1])
 
 
 def grid_of(rec: Recorded):
@@ -164,6 +136,95 @@ def recorded_makespan_s(trace: Trace) -> float:
 
 
 def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig()) -> Execution:
-    """Run the recorded pipelines' work to completion under `policy` (a View policy)."""
+    """Run the recorded pipelines' work to completion under `policy`."""
     node = NodeSpec(num_devices=rec.num_devices, mem_bytes=grid.device.mem_bytes)
-    return execute(rec.pipelines, node, grid, config, policy=ViewAdapter(policy), continuous=True)
+    return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionReplay:
+    """How a replay of a daemon's inputs compared with the daemon's plans."""
+
+    plans: int
+    """Recorded plans replayed."""
+    mismatches: tuple[str, ...]
+    """Each difference (the first few), empty when every plan was reproduced."""
+
+
+def replay_decisions(trace: Trace, grid=None) -> DecisionReplay:
+    """Feed a daemon trace's inputs to a fresh NodeState and re-decide at every plan event."""
+    state = _node_state(trace, grid)
+    plans, mismatches = 0, []
+    for e in trace.events:
+        try:
+            got = _apply(state, e)
+        except (KeyError, ValueError) as exc:
+            mismatches.append(f"t={e.t_s:.6f} {e.event} {e.substage}: {exc}")
+            continue
+        if e.event == "request" and got != e.substage:
+            mismatches.append(f"t={e.t_s:.6f}: request became {got}, recorded {e.substage}")
+        if e.event == "plan":
+            plans += 1
+            mine = got.record() if got is not None else None
+            if mine is None or any(mine[k] != e.data.get(k) for k in ("started", "assignments", "fallback")):
+                mismatches.append(f"t={e.t_s:.6f}: plan {_brief(mine)} differs from the recorded {_brief(e.data)}")
+    return DecisionReplay(plans=plans, mismatches=tuple(mismatches[:20]))
+
+
+def _node_state(trace: Trace, grid):
+    from jigsaw.graph.node import NodeState
+    from jigsaw.graph.policy import make
+
+    node = next((e for e in trace.events if e.event == "node"), None)
+    if node is None:
+        raise ValueError("the trace has no node event: only a daemon's trace (jigsaw daemon --trace) replays "
+                         "its decisions")
+    cfg = node.data
+    if grid is None:
+        from jigsaw.mux.prior import node_grid
+
+        grid = node_grid(cfg.get("profile"))
+    sched = _sched(cfg["sched"])
+    return NodeState(NodeSpec(num_devices=cfg["devices"], mem_bytes=grid.device.mem_bytes), grid,
+                     make(cfg["policy"], sched), next_step=sched.next_step, max_wait_s=cfg["max_wait_s"],
+                     liveness=True)
+
+
+def _sched(d: dict) -> SchedulerConfig:
+    from jigsaw.graph.merge import MergeConfig
+
+    d = dict(d)
+    d["merge_config"] = MergeConfig(**d["merge_config"])
+    if d.get("sm_budgets_frac") is not None:
+        d["sm_budgets_frac"] = tuple(d["sm_budgets_frac"])
+    return SchedulerConfig(**d)
+
+
+def _apply(state, e: TraceEvent):
+    """One recorded input; for a request its new id, for a plan the Decision."""
+    if e.event == "pipeline" and e.pipeline not in state.pipelines:
+        state.register(e.pipeline, tuple(e.data["devices"]))
+    elif e.event == "request":
+        d = e.data
+        w = state.pipelines[e.pipeline].request(SubStageKind(d["kind"]), d["rank"], d["step"], e.t_s,
+                                                urgent=d["urgent"], need_bytes=d["need_bytes"],
+                                                pids=tuple(d.get("pids", ())))
+        return w.sid
+    elif e.event == "done":
+        state.finish(e.pipeline, e.substage, e.t_s, **e.data)
+    elif e.event == "drop":
+        p = state.pipelines.get(e.pipeline)
+        if p is not None:
+            for sid in e.data["withdrawn"]:
+                p.withdraw(sid)
+            if e.data["removed"]:
+                state.remove(e.pipeline)
+    elif e.event == "plan":
+        return state.decide(e.t_s)
+    return None
+
+
+def _brief(record: dict | None) -> str:
+    if record is None:
+        return "(none)"
+    return f"started {record['started']}, {len(record['assignments'])} assignments"

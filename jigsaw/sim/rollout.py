@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jigsaw.graph.builder import BucketTracker, GraphConfig
+from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.steps import StepColumns, kind_of_bucket
 from jigsaw.graph.substage import Stage, StepRecord, SubStageKind
 from jigsaw.mux.costmodel import StepCost
@@ -102,6 +103,7 @@ class RolloutWorker:
         self.finished: list[Request] = []
         self.t, self.s = 0.0, 1.0
         self.tracker = BucketTracker(graph_config)
+        self._graph_config = graph_config
         self.piece: LivePiece | None = None
         self._ordinal: dict[SubStageKind, int] = defaultdict(int)
         self._recent_starts: deque[float] = deque(maxlen=graph_config.hysteresis_steps + 1)
@@ -334,7 +336,18 @@ class RolloutWorker:
 
     def piece_id(self) -> str | None:
         p = self.piece
-        return None if p is None else f"{self.pipeline}/{self.step}/r{self.rank}/{p.kind.value}/{p.ordinal}"
+        return None if p is None else str(SubStageId(self.pipeline, self.step, self.rank, p.kind, p.ordinal))
+
+    def first_piece_id(self) -> str:
+        """The id its first forward step will open (what its client asks admission for)."""
+        budget, tokens = self.chunk, 0
+        for r in self.queue:
+            if budget <= 0:
+                break
+            n = min(r.pending, budget)
+            tokens, budget = tokens + n, budget - n
+        kind = BucketTracker(self._graph_config).observe(tokens).kind
+        return str(SubStageId(self.pipeline, self.step, self.rank, kind, 0))
 
     # ------------------------------------------------------------ records
 

@@ -16,9 +16,10 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
+from jigsaw.graph.policy import make
 from jigsaw.mux.costmodel import StepCost
 from jigsaw.mux.prior import DEVICES, PriorConfig, analytic_prior
-from jigsaw.sim import policies, workload
+from jigsaw.sim import workload
 from jigsaw.sim.node import NodeSim
 from jigsaw.sim.pipeline import PipelineRun
 from jigsaw.trace import Trace
@@ -33,7 +34,7 @@ class SimConfig:
     --list` shows them); comma-separated also works."""
     policy: str = "jigsaw"
     """serial | muxserve | rollmux | hrrs | greedy | jigsaw (the CLI also takes a comma list
-    or 'all')."""
+    or 'all'), the same policies `jigsaw daemon --policy` runs live."""
     gpus: int | None = None
     """GPUs of the node (default: the first workload's)."""
     steps: int = 20
@@ -42,8 +43,8 @@ class SimConfig:
     """Seed of every pipeline's sample generator (pipeline i uses seed*1000 + i)."""
     tailbatch: bool = False
     """RollPacker tail batching inside every pipeline (combines with any policy)."""
-    window: int = 3
-    """Look-ahead depth of jigsaw (greedy is always 1)."""
+    sched: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """The look-ahead scheduler (jigsaw; greedy is it at window 1), as the daemon's."""
     trace: bool = True
     """Record grants, releases, migrations and steps."""
 
@@ -99,8 +100,7 @@ def build(config: SimConfig, only: int | None = None):
     gpus = config.gpus or specs[0].gpus
     if gpus % tp:
         raise ValueError(f"{gpus} GPUs do not split into TP groups of {tp}")
-    pol = policies.Jigsaw(config=SchedulerConfig(window=config.window)) if config.policy == "jigsaw" else \
-        policies.make(config.policy)
+    pol = make(config.policy, config.sched)
     chosen = list(range(len(specs))) if only is None else [only]
     # A scheduling device is one TP group: its GPUs always run the same sub-stages in lockstep.
     places = pol.placement(len(chosen), gpus // tp)
@@ -121,7 +121,7 @@ def build(config: SimConfig, only: int | None = None):
 
 def simulate(config: SimConfig) -> SimResult:
     runs, node, grid, pol = build(config)
-    sim = NodeSim(runs, node, grid, pol, trace=config.trace)
+    sim = NodeSim(runs, node, grid, pol, trace=config.trace, next_step=config.sched.next_step)
     sim.run()
     results = tuple(PipelineResult(name=r.name, workload=r.spec.name, steps=len(r.metrics),
                                    tokens=sum(m.tokens for m in r.metrics),
@@ -149,7 +149,7 @@ def lower_bound(config: SimConfig) -> LowerBound:
     for i in range(len(expand(config.workload))):
         runs, node, grid_i, _ = build(replace(config, policy="serial", trace=False), only=i)
         grid = grid or grid_i
-        NodeSim(runs, node, grid_i, policies.make("serial"), trace=False).run()
+        NodeSim(runs, node, grid_i, make("serial"), trace=False).run()
         alone.append(runs[0].metrics[-1].end_s)
         work += runs[0].device_s
     first = workload.get(expand(config.workload)[0])

@@ -1,7 +1,8 @@
-"""Scheduling policies for the simulator (and the runtime): jigsaw and the baselines.
+"""The baselines a user can run instead of jigsaw, live (`jigsaw daemon --policy`) or simulated.
 
     View (graphs, progress, node, grid) ─► policy.plan(view) ─► Plan
-    placement(k, gpus) ─► which GPUs each pipeline's rollout and training use
+    placement(k, gpus) ─► which GPUs each pipeline's rollout and training use (the simulator
+                          places pipelines by it; live pipelines bring their own placement)
 
     serial    verl: each pipeline alone on all GPUs, whole steps back to back
     muxserve  JigsawRL §5.1 "JigsawRL-MuxServe": rollouts of different pipelines share GPUs
@@ -11,30 +12,19 @@
     hrrs      PlexRL §4 (paper 004): each job keeps its rollout GPUs; its reference and
               training requests queue on a shared training pool ordered by the highest
               response ratio 1 + wait / estimated time (non-preemptive)
-    greedy    jigsaw with W = 1 (JigsawRL Fig. 11)
-    jigsaw    the windowed look-ahead scheduler with merging and balancing (JigsawRL §4)
 
-Baselines keep a little state between calls (whose turn it is, what was consolidated);
-jigsaw's scheduler is a pure function of the view.
+Baselines keep a little state between calls (whose turn it is, what was consolidated).
+RollPacker's tail batching is not a node policy: it changes which prompts a pipeline runs
+(`jigsaw sim --tailbatch`), and combines with any of these.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan, SchedulerConfig
-from jigsaw.graph.schedule import schedule
+from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan
+from jigsaw.graph.policy import Placement, View, colocated
 from jigsaw.graph.substage import SubStage, SubStageKind
-from jigsaw.sim.view import View
-
-Placement = tuple[tuple[int, ...], tuple[int, ...]]
-"""(rollout GPUs, training GPUs) of one pipeline."""
-
-
-def colocated(k: int, gpus: int) -> list[Placement]:
-    every = tuple(range(gpus))
-    return [(every, every)] * k
-
 
 # ---------------------------------------------------------------- shared helpers
 
@@ -213,24 +203,6 @@ class MuxServe:
 
 
 @dataclass
-class Jigsaw:
-    """The look-ahead scheduler (W = 3, merging, balancing); W = 1 is `greedy`."""
-
-    name: str = "jigsaw"
-    config: SchedulerConfig = field(default_factory=SchedulerConfig)
-
-    def placement(self, k: int, gpus: int) -> list[Placement]:
-        return colocated(k, gpus)
-
-    def plan(self, view: View) -> Plan:
-        return schedule(view.pipelines, view.node, view.model, self.config, view.time_s)
-
-
-def greedy() -> Jigsaw:
-    return Jigsaw(name="greedy", config=SchedulerConfig(window=1))
-
-
-@dataclass
 class RollMux:
     """Disaggregated pools, phase-level round-robin, long-tail consolidation (RollMux §4.3-4.4)."""
 
@@ -326,20 +298,3 @@ class HRRS:
     def _ratio(view: View, i: int, ps: PipelineState, s: SubStage) -> float:
         wait = max(0.0, view.time_s - view.progress[i].ready_since_s)
         return 1.0 + wait / max(s.duration_s, 1e-6)
-
-
-POLICIES = {
-    "serial": Serial,
-    "muxserve": MuxServe,
-    "rollmux": RollMux,
-    "hrrs": HRRS,
-    "greedy": greedy,
-    "jigsaw": Jigsaw,
-}
-"""Policy name -> factory (a fresh, stateless-at-start instance per simulation)."""
-
-
-def make(name: str):
-    if name not in POLICIES:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return POLICIES[name]()

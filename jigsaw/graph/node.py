@@ -1,0 +1,245 @@
+"""A node's pipelines, their decisions, and the one place a Plan takes effect.
+
+    register / request / finish / drop        (the daemon from messages; the simulator and the
+        │                                      graph executor from their engines; no I/O here)
+        ▼
+    LivePipeline × K (live.py) ─► pipeline_state (view.py) ─► View ─► policy.plan ─► Plan
+        │  guards: host work admitted at once; a request waiting max_wait_s turns urgent; a
+        │  node where nothing runs admits its oldest request (liveness); a failing policy
+        │  falls back to the oldest request per idle device, alone
+        ▼
+    apply(plan): admissions (waiting → running), budget changes of running sub-stages,
+                 merge targets' new sizes, rates; what the plan got wrong is noted, not obeyed
+    ─► Decision(plan, admitted, changed, notes) ─► grants (daemon) / engine starts (simulator)
+
+Decision is kept apart from effect: `decide` returns what changed; sending grants, starting
+engines and writing traces is the caller's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from jigsaw.graph.live import HOST, LivePipeline, Running, Waiting
+from jigsaw.graph.plan import Assignment, Budget, NodeSpec, Plan
+from jigsaw.graph.policy import Policy, View
+from jigsaw.graph.view import pipeline_state
+
+log = logging.getLogger("jigsaw.node")
+EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    waiting: Waiting
+    """The request as it waited (its owner is who to answer)."""
+    running: Running
+    assignment: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    plan: Plan
+    admitted: tuple[Admission, ...]
+    changed: tuple[tuple[Running, Assignment], ...]
+    """Running sub-stages whose budget the plan changes."""
+    notes: tuple[str, ...] = ()
+    """What the plan got wrong and the applier did not obey (kept budgets, refused pairs)."""
+    fallback: str = ""
+    """Why the policy's plan was not used ("" when it was)."""
+
+    def record(self) -> dict:
+        """The decision as plain data (a trace's plan event): enough to compare a replay with."""
+        return {"started": list(self.plan.started),
+                "assignments": [[a.substage, a.device, a.sm_frac, a.mem_bytes, a.slowdown, a.micro_batch]
+                                for a in self.plan.assignments],
+                "decisions": list(self.plan.decisions), "fallback": self.fallback, "notes": list(self.notes)}
+
+
+class NodeState:
+    """The pipelines sharing one node, and the decisions about them (module docstring)."""
+
+    def __init__(self, node: NodeSpec, grid, policy: Policy, *, next_step: bool = True,
+                 max_wait_s: float | None = None, liveness: bool = False):
+        self.node, self.grid, self.policy = node, grid, policy
+        self.next_step, self.max_wait_s, self.liveness = next_step, max_wait_s, liveness
+        self.pipelines: dict[str, LivePipeline] = {}
+
+    # ------------------------------------------------------------ facts
+
+    def register(self, name: str, devices: tuple[int, ...] = (), **facts) -> LivePipeline:
+        """A pipeline joins (its name is checked); `devices[r]` hosts DP rank r (default: r)."""
+        if name in self.pipelines:
+            raise ValueError(f"pipeline {name!r} is already registered")
+        devs = tuple(devices) or tuple(range(self.node.num_devices))
+        if len(set(devs)) != len(devs) or any(not 0 <= d < self.node.num_devices for d in devs):
+            raise ValueError(f"devices {devs} must be distinct and on this node's 0..{self.node.num_devices - 1}")
+        p = self.pipelines[name] = LivePipeline(name=name, devices=devs, **facts)
+        return p
+
+    def remove(self, name: str) -> LivePipeline | None:
+        return self.pipelines.pop(name, None)
+
+    def budget(self, a: Assignment) -> Budget:
+        return Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / self.node.mem_bytes)
+
+    def advance(self, now_s: float) -> None:
+        """Bring every running sub-stage's work up to `now_s` (before budgets change)."""
+        for p in self.pipelines.values():
+            p.integrate(now_s)
+
+    def finish(self, name: str, sid: str, now_s: float, *, final: bool = False, **numbers):
+        """A sub-stage ended; (its Running, the finished SubStage)."""
+        return self.pipelines[name].finish(sid, now_s, final=final, **numbers)
+
+    # ------------------------------------------------------------ decisions
+
+    def view(self, now_s: float) -> tuple[View, list[LivePipeline]]:
+        live = [p for p in self.pipelines.values() if p.live]
+        built = [pipeline_state(p, now_s, next_step=self.next_step) for p in live]
+        view = View(time_s=now_s, pipelines=tuple(s for s, _ in built), progress=tuple(g for _, g in built),
+                    node=self.node, model=self.grid)
+        return view, live
+
+    def decide(self, now_s: float) -> Decision | None:
+        """Re-plan the node at `now_s`; None when nothing waits or runs."""
+        self.advance(now_s)
+        if not any(p.live for p in self.pipelines.values()):
+            return None
+        host = self._admit_host(now_s)
+        self._age(now_s)
+        try:
+            plan = self._plan(now_s)
+        except Exception as exc:  # noqa: BLE001 - a failing policy must not take the node down
+            log.exception("policy %s failed; admitting the oldest request per idle device alone", self.policy.name)
+            return self._fallback(now_s, host, f"{type(exc).__name__}: {exc}")
+        d = self.apply(plan, now_s)
+        return Decision(plan=d.plan, admitted=host + d.admitted, changed=d.changed, notes=d.notes)
+
+    def _plan(self, now_s: float) -> Plan:
+        view, _ = self.view(now_s)
+        plan = self.policy.plan(view)
+        if self.liveness and not self._admits(plan) and (w := self._stalled()) is not None:
+            w.urgent = True  # nothing runs and nothing starts: the node would wait forever
+            view, _ = self.view(now_s)
+            plan = self.policy.plan(view)
+        return plan
+
+    def _admit_host(self, now_s: float) -> tuple[Admission, ...]:
+        """Rewards and tool waits run on the host and hold no budget: admitted at once."""
+        out = []
+        for p in self.pipelines.values():
+            for sid, w in list(p.waiting.items()):
+                if not w.kind.on_device:
+                    a = Assignment(substage=sid, pipeline=p.name, device=p.devices[w.rank], sm_frac=0.0,
+                                   mem_bytes=0, slowdown=1.0)
+                    out.append(Admission(waiting=w, running=p.admit(sid, a, HOST, now_s), assignment=a))
+        return tuple(out)
+
+    def _age(self, now_s: float) -> None:
+        if self.max_wait_s is None:
+            return
+        for p in self.pipelines.values():
+            for w in p.waiting.values():
+                if now_s - w.since_s >= self.max_wait_s:
+                    w.urgent = True
+
+    def _admits(self, plan: Plan) -> bool:
+        ids = {a.substage for a in plan.assignments}
+        return any(sid in ids for p in self.pipelines.values() for sid in p.waiting)
+
+    def _stalled(self) -> Waiting | None:
+        """The oldest request, if nothing runs on the whole node."""
+        if any(r.on_device for p in self.pipelines.values() for r in p.running.values()):
+            return None
+        waiting = [w for p in self.pipelines.values() for w in p.waiting.values()]
+        return min(waiting, key=lambda w: w.since_s) if waiting else None
+
+    def _fallback(self, now_s: float, host: tuple[Admission, ...], why: str) -> Decision:
+        """Per idle device, its oldest request alone on the whole device."""
+        busy = {r.device for p in self.pipelines.values() for r in p.running.values() if r.on_device}
+        order = sorted(((w.since_s, w.sid, p) for p in self.pipelines.values() for w in p.waiting.values()),
+                       key=lambda x: (x[0], x[1]))
+        admitted = []
+        for _, sid, p in order:
+            w = p.waiting[sid]
+            device = p.devices[w.rank]
+            if device in busy:
+                continue
+            busy.add(device)
+            a = Assignment(substage=sid, pipeline=p.name, device=device, sm_frac=1.0, mem_bytes=self.node.mem_bytes,
+                           slowdown=1.0)
+            admitted.append(Admission(waiting=w, running=p.admit(sid, a, self.budget(a), now_s), assignment=a))
+        for p in self.pipelines.values():
+            p.refresh_rates(balanced=False)
+        plan = Plan(time_s=now_s, started=tuple(x.assignment.substage for x in admitted),
+                    assignments=tuple(x.assignment for x in admitted))
+        return Decision(plan=plan, admitted=host + tuple(admitted), changed=(), fallback=why)
+
+    # ------------------------------------------------------------ the applier
+
+    def apply(self, plan: Plan, now_s: float) -> Decision:
+        """Make `plan` the node's state (work integrated up to `now_s` first)."""
+        self.advance(now_s)
+        by_id = {a.substage: a for a in plan.assignments}
+        admitted, changed = [], []
+        for p in self.pipelines.values():
+            for sid, w in list(p.waiting.items()):
+                a = by_id.get(sid)
+                if a is not None and a.device == p.devices[w.rank]:
+                    admitted.append(Admission(waiting=w, running=p.admit(sid, a, self.budget(a), now_s), assignment=a))
+        notes = self._merge(plan, now_s, admitted)
+        for p in self.pipelines.values():
+            for sid, r in p.running.items():
+                if not r.on_device:
+                    continue
+                a = by_id.get(sid)
+                if a is None or a.device != r.device:
+                    notes.append(f"{sid} keeps its budget on device {r.device}: the plan "
+                                 + ("left it out" if a is None else f"moved it to device {a.device}"))
+                elif p.regrant(r, a, self.budget(a)):
+                    changed.append((r, a))
+        balanced = any(a.micro_batch is not None for a in plan.assignments)
+        for p in self.pipelines.values():
+            p.refresh_rates(balanced)
+        notes += self.overcommitted()
+        return Decision(plan=plan, admitted=tuple(admitted), changed=tuple(changed), notes=tuple(notes))
+
+    def _merge(self, plan: Plan, now_s: float, admitted: list[Admission]) -> list[str]:
+        """Migrations: a source is done (its requests go to the target, whose exclusive time
+        left becomes the merged tail's); its owner's later report of the end is a no-op.  A
+        source still waiting (the plan merged it away as it began) is answered with no budget
+        and the order, so its owner is never left waiting."""
+        notes = []
+        for m in plan.migrations:
+            p = self.pipelines.get(m.pipeline)
+            if p is not None and m.source in p.waiting:
+                w = p.waiting[m.source]
+                a = Assignment(substage=m.source, pipeline=p.name, device=p.devices[w.rank], sm_frac=0.0,
+                               mem_bytes=0, slowdown=1.0)
+                admitted.append(Admission(waiting=w, running=p.admit(m.source, a, HOST, now_s), assignment=a))
+            if p is None or m.source not in p.running or m.target not in p.running:
+                notes.append(f"migration {m.source} -> {m.target} ignored: both must be running")
+                continue
+            p.finish(m.source, now_s)
+            p.merged_away.add(m.source)
+            target = p.running[m.target]
+            target.expected_s = target.work_s + m.target_remaining_s
+        return notes
+
+    def overcommitted(self) -> list[str]:
+        """Devices holding more than two sub-stages, SMs or memory beyond capacity."""
+        on: dict[int, list[Running]] = {}
+        for p in self.pipelines.values():
+            for r in p.running.values():
+                if r.on_device:
+                    on.setdefault(r.device, []).append(r)
+        out = []
+        for d, rs in sorted(on.items()):
+            sm = sum(r.budget.sm_frac for r in rs)
+            shared = len(rs) == 2 and all(r.budget.sm_frac >= 1.0 - EPS for r in rs)  # unpartitioned (MPS) pair
+            if len(rs) > 2 or (sm > 1.0 + EPS and not shared) or sum(r.budget.mem_frac for r in rs) > 1.0 + EPS:
+                out.append(f"device {d} is overcommitted: " + ", ".join(
+                    f"{r.sid} ({r.budget.sm_frac:.0%} SMs, {r.budget.mem_frac:.0%} memory)" for r in rs))
+        return out

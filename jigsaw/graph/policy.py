@@ -1,0 +1,93 @@
+"""One policy protocol for every scheduler, live and simulated.
+
+    LivePipeline × K ─(view.pipeline_state)─► View(time, PipelineStates, Progress, node, grid)
+        ─► policy.plan(view) ─► Plan ─► the node's applier (node.py): grants, budgets, migrations
+
+    jigsaw   the windowed look-ahead scheduler with merging and balancing (JigsawRL §4)
+    greedy   the same with W = 1 (JigsawRL Fig. 11)
+    serial, muxserve, rollmux, hrrs   the baselines (baselines.py)
+
+`make(name, config)` builds a fresh policy: the daemon holds one (`jigsaw daemon --policy`),
+every simulation its own.  Policies may keep state between calls (a baseline's turn, jigsaw's
+caches); the Plan they return depends only on the views they were given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, Progress, SchedulerConfig
+
+Placement = tuple[tuple[int, ...], tuple[int, ...]]
+"""(rollout devices, training devices) of one pipeline."""
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """Everything a policy decides from."""
+
+    time_s: float
+    pipelines: tuple[PipelineState, ...]
+    progress: tuple[Progress, ...]
+    """Per pipeline, in the same order: where it is in its step (whole-stage baselines)."""
+    node: NodeSpec
+    model: object
+    """The slowdown grid (jigsaw.mux.slowdown.SlowdownGrid)."""
+
+
+class Policy(Protocol):
+    """A scheduling policy: the daemon and the simulator call it at every decision point."""
+
+    name: str
+
+    def plan(self, view: View) -> Plan: ...
+
+    def placement(self, k: int, devices: int) -> list[Placement]:
+        """Where k pipelines go on a node of `devices` (the simulator's placement)."""
+        ...
+
+
+def colocated(k: int, devices: int) -> list[Placement]:
+    every = tuple(range(devices))
+    return [(every, every)] * k
+
+
+@dataclass
+class Jigsaw:
+    """The look-ahead scheduler (W = 3 by default, merging, balancing); W = 1 is `greedy`."""
+
+    name: str = "jigsaw"
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: object = None
+    """The scheduler's tables for this node (jigsaw.graph.problem.SchedulerCache), made on
+    first use and owned by this policy instance."""
+
+    def placement(self, k: int, devices: int) -> list[Placement]:
+        return colocated(k, devices)
+
+    def plan(self, view: View) -> Plan:
+        from jigsaw.graph.problem import SchedulerCache
+        from jigsaw.graph.schedule import schedule
+
+        if self.cache is None:
+            self.cache = SchedulerCache()
+        return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache)
+
+
+NAMES = ("serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
+"""Every policy `make` knows, baselines first."""
+
+
+def make(name: str, config: SchedulerConfig = SchedulerConfig()) -> Policy:
+    """A fresh policy; `config` is the scheduler's (jigsaw, and greedy at W = 1)."""
+    from jigsaw.graph import baselines
+
+    factories: dict[str, Callable[[], Policy]] = {
+        "serial": baselines.Serial, "muxserve": baselines.MuxServe, "rollmux": baselines.RollMux,
+        "hrrs": baselines.HRRS, "greedy": lambda: Jigsaw(name="greedy", config=replace(config, window=1)),
+        "jigsaw": lambda: Jigsaw(config=config)}
+    if name not in factories:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(NAMES)}")
+    return factories[name]()
