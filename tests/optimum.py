@@ -28,7 +28,7 @@ def optimal_makespan(pipelines, node, model, config: SchedulerConfig = Scheduler
             raise RuntimeError("exhaustive search exceeded its node limit")
         dec = act.settle(P, state, ctx, advance_time=True)
         if dec is None:
-            best[0] = min(best[0], max(state.pipe_end))
+            best[0] = min(best[0], max(state.end_s))
             return
         if act.lower_bound(P, state, min_s, max(1.0, model.max_pack_efficiency())) >= best[0] - 1e-12:
             return

@@ -38,7 +38,8 @@ def test_history_predicts_the_step_and_requested_substages_are_ready():
     t = run_step(ns, "A", 0, 0.0)
     w = p.request(K.ROLLOUT_TAIL, 0, 1, t)  # skips the predicted decode regime
     state, progress = pipeline_state(p, t, next_step=False)
-    assert {s.id for s in state.graph} == {"A/1/r0/rollout_tail/0", "A/1/r0/training/0"}
+    assert {s.id for s in state.graph} == {f"A/1/r0/{k}/0" for k in KINDS}
+    assert "A/1/r0/rollout_decode/0" in state.done  # went past it: it will not be asked for
     assert state.graph["A/1/r0/training/0"].duration_s == pytest.approx(1.0)  # from the history
     assert [s.id for s in state.graph.frontier(state.done)] == [w.sid]
     assert progress.stage == "rollout" and progress.step == 1 and progress.ready_since_s == t

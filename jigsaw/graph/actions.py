@@ -1,13 +1,13 @@
 """The scheduler's action space and cost: what can be decided, and what it costs.
 
     State ─► next_decision() ─► (item, options)          one open choice at this time point
-                 item  = ("group", pipeline, kind, tasks)  ready replicas of one kind
-                       | ("merge", pipeline)               long tails on several workers
-                 option= ("start", σ)   join the running partner with SM share σ
-                       | ("start", None) start on idle devices only
-                       | ("solo",)      start alone and keep the devices to itself
-                       | ("defer",)     wait for the next completion
-                       | ("merge", MergeDecision) | ("nomerge",)
+                 item   = Group(pipe, kind, tasks)        ready replicas of one kind
+                        | Tails(pipe)                     long tails on several workers
+                 option = Option(START, σ)    join the running partner with SM share σ
+                        | Option(START)       start on idle devices only
+                        | Option(SOLO)        start alone and keep the devices to itself
+                        | Option(DEFER)       wait for the next completion
+                        | Option(MERGE, decision, tails) | Option(KEEP)
     apply(item, option) mutates the State;  settle() applies forced moves (and, if
     asked, advances time) until a real choice is open;  cost() is the critical path.
 
@@ -19,61 +19,114 @@ kept idle while a ready replica could use it alone.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from jigsaw.graph import state as st
-from jigsaw.graph.merge import MergeConfig, TailWorker, best_merge
+from jigsaw.graph.merge import MergeConfig, MergeDecision, TailWorker, best_merge
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
-from jigsaw.graph.state import State
+from jigsaw.graph.state import Split, State
 
-Item = tuple
-Option = tuple
+
+class Group(NamedTuple):
+    """An open choice: how the ready replicas of one kind of one pipeline start."""
+
+    pipe: int
+    kind: str
+    tasks: tuple[int, ...]
+
+
+class Tails(NamedTuple):
+    """An open choice: whether one pipeline's long tails move onto one worker."""
+
+    pipe: int
+
+
+Item = Group | Tails
+
+
+class Verb(enum.Enum):
+    START = "start"
+    SOLO = "solo"
+    DEFER = "defer"
+    MERGE = "merge"
+    KEEP = "keep"
+
+
+class Option(NamedTuple):
+    verb: Verb
+    sm_frac: float | None = None
+    """START: the share beside the running partner (None: idle devices only)."""
+    merge: MergeDecision | None = None
+    tails: tuple[int, ...] = ()
+
+
+START_IDLE, SOLO, DEFER, KEEP = Option(Verb.START), Option(Verb.SOLO), Option(Verb.DEFER), Option(Verb.KEEP)
+_START, _SOLO, _DEFER, _MERGE = Verb.START, Verb.SOLO, Verb.DEFER, Verb.MERGE  # bound once: the search is hot
+_new = tuple.__new__
+"""Builds a NamedTuple without its Python-level __new__: the search makes thousands per decision."""
+
+
+class PairPoint(NamedTuple):
+    """A grid point of a pair at a given SM share: A's memory share, both slowdowns."""
+
+    mem_frac: float
+    slowdown: float
+    partner_slowdown: float
+
+
+class Logged(NamedTuple):
+    time_s: float
+    item: Item
+    option: Option
 
 
 class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
-    __slots__ = ("config", "balanced", "mem_cap", "budgets", "model", "_table", "peak_flops", "_feasible",
-                 "min_pack", "decode", "prefill", "multi_turn")
+    __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
+                 "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = ()):
         self.config, self.balanced, self.model = config, config.balance, model
-        self.mem_cap, self.budgets = node.mem_bytes, config.budgets(model)
-        self.min_pack = config.min_pack_efficiency
+        self.mem_bytes, self.sm_budgets_frac = node.mem_bytes, config.budgets(model)
+        self.min_pack_efficiency = config.min_pack_efficiency
         # Per pipeline, what its history says (PipelineState): decode fit, prefill work, multi-turn.
         self.decode = tuple(ps.decode_fit for ps in pipelines)
-        self.prefill = tuple(ps.prefill_work for ps in pipelines)
+        self.prefill_work = tuple(ps.prefill_work for ps in pipelines)
         self.multi_turn = tuple(ps.multi_turn for ps in pipelines)
         self.peak_flops = model.device.peak_flops
+        self.start_beside = {b: Option(Verb.START, b) for b in self.sm_budgets_frac}
         self._table = cache.tables_for(model)
         self._feasible: dict[tuple, list] = {}
-        missing = [b for b in self.budgets if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
+        missing = [b for b in self.sm_budgets_frac if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
             raise ValueError(f"SM budgets {missing} are not levels of the slowdown grid {model.sm_levels}")
 
-    def splits(self, kind_a: str, kind_b: str, sm_a: float) -> list[tuple[float, float, float]]:
-        """Feasible (mem_frac_a, s_a, s_b) grid points for A at SM share sm_a beside B."""
+    def splits(self, kind_a: str, kind_b: str, sm_a: float) -> list[PairPoint]:
+        """Feasible grid points for A at SM share sm_a beside B."""
         key = (kind_a, kind_b)
         table = self._table.get(key)
         if table is None:
             table = self._table[key] = {}
             for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
-                table.setdefault(round(sm, 9), []).append((mem, sa, sb))
+                table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
         return table.get(round(sm_a, 9), [])
 
     def complementary(self, kind_a: str, kind_b: str) -> bool:
         """Do these kinds pack well enough to share a device (SchedulerConfig.min_pack_efficiency)?"""
-        if self.min_pack <= 1.0:
+        if self.min_pack_efficiency <= 1.0:
             return True
         key = ("eta", kind_a, kind_b)
         eta = self._table.get(key)
         if eta is None:
             eta = self._table[key] = max((1 / sa + 1 / sb for _, _, sa, sb in self.model.pair_options(kind_a, kind_b)),
                                          default=0.0)
-        return eta >= self.min_pack
+        return eta >= self.min_pack_efficiency
 
     def grid_pair(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> tuple[float, float] | None:
         """(s_a, s_b) of a running pair: a table hit for grid budgets (all the scheduler
@@ -83,15 +136,15 @@ class Context:
                 return sa, sb
         return self.model.pair(kind_a, kind_b, sm_a, mem_a)
 
-    def feasible(self, P: Problem, x: int, y: int, sm_x: float) -> list[tuple[float, float, float]]:
+    def feasible(self, P: Problem, x: int, y: int, sm_x: float) -> list[PairPoint]:
         """Grid splits at which task x (share sm_x) and task y both fit in memory."""
         key = (x, y, sm_x)
         out = self._feasible.get(key)
         if out is None:
-            mx, my, cap = P.tasks[x].mem, P.tasks[y].mem, self.mem_cap
-            out = self._feasible[key] = [
-                (m, sx, sy) for m, sx, sy in self.splits(P.kinds[x], P.kinds[y], sm_x)
-                if mx <= m * cap + 0.5 and my <= (1.0 - m) * cap + 0.5]
+            mx, my, cap = P.tasks[x].mem_bytes, P.tasks[y].mem_bytes, self.mem_bytes
+            out = self._feasible[key] = [  # pt[0] is pt.mem_frac (indexed: this runs a lot)
+                pt for pt in self.splits(P.kinds[x], P.kinds[y], sm_x)
+                if mx <= pt[0] * cap + 0.5 and my <= (1.0 - pt[0]) * cap + 0.5]
         return out
 
 
@@ -101,12 +154,12 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
     for d, tasks in enumerate(S.dev):
         if len(tasks) == 2:
             a, b = tasks
-            sm_a, mem_a, _ = S.split[(a, d)]
-            pair = ctx.grid_pair(P.kinds[a], P.kinds[b], sm_a, mem_a)
+            sa, sb = S.split[(a, d)], S.split[(b, d)]
+            pair = ctx.grid_pair(P.kinds[a], P.kinds[b], sa.sm_frac, sa.mem_frac)
             if pair is None:
                 raise ValueError(f"running pair on device {d} is infeasible under the slowdown grid")
-            S.split[(a, d)] = (sm_a, mem_a, pair[0])
-            S.split[(b, d)] = (S.split[(b, d)][0], S.split[(b, d)][1], pair[1])
+            S.split[(a, d)] = Split(sa.sm_frac, sa.mem_frac, pair[0])
+            S.split[(b, d)] = Split(sb.sm_frac, sb.mem_frac, pair[1])
         elif len(tasks) == 1:
             S.split[(tasks[0], d)] = st.SOLO  # the partner is gone: whole device back
     for i in S.running:
@@ -128,7 +181,7 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
     for key in sorted(groups, key=lambda k: (not any(i in S.urgent for i in groups[k]), k)):
         opts = _group_options(P, S, ctx, key, groups)
         if opts:
-            return ("group", key[0], key[1], tuple(groups[key])), opts
+            return _new(Group, (key[0], key[1], tuple(groups[key]))), opts
     if ctx.config.merge:
         return _merge_decision(P, S, ctx)
     return None
@@ -139,22 +192,22 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
     busy = [i for i in members if any(S.dev[d] for d in P.tasks[i].devices)]
     idle_devs = {d for i in members if i not in busy for d in P.tasks[i].devices}
     joinable = [i for i in busy if _joinable(P, S, ctx, i)]
-    opts: list[Option] = [("start", b) for b in ctx.budgets if any(_fits(P, S, ctx, i, b) for i in joinable)]
+    opts = [ctx.start_beside[b] for b in ctx.sm_budgets_frac if any(_fits(P, S, ctx, i, b) for i in joinable)]
     stuck = [i for i in busy if i in S.urgent]
     if stuck:  # continuing rollouts beside a partner: they join it, only the share is a choice
-        return [o for o in opts if all(_fits(P, S, ctx, i, o[1]) for i in stuck)] or opts or [("start", None)]
+        return [o for o in opts if all(_fits(P, S, ctx, i, o.sm_frac) for i in stuck)] or opts or [START_IDLE]
     if any(i in S.urgent for i in members):  # continuing on idle devices: nothing to choose
-        return opts + [("start", None)] if idle_devs or not opts else opts
+        return opts + [START_IDLE] if idle_devs or not opts else opts
     # Keeping the devices to itself, or yielding them, only differs from starting if
     # another group could use them now (a schedule never leaves a device idle).
     rivals = bool(idle_devs) and any(idle_devs.intersection(P.tasks[j].devices)
                                      for k, g in groups.items() if k != key for j in g)
     if idle_devs:
-        opts.append(("start", None))
+        opts.append(START_IDLE)
         if rivals:
-            opts.append(("solo",))
+            opts.append(SOLO)
     if rivals or (busy and not idle_devs):
-        opts.append(("defer",))
+        opts.append(DEFER)
     return opts
 
 
@@ -169,57 +222,57 @@ def _fits(P: Problem, S: State, ctx: Context, i: int, sm: float) -> bool:
     return all(ctx.feasible(P, i, S.dev[d][0], sm) for d in P.tasks[i].devices if S.dev[d])
 
 
-def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float):
+def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float) -> PairPoint | None:
     """Memory split for X (share sm_x) beside Y minimising the later of their ends."""
-    rx, ry = S.rem[x], S.rem[y]
+    rx, ry = S.rem_s[x], S.rem_s[y]
     best, best_key = None, None
-    for split in ctx.feasible(P, x, y, sm_x):
-        key = max(split[1] * rx, split[2] * ry)
+    for pt in ctx.feasible(P, x, y, sm_x):
+        key = max(pt.slowdown * rx, pt.partner_slowdown * ry)
         if best_key is None or key < best_key - 1e-12:
-            best, best_key = split, key
+            best, best_key = pt, key
     return best
 
 
 def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Option]) -> list[Option]:
-    """Keep one SM share among the ("start", σ) options: the one whose new pairs end
+    """Keep one SM share among the Option(START, σ) options: the one whose new pairs end
     soonest (the memory-split rule applied to σ).  Used inside the window, below the
     choice being decided, where trying every share triples the search for little gain."""
-    shares = [o for o in options if o[0] == "start" and o[1] is not None]
+    shares = [o for o in options if o.verb is _START and o.sm_frac is not None]
     if len(shares) < 2:
         return options
     best, best_key = None, None
     for opt in shares:
         key = 0.0
-        for i in item[3]:
+        for i in item.tasks:
             for d in P.tasks[i].devices:
                 if S.dev[d]:
                     y = S.dev[d][0]
-                    split = _best_split(P, S, ctx, i, y, opt[1])
-                    if split is not None:
-                        key = max(key, split[1] * S.rem[i], split[2] * S.rem[y])
+                    pt = _best_split(P, S, ctx, i, y, opt.sm_frac)
+                    if pt is not None:
+                        key = max(key, pt.slowdown * S.rem_s[i], pt.partner_slowdown * S.rem_s[y])
         if best_key is None or key < best_key - 1e-12:
             best, best_key = opt, key
-    return [o for o in options if o is best or not (o[0] == "start" and o[1] is not None)]
+    return [o for o in options if o is best or not (o.verb is _START and o.sm_frac is not None)]
 
 
 def _merge_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
     for p in range(len(P.names)):
         if ctx.multi_turn[p]:
             continue
-        key = ("merge", p)
+        key = Tails(p)
         tails = [i for i in P.mergeable[p] if i in S.running]
         if len(tails) < 2 or key in S.deferred or not any(P.tasks[i].devices[0] in S.touched for i in tails):
             continue
         decision = _best_merge(P, S, ctx, tails)
         if decision is not None:
-            return key, [("merge", decision, tuple(tails)), ("nomerge",)]
+            return key, [Option(Verb.MERGE, merge=decision, tails=tuple(tails)), KEEP]
     return None
 
 
 def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     # Only tails whose engine reports requests and a step count can be priced (a cold
     # prediction, or a worker between requests, says neither).
-    tails = [i for i in tails if P.tasks[i].batch > 0 and P.tasks[i].num_steps > 1]
+    tails = [i for i in tails if P.tasks[i].batch_size > 0 and P.tasks[i].num_steps > 1]
     if len(tails) < 2:
         return None
     fpt = max(P.tasks[i].flops_per_token for i in tails)
@@ -228,8 +281,8 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     workers = [_tail_worker(P, S, i) for i in tails]
     cfg: MergeConfig = ctx.config.merge_config
     pipe = P.tasks[tails[0]].pipe
-    known = ctx.prefill[pipe] if pipe < len(ctx.prefill) else None
-    flops, seconds = known if known is not None else P.prefill[pipe]
+    known = ctx.prefill_work[pipe] if pipe < len(ctx.prefill_work) else None
+    flops, seconds = known if known is not None else P.prefill_work[pipe]
     if flops > 0 and seconds > 0:  # the pipeline's own prefill MFU, measured, beats the default
         cfg = replace(cfg, prefill_mfu_frac=min(1.0, flops / (seconds * ctx.peak_flops)))
     decode = ctx.decode[pipe] if pipe < len(ctx.decode) and ctx.decode[pipe] is not None else P.decode[pipe]
@@ -239,39 +292,39 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
 def _tail_worker(P: Problem, S: State, i: int) -> TailWorker:
     task, d = P.tasks[i], P.tasks[i].devices[0]
     partners = [j for j in S.dev[d] if j != i]
-    frac_left = S.rem[i] / task.excl_s if task.excl_s > 0 else 0.0
+    frac_left = S.rem_s[i] / task.excl_s if task.excl_s > 0 else 0.0
     return TailWorker(
-        dp_rank=task.ranks[0], remaining_s=S.rem[i], num_steps=max(1, round(task.num_steps * frac_left)),
-        batch_size=task.batch, context_tokens=task.context_tokens, slowdown=S.split[(i, d)][2],
-        partner_remaining_s=S.rem[partners[0]] if partners else 0.0,
-        partner_slowdown=S.split[(partners[0], d)][2] if partners else 1.0,
+        dp_rank=task.ranks[0], remaining_s=S.rem_s[i], num_steps=max(1, round(task.num_steps * frac_left)),
+        batch_size=task.batch_size, context_tokens=task.context_tokens, slowdown=S.split[(i, d)].slowdown,
+        partner_remaining_s=S.rem_s[partners[0]] if partners else 0.0,
+        partner_slowdown=S.split[(partners[0], d)].slowdown if partners else 1.0,
     )
 
 
 # ---------------------------------------------------------------- effects
 
 def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
-    S.log.append((S.t, item, opt))
-    if item[0] == "merge":
-        if opt[0] == "merge":
-            _apply_merge(P, S, ctx, opt[1], opt[2])
+    S.log.append(_new(Logged, (S.now_s, item, opt)))
+    if type(item) is Tails:
+        if opt.verb is _MERGE:
+            _apply_merge(P, S, ctx, opt.merge, opt.tails)
         else:
             S.deferred.add(item)
         return
-    verb, sm = opt[0], (opt[1] if opt[0] == "start" else None)
-    for i in item[3]:
+    verb, sm = opt.verb, opt.sm_frac
+    for i in item.tasks:
         devs = P.tasks[i].devices
         if any(S.dev[d] for d in devs):  # would share a device with a running partner
             if sm is not None and _joinable(P, S, ctx, i) and _fits(P, S, ctx, i, sm):
                 _start_beside(P, S, ctx, i, sm)
             else:
                 S.deferred.add(i)
-        elif verb == "defer":
+        elif verb is _DEFER:
             S.deferred.add(i)
         else:
             st.start(P, S, i)
             st.refresh_rate(P, S, i, ctx.balanced)
-            if verb == "solo":
+            if verb is _SOLO:
                 S.closed.update(devs)
 
 
@@ -280,14 +333,14 @@ def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None
     splits = {d: _best_split(P, S, ctx, i, y, sm) for d, y in partners.items()}
     st.start(P, S, i)
     for d, y in partners.items():
-        mem_x, sx, sy = splits[d]
-        S.split[(i, d)] = (sm, mem_x, sx)
-        S.split[(y, d)] = (1.0 - sm, 1.0 - mem_x, sy)
+        pt = splits[d]
+        S.split[(i, d)] = _new(Split, (sm, pt.mem_frac, pt.slowdown))
+        S.split[(y, d)] = _new(Split, (1.0 - sm, 1.0 - pt.mem_frac, pt.partner_slowdown))
     for y in set(partners.values()) | {i}:
         st.refresh_rate(P, S, y, ctx.balanced)
 
 
-def _apply_merge(P: Problem, S: State, ctx: Context, decision, tails: tuple[int, ...]) -> None:
+def _apply_merge(P: Problem, S: State, ctx: Context, decision: MergeDecision, tails: tuple[int, ...]) -> None:
     by_rank = {P.tasks[i].ranks[0]: i for i in tails}
     target = by_rank[decision.target_rank]
     st.set_remaining(P, S, target, decision.aggregated_s)
@@ -328,8 +381,8 @@ def cost(P: Problem, S: State) -> tuple[float, float, float]:
     exclusive work on it runs one piece after another unless co-located, so
     `t + load_d` is a chain too; it is what makes wasted capacity (idle devices,
     co-locations that gain nothing) cost something."""
-    t, tasks, rem = S.t, P.tasks, S.rem
-    ends = S.pipe_end[:]
+    t, tasks, rem = S.now_s, P.tasks, S.rem_s
+    ends = S.end_s[:]
     run_end = {}
     for i in S.running:
         end = run_end[i] = _running_end(P, S, i)
@@ -345,11 +398,11 @@ def cost(P: Problem, S: State) -> tuple[float, float, float]:
         if end + task.tail_s > ends[task.pipe]:
             ends[task.pipe] = end + task.tail_s
     deps_chain = max(ends)
-    return max(deps_chain, t + max(S.load)), deps_chain, sum(ends)
+    return max(deps_chain, t + max(S.load_s)), deps_chain, sum(ends)
 
 
 def _running_end(P: Problem, S: State, i: int) -> float:
-    t, rem, rate = S.t, S.rem, S.rate
+    t, rem, rate = S.now_s, S.rem_s, S.rate
     devs = P.tasks[i].devices
     mine = rem[i] / rate[i]
     if len(devs) != 1 or len(S.dev[devs[0]]) < 2:
@@ -366,7 +419,7 @@ def lower_bound(P: Problem, S: State, min_slowdown: float, max_pack: float) -> f
     """Makespan no schedule from S can beat (branch-and-bound in exact searches): no task
     runs faster than `1/min_slowdown`, no device clears more than `max_pack` exclusive
     seconds of work per second (the grid's best co-location)."""
-    t, best = S.t, max(S.pipe_end)
+    t, best = S.now_s, max(S.end_s)
     for i in S.running | S.ready:
-        best = max(best, t + (S.rem[i] + P.tasks[i].tail_s) * min_slowdown)
-    return max(best, t + max(S.load) / max_pack)
+        best = max(best, t + (S.rem_s[i] + P.tasks[i].tail_s) * min_slowdown)
+    return max(best, t + max(S.load_s) / max_pack)

@@ -17,7 +17,6 @@ one replica of the rollout chain per DP worker, barriers between stages.
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -192,14 +191,3 @@ def _toposort(index: Mapping[str, SubStage], deps: Mapping[str, tuple[str, ...]]
         stuck = sorted(sid for sid, n in indeg.items() if n > 0)
         raise ValueError(f"dependency cycle among sub-stages {stuck[:5]}")
     return order
-
-
-_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def graph_memo(graph: SubStageGraph) -> dict:
-    """Per-graph cache for derived data (graphs are immutable, so entries never go stale)."""
-    memo = _MEMO.get(graph)
-    if memo is None:
-        memo = _MEMO[graph] = {}
-    return memo

@@ -26,8 +26,8 @@ from jigsaw.graph.substage import SubStageKind
 class Task:
     """A schedulable unit (see module docstring); immutable once the Problem is built."""
 
-    __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "hold", "excl_s", "mem", "preds",
-                 "succs", "tail_s", "batch", "mergeable", "context_tokens", "num_steps", "flops_per_token")
+    __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "hold_device", "excl_s", "mem_bytes", "preds",
+                 "succs", "tail_s", "batch_size", "mergeable", "context_tokens", "num_steps", "flops_per_token")
 
     def __repr__(self) -> str:
         return f"Task({self.idx}, {self.ids[0]}{'...' if len(self.ids) > 1 else ''})"
@@ -36,7 +36,7 @@ class Task:
 class Problem:
     """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
 
-    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_cap", "kinds", "mergeable", "prefill",
+    __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_bytes", "kinds", "mergeable", "prefill_work",
                  "decode", "dominant")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec,
@@ -46,7 +46,7 @@ class Problem:
         self.names: list[str] = []
         self.pipe_tasks: list[tuple[int, ...]] = []
         self.num_devices = node.num_devices
-        self.mem_cap = node.mem_bytes
+        self.mem_bytes = node.mem_bytes
         parts = []
         for p, (graph, devices) in enumerate(pipelines):
             start = len(self.tasks)
@@ -58,7 +58,7 @@ class Problem:
         self.kinds = tuple(t.kind for t in self.tasks)
         self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
         # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
-        self.prefill = tuple(part.prefill for part in parts)
+        self.prefill_work = tuple(part.prefill for part in parts)
         # Per pipeline: its decode step latency against KV tokens (prices merged tails).
         self.decode = tuple(part.decode for part in parts)
         self.dominant = tuple(k for part in parts for k in part.dominant)
@@ -302,7 +302,7 @@ def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe
     if len(group) == 1:  # most tasks: written out, this runs for every task at every decision
         sid, rank = first.id, first.dp_rank
         t.ids, t.ranks = (sid,), (rank,)
-        t.excl_s, t.mem, t.batch = first.duration_s, first.mem_bytes, first.batch_size
+        t.excl_s, t.mem_bytes, t.batch_size = first.duration_s, first.mem_bytes, first.batch_size
         pre, nxt = deps[sid], succ[sid]
         t.preds = (task_of[pre[0]],) if len(pre) == 1 else tuple(sorted({task_of[d] for d in pre}))
         t.succs = (task_of[nxt[0]],) if len(nxt) == 1 else tuple(sorted({task_of[n] for n in nxt}))
@@ -311,14 +311,14 @@ def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe
         t.ids = tuple(s.id for s in group)
         t.ranks = tuple(s.dp_rank for s in group)
         t.excl_s = max(s.duration_s for s in group)
-        t.mem = max(s.mem_bytes for s in group)
-        t.batch = sum(s.batch_size for s in group)
+        t.mem_bytes = max(s.mem_bytes for s in group)
+        t.batch_size = sum(s.batch_size for s in group)
         t.preds = tuple(sorted({task_of[d] for s in group for d in deps[s.id]} - {idx}))
         t.succs = tuple(sorted({task_of[n] for s in group for n in succ[s.id]} - {idx}))
         t.devices = tuple(devices[r] for r in t.ranks) if on_device else ()
     # A worker waiting on a tool keeps its engine (and the waiting requests' KV cache) on
     # its device: it holds one of the device's two places for its return.
-    t.hold = devices[first.dp_rank] if kind == "tool" else None
+    t.hold_device = devices[first.dp_rank] if kind == "tool" else None
     # A tail with no rollout after it on its worker may take other workers' requests; not in
     # a multi-turn pipeline, whose requests may come back from a tool for more turns (moving
     # their later turns and tool calls onto one worker, which ΔT does not price): the

@@ -97,7 +97,7 @@ def _plan(P: Problem, S: State, ctx: act.Context, before: set[int]) -> Plan:
                     for sid in P.tasks[i].ids)
     assignments = tuple(a for d in range(P.num_devices) for i in S.dev[d] for a in _assign(P, S, ctx, i, d))
     return Plan(
-        time_s=S.t, started=started, assignments=assignments,
+        time_s=S.now_s, started=started, assignments=assignments,
         migrations=_migrations(P, S), routing=_routing(P, S, ctx),
         cost_s=act.cost(P, S)[0], decisions=tuple(_describe(P, item, opt) for _, item, opt in S.log),
     )
@@ -108,20 +108,20 @@ def _assign(P: Problem, S: State, ctx: act.Context, i: int, d: int) -> tuple[Ass
     k = task.devices.index(d)
     sm, mem, s = S.split[(i, d)]
     micro = None
-    if len(task.devices) > 1 and ctx.balanced and task.batch > 0:
-        slow = [S.split[(i, dd)][2] for dd in task.devices]
+    if len(task.devices) > 1 and ctx.balanced and task.batch_size > 0:
+        slow = [S.split[(i, dd)].slowdown for dd in task.devices]
         if max(slow) > min(slow):  # uniform slowdowns keep the pipeline's own split
-            micro = balance(round(task.batch), slow).batch_sizes[k]
+            micro = balance(round(task.batch_size), slow).batch_sizes[k]
     return (Assignment(substage=task.ids[k], pipeline=P.names[task.pipe], device=d, sm_frac=sm,
-                       mem_bytes=int(mem * P.mem_cap), slowdown=s, micro_batch=micro),)
+                       mem_bytes=int(mem * P.mem_bytes), slowdown=s, micro_batch=micro),)
 
 
 def _migrations(P: Problem, S: State) -> tuple[Migration, ...]:
     out = []
     for _, item, opt in S.log:
-        if item[0] != "merge" or opt[0] != "merge":
+        if type(item) is not act.Tails or opt.verb is not act.Verb.MERGE:
             continue
-        decision, tails = opt[1], opt[2]
+        decision, tails = opt.merge, opt.tails
         by_rank = {P.tasks[i].ranks[0]: P.tasks[i] for i in tails}
         tgt = by_rank[decision.target_rank]
         for r in decision.source_ranks:
@@ -141,7 +141,7 @@ def _routing(P: Problem, S: State, ctx: act.Context) -> tuple[Routing, ...]:
         for i in P.pipe_tasks[p]:
             task = P.tasks[i]
             if S.status[i] == st.RUNNING and task.kind.startswith("rollout") and task.devices:
-                slow[task.ranks[0]] = S.split[(i, task.devices[0])][2]
+                slow[task.ranks[0]] = S.split[(i, task.devices[0])].slowdown
         if len(slow) > 1 and any(v != 1.0 for v in slow.values()):
             # Exclusive time is linear in requests routed, so equal finish times need w ∝ 1/s.
             norm = sum(1.0 / v for v in slow.values())
@@ -152,14 +152,14 @@ def _routing(P: Problem, S: State, ctx: act.Context) -> tuple[Routing, ...]:
     return tuple(out)
 
 
-def _describe(P: Problem, item, opt) -> str:
-    if item[0] == "merge":
-        if opt[0] != "merge":
-            return f"{P.names[item[1]]}: keep tails in place"
-        d = opt[1]
-        return f"{P.names[item[1]]}: merge tails of ranks {list(d.source_ranks)} into rank {d.target_rank} " \
+def _describe(P: Problem, item: act.Item, opt: act.Option) -> str:
+    if type(item) is act.Tails:
+        if opt.verb is not act.Verb.MERGE:
+            return f"{P.names[item.pipe]}: keep tails in place"
+        d = opt.merge
+        return f"{P.names[item.pipe]}: merge tails of ranks {list(d.source_ranks)} into rank {d.target_rank} " \
                f"(ΔT={d.delta_s:.3g}s)"
-    head = f"{P.names[item[1]]}:{item[2]}×{len(item[3])}"
-    if opt[0] == "start":
-        return f"{head} start" + ("" if opt[1] is None else f" beside partner at {opt[1]:.0%} SMs")
-    return f"{head} {opt[0]}"
+    head = f"{P.names[item.pipe]}:{item.kind}×{len(item.tasks)}"
+    if opt.verb is act.Verb.START:
+        return f"{head} start" + ("" if opt.sm_frac is None else f" beside partner at {opt.sm_frac:.0%} SMs")
+    return f"{head} {opt.verb.value}"

@@ -14,14 +14,25 @@ Decisions live in schedule.py; this module only applies them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from jigsaw.graph.plan import PipelineState
 from jigsaw.graph.problem import Problem, Task
 
 EPS_S = 1e-9
 PENDING, READY, RUNNING, DONE = 0, 1, 2, 3
-SOLO = (1.0, 1.0, 1.0)
-"""Split of a replica alone on its device: (sm_frac, mem_frac, slowdown)."""
+
+
+class Split(NamedTuple):
+    """A replica's share of its device and its predicted slowdown there."""
+
+    sm_frac: float
+    mem_frac: float
+    slowdown: float
+
+
+SOLO = Split(1.0, 1.0, 1.0)
+"""A replica alone on its device."""
 
 
 def gang_rate(slowdowns: Sequence[float], balanced: bool) -> float:
@@ -34,17 +45,17 @@ def gang_rate(slowdowns: Sequence[float], balanced: bool) -> float:
 class State:
     """Mutable simulation state; `copy()` is cheap enough to branch on."""
 
-    __slots__ = ("t", "rem", "status", "npred", "dev", "split", "rate", "ready", "running",
-                 "closed", "deferred", "touched", "pipe_end", "started", "log", "load", "urgent", "held")
+    __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
+                 "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held")
 
     def copy(self) -> State:
         c = State.__new__(State)
-        c.t, c.rem, c.status, c.npred = self.t, self.rem[:], self.status[:], self.npred[:]
+        c.now_s, c.rem_s, c.status, c.npred = self.now_s, self.rem_s[:], self.status[:], self.npred[:]
         c.dev, c.split, c.rate = self.dev[:], dict(self.split), self.rate[:]
         c.ready, c.running = set(self.ready), set(self.running)
         c.closed, c.deferred, c.touched = set(self.closed), set(self.deferred), set(self.touched)
-        c.pipe_end, c.started, c.log = self.pipe_end[:], self.started[:], self.log[:]
-        c.load, c.held = self.load[:], self.held[:]
+        c.end_s, c.started, c.log = self.end_s[:], self.started[:], self.log[:]
+        c.load_s, c.held = self.load_s[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         return c
 
@@ -53,26 +64,34 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     """State at `time_s` from the pipelines' done / running / remaining bookkeeping."""
     S = State()
     n = len(P.tasks)
-    S.t, S.rem, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
+    S.now_s, S.rem_s, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
     S.dev, S.split, S.rate = [()] * P.num_devices, {}, [0.0] * n
     S.held = [()] * P.num_devices
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
-    S.pipe_end, S.started, S.log = [time_s] * len(pipelines), [], []
+    S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
     for p, ps in enumerate(pipelines):
         for i in P.pipe_tasks[p]:
             _init_task(P, S, P.tasks[i], ps)
-    S.load = [0.0] * P.num_devices  # exclusive seconds of unfinished work per device
+    S.load_s = [0.0] * P.num_devices  # exclusive seconds of unfinished work per device
     S.urgent = frozenset(i for p, ps in enumerate(pipelines) if ps.urgent
                          for i in P.pipe_tasks[p] if set(P.tasks[i].ids) & ps.urgent)
-    for t in P.tasks:
-        if S.status[t.idx] != DONE:
-            for d in t.devices:
-                S.load[d] += S.rem[t.idx]
-        S.npred[t.idx] = sum(S.status[j] != DONE for j in t.preds)
-        if S.status[t.idx] == PENDING and S.npred[t.idx] == 0:
-            S.status[t.idx] = READY
-            S.ready.add(t.idx)
+    status, rem, load, npred = S.status, S.rem_s, S.load_s, S.npred
+    for t in P.tasks:  # done tasks (most of a long graph) need nothing: skip them fast
+        i = t.idx
+        if status[i] == DONE:
+            continue
+        for d in t.devices:
+            load[d] += rem[i]
+        if status[i] == PENDING:
+            left = 0
+            for j in t.preds:
+                if status[j] != DONE:
+                    left += 1
+            npred[i] = left
+            if left == 0:
+                status[i] = READY
+                S.ready.add(i)
     for i in S.running:
         refresh_rate(P, S, i, balanced)
     late = [P.tasks[i].ids[0] for i in S.urgent if S.status[i] != READY]
@@ -87,7 +106,7 @@ def _init_task(P: Problem, S: State, task: Task, ps: PipelineState) -> None:
         if sid in ps.done:
             S.status[task.idx] = DONE
         elif sid in ps.remaining_s:
-            S.rem[task.idx] = max(0.0, ps.remaining_s[sid])
+            S.rem_s[task.idx] = max(0.0, ps.remaining_s[sid])
         return
     done = [sid in ps.done for sid in task.ids]
     run = [sid in ps.running for sid in task.ids]
@@ -99,19 +118,19 @@ def _init_task(P: Problem, S: State, task: Task, ps: PipelineState) -> None:
                          "starts and ends on all its workers together")
     rem = [ps.remaining_s[sid] for sid in task.ids if sid in ps.remaining_s]
     if rem:
-        S.rem[task.idx] = max(0.0, max(rem))
+        S.rem_s[task.idx] = max(0.0, max(rem))
     if not any(run):
         return
     S.status[task.idx] = RUNNING
     S.running.add(task.idx)
-    if task.hold is not None:
-        S.held[task.hold] = S.held[task.hold] + (task.idx,)
+    if task.hold_device is not None:
+        S.held[task.hold_device] = S.held[task.hold_device] + (task.idx,)
     for sid, d in zip(task.ids, task.devices):
         if len(S.dev[d]) >= 2:
             raise ValueError(f"more than two sub-stages running on device {d}")
         S.dev[d] = S.dev[d] + (task.idx,)
         b = ps.running[sid]
-        S.split[(task.idx, d)] = (b.sm_frac, b.mem_frac, 1.0)
+        S.split[(task.idx, d)] = Split(b.sm_frac, b.mem_frac, 1.0)
 
 
 def places_taken(P: Problem, S: State, i: int, d: int) -> int:
@@ -129,9 +148,9 @@ def refresh_rate(P: Problem, S: State, i: int, balanced: bool) -> None:
     if not devs:
         S.rate[i] = 1.0
     elif len(devs) == 1:
-        S.rate[i] = 1.0 / S.split[(i, devs[0])][2]
+        S.rate[i] = 1.0 / S.split[(i, devs[0])].slowdown
     else:
-        S.rate[i] = gang_rate([S.split[(i, d)][2] for d in devs], balanced)
+        S.rate[i] = gang_rate([S.split[(i, d)].slowdown for d in devs], balanced)
 
 
 def start(P: Problem, S: State, i: int) -> None:
@@ -140,7 +159,7 @@ def start(P: Problem, S: State, i: int) -> None:
     S.ready.discard(i)
     S.running.add(i)
     S.started.append(i)
-    if (h := P.tasks[i].hold) is not None:
+    if (h := P.tasks[i].hold_device) is not None:
         S.held[h] = S.held[h] + (i,)
     for d in P.tasks[i].devices:
         S.dev[d] = S.dev[d] + (i,)
@@ -151,14 +170,14 @@ def start(P: Problem, S: State, i: int) -> None:
 def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
     task = P.tasks[i]
     for d in task.devices:
-        S.load[d] -= S.rem[i]  # rounding residue, or the whole tail of a merged-away source
+        S.load_s[d] -= S.rem_s[i]  # rounding residue, or the whole tail of a merged-away source
     S.status[i] = DONE
     S.running.discard(i)
-    S.rem[i] = 0.0
-    if task.hold is not None:
-        S.held[task.hold] = tuple(j for j in S.held[task.hold] if j != i)
-    if S.t > S.pipe_end[task.pipe]:
-        S.pipe_end[task.pipe] = S.t
+    S.rem_s[i] = 0.0
+    if task.hold_device is not None:
+        S.held[task.hold_device] = tuple(j for j in S.held[task.hold_device] if j != i)
+    if S.now_s > S.end_s[task.pipe]:
+        S.end_s[task.pipe] = S.now_s
     for d in task.devices:
         S.dev[d] = tuple(j for j in S.dev[d] if j != i)
         del S.split[(i, d)]
@@ -177,16 +196,16 @@ def advance(P: Problem, S: State, balanced: bool) -> None:
     """Run until the next task completes; new time point, so per-point marks reset."""
     if not S.running:
         raise RuntimeError("advance() with nothing running: the schedule is stuck")
-    dt = min(S.rem[i] / S.rate[i] for i in S.running)
-    S.t += dt
+    dt = min(S.rem_s[i] / S.rate[i] for i in S.running)
+    S.now_s += dt
     ended = []
-    load, tasks = S.load, P.tasks
+    load, tasks = S.load_s, P.tasks
     for i in S.running:
         done_s = dt * S.rate[i]
-        S.rem[i] -= done_s
+        S.rem_s[i] -= done_s
         for d in tasks[i].devices:
             load[d] -= done_s
-        if S.rem[i] <= EPS_S * max(1.0, tasks[i].excl_s):
+        if S.rem_s[i] <= EPS_S * max(1.0, tasks[i].excl_s):
             ended.append(i)
     S.closed.clear()
     S.deferred.clear()
@@ -198,5 +217,5 @@ def advance(P: Problem, S: State, balanced: bool) -> None:
 def set_remaining(P: Problem, S: State, i: int, rem_s: float) -> None:
     """Change a task's exclusive time left (a merge grows the target's tail)."""
     for d in P.tasks[i].devices:
-        S.load[d] += rem_s - S.rem[i]
-    S.rem[i] = rem_s
+        S.load_s[d] += rem_s - S.rem_s[i]
+    S.rem_s[i] = rem_s

@@ -49,15 +49,16 @@ def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True) -> 
     live: dict[str, Waiting | Running] = {**p.waiting, **p.running}
     anchors = _anchors(p, base, live)
     started = _started_gangs(p, base, live)
-    nodes, deps, kept = _current(p, base, live, anchors, started)
+    nodes, deps, kept, done = _current(p, base, live, anchors, started)
     running, remaining, urgent = _times(p, nodes, live, kept, started, now_s)
     if next_step and p.more_steps and p.static is None and (pred := _prediction(p) or p.prior) is not None:
         _append_next(p, pred, nodes, deps)
     graph = _graph(p, nodes, deps)
     fit, prefill, turns = _measured(p, base)
-    state = PipelineState(graph=graph, devices=p.devices, running=running, remaining_s=remaining,
-                          urgent=frozenset(urgent), decode_fit=fit, prefill_work=prefill, multi_turn=turns)
-    return state, _progress(p, nodes, live, remaining, now_s)
+    state = PipelineState(graph=graph, devices=p.devices, done=frozenset(done), running=running,
+                          remaining_s=remaining, urgent=frozenset(urgent), decode_fit=fit, prefill_work=prefill,
+                          multi_turn=turns)
+    return state, _progress(p, nodes, done, remaining, now_s)
 
 
 # ---------------------------------------------------------------- base graph
@@ -130,19 +131,21 @@ def _started_gangs(p: LivePipeline, base: SubStageGraph | None, live: dict) -> d
 # ---------------------------------------------------------------- this step
 
 def _current(p, base, live, anchors, started):
-    """Nodes (topological) and deps of the remaining work; `kept` = finished replicas of a
-    running gang, which stay as running until the gang ends."""
+    """Nodes (topological) and deps of this step, and which are done: finished, skipped
+    (the pipeline went past them), replaced by a live piece, or never to run (their worker
+    ended).  Done nodes stay in the graph, so a graph keeps its shape while facts come in
+    (the scheduler patches the tasks of a same-shaped graph instead of rebuilding them).
+    `kept`: finished replicas of a running gang, which run on until the gang ends."""
     kept = {sid for sids in started.values() for sid in sids if sid in p.finished}
-    gone = set(p.finished) - kept
+    done = set(p.finished) - kept
     if base is not None:
         places = {a for a in anchors.values() if a}
         placed = {sid for sid in (*p.finished, *live) if sid in base} | places
-        gone |= _ancestors(base, placed) - set(live) - kept
-        gone |= places
+        done |= (_ancestors(base, placed) - set(live) - kept) | places
         # a worker back in an earlier regime runs the rest of its predicted chain again
-        gone -= {s for a in places for s in _chain_after(base, a)}
+        done -= {s for a in places for s in _chain_after(base, a)}
         if p.ended:  # a worker out of requests will run nothing more of its predicted rollout
-            gone |= {s.id for s in base if s.dp_rank in p.ended and s.id not in live
+            done |= {s.id for s in base if s.dp_rank in p.ended and s.id not in live
                      and (s.kind.is_rollout or s.kind is SubStageKind.TOOL)}
     by_anchor: dict[str, list[str]] = {}
     nodes: list[SubStage] = []
@@ -156,26 +159,22 @@ def _current(p, base, live, anchors, started):
         else:
             by_anchor.setdefault(a, []).append(sid)
     rename = {a: sids[-1] for a, sids in by_anchor.items()}
-    emitted: set[str] = {s.id for s in nodes}
     for s in base or ():
-        for sid in by_anchor.get(s.id, ()):
-            _emit(nodes, deps, _live_node(p, live[sid], s), ())
-            emitted.add(sid)
-        if s.id in gone:
-            continue
-        if s.id in live:
-            _emit(nodes, deps, _live_node(p, live[s.id], s), ())
+        ds = tuple(rename.get(d, d) for d in base.deps[s.id])
+        if s.id in live:  # it asked: it is ready, whatever the prediction said before it
+            _emit(nodes, deps, _live_node(p, live[s.id], s), tuple(d for d in ds if d in done))
         elif s.id in kept:
-            _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, p.finished[s.id].duration_s)), ())
+            _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, p.finished[s.id].duration_s)), ds)
         else:
-            ds = tuple(d2 for d in base.deps[s.id] if (d2 := rename.get(d, d)) in emitted)
             # a stage the base did not know still sits between its neighbours in the step
             ds += tuple(sid for st, step, sid in loose if step == s.step and st < _STAGE_INDEX[s.kind])
             _emit(nodes, deps, s, ds)
-        emitted.add(s.id)
+        for sid in by_anchor.get(s.id, ()):  # a live piece in the place of a predicted one
+            _emit(nodes, deps, _live_node(p, live[sid], s), ())
+    emitted = set(deps)
     for sid in kept - emitted:  # a finished replica the base does not know
         _emit(nodes, deps, p.finished[sid], ())
-    return nodes, deps, kept
+    return nodes, deps, kept, done
 
 
 def _chain_after(base: SubStageGraph, sid: str) -> list[str]:
@@ -364,20 +363,26 @@ def _graph(p: LivePipeline, nodes: list[SubStage], deps: dict[str, tuple[str, ..
     memo = p.cache.get("graph")
     if memo is not None and memo[0] == nodes and memo[1] == deps:
         return memo[2]
-    graph = SubStageGraph.from_ordered(nodes, deps)  # built in topological order above
+    base = p.static
+    if base is not None and len(base) == len(nodes) and all(a is b for a, b in zip(base.substages, nodes)) \
+            and all(base.deps[k] == v for k, v in deps.items()):
+        graph = base  # the known graph itself: nothing about it changed
+    else:
+        graph = SubStageGraph.from_ordered(nodes, deps)  # built in topological order above
     p.cache["graph"] = (nodes, deps, graph)
     return graph
 
 
 # ---------------------------------------------------------------- progress
 
-def _progress(p: LivePipeline, nodes: list[SubStage], live: dict, remaining: dict, now_s: float) -> Progress:
+def _progress(p: LivePipeline, nodes: list[SubStage], skip: set[str], remaining: dict, now_s: float) -> Progress:
     if p.samples is not None and p.samples[1] > 0:
         done_frac = p.samples[0] / p.samples[1]
     else:  # exclusive rollout work done over done + left, this step
         done = sum(s.duration_s for s in p.finished.values() if s.kind.is_rollout and s.step == p.step)
         done += sum(r.work_s for r in p.running.values() if r.kind.is_rollout)
-        left = sum(remaining.get(s.id, s.duration_s) for s in nodes if s.kind.is_rollout and s.step == p.step)
+        left = sum(remaining.get(s.id, s.duration_s) for s in nodes
+                   if s.kind.is_rollout and s.step == p.step and s.id not in skip)
         done_frac = done / (done + left) if done + left > 0 else 1.0
     since = p.stage_since_s if p.stage_since_s is not None else now_s
     return Progress(stage=p.stage.value, step=p.step, rollout_done_frac=done_frac, ready_since_s=since)
