@@ -41,7 +41,8 @@ def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed:
     first = workload.get(workloads[0])
     where = breakdown(res["jigsaw"].trace, gpus // first.rollout_tp) if "jigsaw" in res else None
     return Row(label=label, tokens_per_s={p: r.tokens_per_s for p, r in res.items()},
-               latency_x={p: statistics.fmean(x.mean_step_latency_s / (a / steps) for x, a in zip(r.pipelines, bound.alone_s))
+               latency_x={p: statistics.fmean(x.mean_step_latency_s / (a / steps)
+                                              for x, a in zip(r.pipelines, bound.alone_s))
                           for p, r in res.items()},
                bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()}, where=where,
                infeasible=infeasible or None)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import random
 
 from jigsaw.graph.graph import SubStageGraph
-from jigsaw.graph.substage import SubStage, SubStageKind as K
+from jigsaw.graph.ids import SubStageId
+from jigsaw.graph.substage import SubStage
+from jigsaw.graph.substage import SubStageKind as K
 
 GIB = 1 << 30
 
@@ -28,7 +30,7 @@ def _one_step(name, step, dp, rng, multi_turn, fpt):
     nodes, deps, sinks = [], {}, []
 
     def add(kind, rank, ordinal, dur, mem_gib, after, batch=64.0, seq=1500.0, nsteps=200):
-        s = SubStage(id=f"{name}/{step}/r{rank}/{kind.value}/{ordinal}", pipeline=name, step=step, kind=kind,
+        s = SubStage(id=str(SubStageId(name, step, rank, kind, ordinal)), pipeline=name, step=step, kind=kind,
                      dp_rank=rank, duration_s=dur, mem_bytes=int(mem_gib * GIB), batch_size=batch, seq_len=seq,
                      num_steps=nsteps, num_tokens=int(batch * nsteps), flops=fpt * batch * nsteps)
         nodes.append(s)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec, PipelineState
-from jigsaw.graph.substage import SubStage, SubStageKind as K
+from jigsaw.graph.substage import SubStage
+from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.mux.slowdown import SlowdownGrid
 
 SM = (0.25, 0.5, 0.75, 1.0)

@@ -4,8 +4,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsaw.graph.builder import (BucketTracker, GraphBuilder, GraphConfig, bucket_of, build_step_graph,
-                                  kind_of_bucket, predict_next, regime_labels)
+from jigsaw.graph.builder import (
+    BucketTracker,
+    GraphBuilder,
+    GraphConfig,
+    bucket_of,
+    build_step_graph,
+    kind_of_bucket,
+    predict_next,
+    regime_labels,
+)
 from jigsaw.graph.substage import Stage, StepRecord, SubStageKind
 
 TAIL, DECODE, PREFILL = SubStageKind.ROLLOUT_TAIL, SubStageKind.ROLLOUT_DECODE, SubStageKind.ROLLOUT_PREFILL

@@ -3,7 +3,8 @@
 import pytest
 
 from jigsaw.graph.graph import SubStageGraph
-from jigsaw.graph.substage import SubStage, SubStageKind as K
+from jigsaw.graph.substage import SubStage
+from jigsaw.graph.substage import SubStageKind as K
 
 
 def node(sid, dur, kind=K.ROLLOUT_DECODE, rank=0, step=0):

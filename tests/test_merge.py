@@ -2,8 +2,15 @@
 
 import pytest
 
-from jigsaw.graph.merge import (MergeConfig, TailWorker, aggregated_time_s, balance, best_merge,
-                                merge_decision, migration_cost_s)
+from jigsaw.graph.merge import (
+    MergeConfig,
+    TailWorker,
+    aggregated_time_s,
+    balance,
+    best_merge,
+    merge_decision,
+    migration_cost_s,
+)
 
 PEAK = 1e15
 FPT = 8e9  # FLOPs per token of a 4B model (2 × params)

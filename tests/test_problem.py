@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from factories import GIB, sub
+
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec
 from jigsaw.graph.problem import SchedulerCache, Task, _Shape

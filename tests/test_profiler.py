@@ -120,9 +120,6 @@ def test_profile_without_a_gpu_says_why():
 
 @pytest.mark.gpu
 def test_profile_smoke_on_a_gpu(tmp_path):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     from jigsaw.mux.profile_cuda import CudaBench
 
     bench = CudaBench(ProfileConfig(model="qwen3-0.6b", layers=1, min_time_s=0.05,

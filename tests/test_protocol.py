@@ -12,11 +12,10 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_runtime import Node
 
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import check_private, runtime_dir
-
-from test_runtime import Node
 
 TAGS = ["register", "heartbeat", "unregister", "admit", "done", "step_end", "status", "ok", "grant", "bogus"]
 
@@ -118,7 +117,9 @@ print(type(r := pr.decode_reply(s.recv())).__name__, getattr(r, "code", "")) if 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another uid")
 def test_a_peer_of_another_uid_is_refused(daemon):
-    run = lambda ep: subprocess.run([sys.executable, "-c", NOBODY, ep], capture_output=True, text=True, timeout=30)
+    def run(ep):
+        return subprocess.run([sys.executable, "-c", NOBODY, ep], capture_output=True, text=True, timeout=30)
+
     assert run(daemon.ep).stdout.split() == ["no-reply"]  # the 0700 directory keeps it out
     # Past the file-system guard (a world-writable link to the socket), SO_PEERCRED still refuses it.
     pub = Path(tempfile.mkdtemp(dir="/tmp"))

@@ -6,17 +6,17 @@ import random
 from pathlib import Path
 
 import pytest
+from factories import GIB, NODE, chain, states, sub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from optimum import optimal_makespan
 
-from factories import GIB, NODE, chain, states, sub
 from jigsaw.graph.execute import execute
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.schedule import schedule
 from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.mux.slowdown import load_grid
-from optimum import optimal_makespan
 
 PRIOR = load_grid(Path(__file__).parent.parent / "profiles" / "h100" / "qwen3-4b.prior.json")
 ROLLOUT = [K.ROLLOUT_PREFILL, K.ROLLOUT_DECODE, K.ROLLOUT_TAIL, K.TOOL]

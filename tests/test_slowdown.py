@@ -161,7 +161,7 @@ def test_memory_clamps_above_top_and_is_infeasible_below(toy):
 
 
 def test_sm_range_and_unpartitioned_gap(toy):
-    assert toy.alone("b", 0.9, 0.8) == pytest.approx((_alone_value("b", 2, 3) * 0.4 + _alone_value("b", 3, 3) * 0.6))
+    assert toy.alone("b", 0.9, 0.8) == pytest.approx(_alone_value("b", 2, 3) * 0.4 + _alone_value("b", 3, 3) * 0.6)
     for bad in (0.1, 1.2, math.nan):
         with pytest.raises(ValueError):
             toy.alone("b", bad, 0.8)

@@ -49,7 +49,8 @@ def run(args: Args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     grid.save(out)
     low = grid.sm_levels[0]
-    console.print(f"wrote {out}: training at {low:.0%} of the device x{grid.alone('training', low, grid.mem_levels[-1]):.2f}, "
+    slow = grid.alone("training", low, grid.mem_levels[-1])
+    console.print(f"wrote {out}: training at {low:.0%} of the device x{slow:.2f}, "
                   f"best packing {grid.max_pack_efficiency():.2f}")
     return 0
 
@@ -63,7 +64,8 @@ def _bench(cfg: ProfileConfig):
 
         name = cfg.model or "tiny-qwen3"
         bench = CpuBench(name, cfg.min_time_s)
-        return bench, name, cpu_levels(len(bench.cores)), f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
+        note = f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
+        return bench, name, cpu_levels(len(bench.cores)), note
     if cfg.device != "cuda":
         raise ValueError(f"--device {cfg.device!r}: use cuda or cpu")
     from jigsaw.mux.green import GreenContextError

@@ -21,7 +21,6 @@ import tyro
 from jigsaw.sim.run import SimConfig
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Args:
     """Simulate RL pipelines sharing one node and compare scheduling policies."""
@@ -77,7 +76,8 @@ def run(args: Args) -> int:
             from jigsaw.sim.run import build
 
             _, node, _, _ = build(replace(keep.config, trace=False))
-            console.print(table(breakdown(keep.trace, node.num_devices), f"where {keep.config.policy}'s device time went"))
+            title = f"where {keep.config.policy}'s device time went"
+            console.print(table(breakdown(keep.trace, node.num_devices), title))
     return 0
 
 

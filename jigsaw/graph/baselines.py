@@ -170,7 +170,8 @@ class MuxServe:
         if others != 1 or not units:  # an empty device, a full one, or one place held
             return others <= 1
         other, sid = units[0]
-        return other is not ps and other.graph[sid].kind.is_rollout and bool(self._splits(view, (other, sid), (ps, s.id)))
+        return (other is not ps and other.graph[sid].kind.is_rollout
+                and bool(self._splits(view, (other, sid), (ps, s.id))))
 
     def _splits(self, view: View, a, b) -> list[tuple[float, float, float, float]]:
         """Grid points at the static split (a at `sm_frac`) where both fit in memory."""
@@ -287,7 +288,7 @@ class HRRS:
                         gangs.append((i, ps, s))
                 elif not s.kind.on_device or s.id in ps.urgent or b.free([_device(ps, s)]):
                     b.start(ps, s)
-        for i, ps, s in sorted(gangs, key=lambda g: -self._ratio(view, g[0], g[1], g[2])):
+        for _, ps, s in sorted(gangs, key=lambda g: -self._ratio(view, g[0], g[1], g[2])):
             members = [x for x in _frontier(ps) if x.kind is s.kind and x.step == s.step]
             if b.free([_device(ps, x) for x in members]):
                 for x in members:

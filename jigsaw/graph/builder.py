@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.ids import SubStageId, position_of, with_step
 from jigsaw.graph.steps import StepColumns, bucket_labels, kind_of_bucket, rollout_pieces, summarise_stage
 from jigsaw.graph.substage import STAGE_KIND, Stage, StepRecord, SubStage, SubStageKind
 
@@ -224,14 +225,14 @@ def _number(pipeline: str, step: int, rank: int, pieces: list[tuple[SubStageKind
     for kind, fields in pieces:
         ordinal = seen[kind]
         seen[kind] += 1
-        out.append(SubStage(id=f"{pipeline}/{step}/r{rank}/{kind.value}/{ordinal}", pipeline=pipeline,
+        out.append(SubStage(id=str(SubStageId(pipeline, step, rank, kind, ordinal)), pipeline=pipeline,
                             step=step, kind=kind, dp_rank=rank, **fields))
     return out
 
 
 def _position(s: SubStage) -> str:
     """Id without pipeline and step: the same position in another step's graph."""
-    return s.id.split("/", 2)[2]
+    return position_of(s.id)
 
 
 def predict_next(history: Sequence[SubStageGraph], config: GraphConfig = GraphConfig()) -> SubStageGraph:
@@ -249,7 +250,7 @@ def predict_next(history: Sequence[SubStageGraph], config: GraphConfig = GraphCo
         raise ValueError(f"history graphs must hold one step each, got steps {latest.steps}")
     by_pos = [{_position(s): s for s in g} for g in recent]
     nxt = latest.steps[0] + 1
-    rename = {s.id: f"{s.pipeline}/{nxt}/{_position(s)}" for s in latest}
+    rename = {s.id: with_step(s.id, nxt) for s in latest}
     nodes = [_median_substage(s, [m[_position(s)] for m in by_pos if _position(s) in m], rename[s.id], nxt)
              for s in latest]
     deps = {rename[sid]: tuple(rename[d] for d in ds) for sid, ds in latest.deps.items()}

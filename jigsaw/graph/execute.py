@@ -129,7 +129,8 @@ class _Run:
         """A rollout piece right after its worker's previous piece (or tool wait) ended."""
         g = p.static
         return self.continuous and s.kind.is_rollout and any(
-            g[d].dp_rank == s.dp_rank and (g[d].kind.is_rollout or g[d].kind is SubStageKind.TOOL) for d in g.deps[s.id])
+            g[d].dp_rank == s.dp_rank and (g[d].kind.is_rollout or g[d].kind is SubStageKind.TOOL)
+            for d in g.deps[s.id])
 
     def _units(self) -> list[tuple[float, float, LivePipeline, list[Running]]]:
         """(work left, rate, pipeline, replicas) per unit: a replica, or a gang's replicas."""

@@ -74,8 +74,22 @@ class SubStageId:
             raise ValueError(f"sub-stage id {text!r} is not pipeline/step/rRANK/kind/n") from None
         return sid
 
+    @classmethod
+    def try_parse(cls, text: str) -> SubStageId | None:
+        """The parts of an id, or None for one in another form (a hand-made graph's)."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            return None
+
 
 def with_step(sid: str, step: int) -> str:
-    """The same position in another step (ids of a predicted step from the last one's)."""
+    """The same position in another step (ids of a predicted step from the last one's);
+    for any id that starts pipeline/step/."""
     name, _, rest = sid.split(SEP, 2)
     return f"{name}/{step}/{rest}"
+
+
+def position_of(sid: str) -> str:
+    """The id without pipeline and step, for any id that starts pipeline/step/."""
+    return sid.split(SEP, 2)[2]

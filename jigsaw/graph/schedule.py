@@ -26,8 +26,7 @@ from collections.abc import Sequence
 from jigsaw.graph import actions as act
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import balance
-from jigsaw.graph.plan import (Assignment, Migration, NodeSpec, PipelineState, Plan, Routing,
-                               SchedulerConfig)
+from jigsaw.graph.plan import Assignment, Migration, NodeSpec, PipelineState, Plan, Routing, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
 from jigsaw.graph.state import State
 

@@ -259,7 +259,7 @@ def _times(p, nodes, live, kept, started, now_s):
         running[sid] = r.budget
         remaining[sid] = _left(p, r, index[sid], now_s, floor)
     urgent = {sid for sid, w in p.waiting.items() if w.urgent}
-    for key, sids in started.items():  # the whole gang runs once one replica does
+    for sids in started.values():  # the whole gang runs once one replica does
         budget = next((p.running[s].budget for s in sids if s in p.running), Budget(sm_frac=1.0, mem_frac=1.0))
         for sid in sids:
             if sid not in running and sid in index:

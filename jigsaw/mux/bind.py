@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jigsaw.mux.partition import Advisory, Cpu, Green, Partition
+from jigsaw.mux.partition import Advisory, Green, Partition
 
 log = logging.getLogger("jigsaw.bind")
 

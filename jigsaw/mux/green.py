@@ -33,8 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
-from jigsaw.mux.smsplit import (FRAC_TOL, PARTITION_LEVELS, SmResource, budget_levels, granularity, match_level,
-                                pair_key, split_sms)
+from jigsaw.mux.smsplit import (
+    FRAC_TOL,
+    PARTITION_LEVELS,
+    SmResource,
+    budget_levels,
+    granularity,
+    match_level,
+    pair_key,
+    split_sms,
+)
 
 log = logging.getLogger("jigsaw.green")
 

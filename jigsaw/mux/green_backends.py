@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jigsaw.mux import green
-from jigsaw.mux.green import Cause, log, GreenContextError, GreenSupport, _check, GREEN_STREAM_MIN_DRIVER
+from jigsaw.mux.green import GREEN_STREAM_MIN_DRIVER, Cause, GreenContextError, GreenSupport, _check, log
 
 
 @dataclass(kw_only=True, slots=True)

@@ -251,8 +251,8 @@ def ensure_mps(start: bool, *, env: Mapping[str, str] | None = None, timeout_s: 
     except (OSError, subprocess.TimeoutExpired) as exc:
         return replace(now, state="error", reason=f"starting `{now.control_bin} -d` failed: {exc}")
     if res.returncode != 0:
-        return replace(now, state="error",
-                       reason=f"`{now.control_bin} -d` exited {res.returncode}: {(res.stdout + res.stderr).strip()[:200]}")
+        said = (res.stdout + res.stderr).strip()[:200]
+        return replace(now, state="error", reason=f"`{now.control_bin} -d` exited {res.returncode}: {said}")
     return _await_daemon(env, timeout_s)
 
 

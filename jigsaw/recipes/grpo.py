@@ -104,9 +104,9 @@ def run(cfg: RecipeConfig) -> dict:
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; "
         f"{'long-tail length caps on' if cfg.long_tail else 'lengths from the model'}")
     steps = []
-    with DPRollout(mc, RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed,
-                                     threads=cfg.threads), num_workers=cfg.dp) as dp, \
-            Trainer(mc, TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed, threads_per_rank=cfg.threads)) as trainer:
+    rollout = RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed, threads=cfg.threads)
+    train = TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed, threads_per_rank=cfg.threads)
+    with DPRollout(mc, rollout, num_workers=cfg.dp) as dp, Trainer(mc, train) as trainer:
         for step in range(cfg.steps):
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
             say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "

@@ -337,7 +337,8 @@ class Daemon:
         p = self.state.pipelines.get(name)
         if p is None:
             return
-        gone = [f for f in (*p.waiting.values(), *p.running.values()) if f.owner is not None and f.owner.session in tokens]
+        gone = [f for f in (*p.waiting.values(), *p.running.values())
+                if f.owner is not None and f.owner.session in tokens]
         for f in gone:
             p.withdraw(f.sid)
         removed = whole or not any(s.pipeline == name for s in self.sessions.values())

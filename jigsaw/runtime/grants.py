@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from jigsaw.graph.node import Decision, NodeState
 from jigsaw.graph.plan import Assignment
-from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, \
-    Partition
+from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, Partition
 from jigsaw.runtime import protocol as pr
 
 log = logging.getLogger("jigsaw.daemon")

@@ -16,6 +16,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
+from jigsaw.graph.ids import SubStageId
 from jigsaw.trace import Trace
 
 
@@ -34,8 +35,8 @@ class Breakdown:
 
 
 def _kind(substage: str) -> str:
-    parts = substage.split("/")
-    return parts[3] if len(parts) == 5 else substage
+    sid = SubStageId.try_parse(substage)
+    return sid.kind.value if sid is not None else substage
 
 
 def breakdown(trace: Trace, num_devices: int) -> Breakdown:
@@ -68,7 +69,7 @@ def _tool_waits(events, devices: dict[str, list[int]]) -> dict[int, tuple[list[f
     spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for e in events:
         if e.event == "host" and _kind(e.substage) == "tool":
-            rank, placed = int(e.substage.split("/")[2][1:]), devices.get(e.pipeline, [])
+            rank, placed = SubStageId.parse(e.substage).rank, devices.get(e.pipeline, [])
             if rank < len(placed):
                 spans[placed[rank]].append((e.t_s, float(e.data["end_s"])))
     out = {}

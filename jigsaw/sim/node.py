@@ -325,7 +325,8 @@ class NodeSim:
         for d, ss in slots.items():
             for s in ss:
                 prev = old.get(s.key)
-                if prev is None or prev.budget != s.budget or prev.sid != s.sid or abs(prev.slowdown - s.slowdown) > EPS:
+                if (prev is None or prev.budget != s.budget or prev.sid != s.sid
+                        or abs(prev.slowdown - s.slowdown) > EPS):
                     run = self.runs[s.key[1]]
                     need = (int(run.workers[s.key[2]].need_bytes(run.workers[s.key[2]].held_kv_tokens()))
                             if s.key[0] == "w" else run.gang.mem_bytes)

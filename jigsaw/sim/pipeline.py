@@ -260,8 +260,8 @@ class PipelineRun:
         excl = self._gang_seconds(kind, per_rank, seqs)
         mem = self.cost.fsdp_mem_bytes(train=kind is SubStageKind.TRAINING)
         ids = tuple(str(SubStageId(self.name, self.step, first + r, kind, 0)) for r in range(ranks))
-        return Gang(kind=kind, ids=ids, ranks=tuple(range(first, first + ranks)), devices=self.train_devices, excl_s=excl,
-                    tokens_per_rank=per_rank, seqs_per_rank=seqs, mem_bytes=mem, rem_s=excl)
+        return Gang(kind=kind, ids=ids, ranks=tuple(range(first, first + ranks)), devices=self.train_devices,
+                    excl_s=excl, tokens_per_rank=per_rank, seqs_per_rank=seqs, mem_bytes=mem, rem_s=excl)
 
     def _gang_seconds(self, kind: SubStageKind, tokens: float, seqs: float) -> float:
         """Exclusive seconds on one rank, with verl's micro-batches and mini-batch updates."""
@@ -282,7 +282,8 @@ class PipelineRun:
                 share = (t1 - t0) / slow / g.excl_s if g.excl_s > 0 else 1.0
                 self.records.append(StepRecord(
                     pipeline=self.name, step=self.step, stage=stage, dp_rank=r, t_start_s=t0, t_end_s=t1,
-                    num_prefill_tokens=int(g.tokens_per_rank * share), num_decode_reqs=max(1, round(g.seqs_per_rank * share)),
+                    num_prefill_tokens=int(g.tokens_per_rank * share),
+                    num_decode_reqs=max(1, round(g.seqs_per_rank * share)),
                     mem_bytes=g.mem_bytes, flops=self.cost.flops_per_token * g.tokens_per_rank * share, slowdown=slow))
 
     def _end_step(self, t: float) -> None:
@@ -309,7 +310,8 @@ class PipelineRun:
         tokens = seqs * (w.prompt_tokens + w.lengths.max_tokens / 2)
         nodes, deps, last = [], {}, []
         for r in range(len(self.rollout_devices)):
-            a = self._cold(r, SubStageKind.ROLLOUT_PREFILL, c.prefill_s(int(per * w.prompt_tokens), 0), self.rollout_mem)
+            prefill_s = c.prefill_s(int(per * w.prompt_tokens), 0)
+            a = self._cold(r, SubStageKind.ROLLOUT_PREFILL, prefill_s, self.rollout_mem)
             b = self._cold(r, SubStageKind.ROLLOUT_TAIL, decode_s, self.rollout_mem)
             nodes += [a, b]
             deps[b.id] = (a.id,)

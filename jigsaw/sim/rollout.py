@@ -356,7 +356,8 @@ class RolloutWorker:
         self._cols.append({
             "t_start_s": starts, "t_end_s": ends, "num_prefill_tokens": np.full(n, prefill),
             "num_decode_reqs": np.full(n, decode), "kv_tokens_used": np.asarray(kv, dtype=np.int64),
-            "mem_bytes": self.need_bytes(np.asarray(kv)), "flops": np.full(n, self.cost.flops_per_token * (prefill + decode)),
+            "mem_bytes": self.need_bytes(np.asarray(kv)),
+            "flops": np.full(n, self.cost.flops_per_token * (prefill + decode)),
             "slowdown": np.full(n, self.s),
         })
 
@@ -365,7 +366,8 @@ class RolloutWorker:
         reserve, at most its pool (what a memory budget must leave it; less KV is a smaller
         batch, which the slowdown grid's memory axis prices)."""
         c = self.cost
-        need = c.weights_bytes() + np.asarray(kv_tokens, dtype=float) * c.kv_bytes_per_token() + c.config.rollout_reserve_bytes
+        kv = np.asarray(kv_tokens, dtype=float) * c.kv_bytes_per_token()
+        need = c.weights_bytes() + kv + c.config.rollout_reserve_bytes
         return np.minimum(need, self.mem_bytes).astype(np.int64)
 
     def held_kv_tokens(self) -> int:

@@ -167,7 +167,8 @@ def stage_shares(spec: workload.WorkloadSpec, gpus: int, steps: int, seed: int =
                                             seed=seed, trace=False))
     runs[0].spec = spec
     NodeSim(runs, node, grid, pol, trace=False).run()
-    sums = {k: sum(m.stage_s.get(k, 0.0) for m in runs[0].metrics) for k in ("rollout", "reference", "training", "tool")}
+    stages = ("rollout", "reference", "training", "tool")
+    sums = {k: sum(m.stage_s.get(k, 0.0) for m in runs[0].metrics) for k in stages}
     sums["rollout"] -= sums["tool"]
     total = sum(sums.values()) + sum(m.stage_s.get("reward", 0.0) for m in runs[0].metrics)
     return tuple(100 * sums[k] / total for k in ("rollout", "reference", "training", "tool"))

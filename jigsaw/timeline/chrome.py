@@ -31,7 +31,8 @@ def chrome_trace(tl: Timeline) -> dict:
             ev.append({"ph": "C", "name": "SM share", "pid": s.device, "ts": us(t),
                        "args": {p: round(v[i], 6) for p, v in s.share_frac.items()}})
             if s.mfu_frac is not None:
-                ev.append({"ph": "C", "name": "MFU", "pid": s.device, "ts": us(t), "args": {"mfu": round(s.mfu_frac[i], 6)}})
+                ev.append({"ph": "C", "name": "MFU", "pid": s.device, "ts": us(t),
+                           "args": {"mfu": round(s.mfu_frac[i], 6)}})
     for m in tl.migrations:
         d = tl.device_of(m.substage, m.t_s)
         if d in tl.series and m.pipeline in tid:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from jigsaw.graph.ids import SubStageId
 from jigsaw.trace import Trace, TraceEvent
 
 FORMATS = (".png", ".json", ".html")
@@ -43,9 +44,9 @@ class Interval:
 
 
 def substage_kind(substage: str) -> str:
-    """`rollout_tail` of a builder id `pipeline/step/rRANK/kind/n`; the id itself otherwise."""
-    parts = substage.split("/")
-    return parts[3] if len(parts) == 5 else (substage or "substage")
+    """`rollout_tail` of an id `pipeline/step/rRANK/kind/n`; the id itself otherwise."""
+    sid = SubStageId.try_parse(substage)
+    return sid.kind.value if sid is not None else (substage or "substage")
 
 
 # ------------------------------------------------------------------ reconstruction
@@ -339,7 +340,8 @@ class Timeline:
             flops = sum(iv.flops for iv in mine)
             peak_s = sum(self.peak_flops.get(d, math.nan) * s for d, s in _busy_by_device(mine).items())
             mfu = flops / peak_s if flops and peak_s > 0 and not math.isnan(peak_s) else None
-            out.append(PipelineSummary(name=p, busy_device_s=busy, sm_device_s=sum(iv.sm_frac * iv.duration_s for iv in mine),
+            sm_s = sum(iv.sm_frac * iv.duration_s for iv in mine)
+            out.append(PipelineSummary(name=p, busy_device_s=busy, sm_device_s=sm_s,
                                        tokens=self.tokens.get(p, 0), flops=flops,
                                        flops_source=self.flops_source.get(p, "none"), mfu_frac=mfu))
         return out
@@ -350,11 +352,10 @@ class Timeline:
         k = bisect.bisect_right(held, (t_s, math.inf))
         if k:
             return held[k - 1][1]
-        parts = substage.split("/")
-        if len(parts) == 5 and parts[2][1:].isdigit():
-            placed = self.placement.get(parts[0], [])
-            rank = int(parts[2][1:])
-            return placed[rank] if rank < len(placed) else None
+        sid = SubStageId.try_parse(substage)
+        if sid is not None:
+            placed = self.placement.get(sid.pipeline, [])
+            return placed[sid.rank] if sid.rank < len(placed) else None
         return None
 
 

@@ -1,0 +1,24 @@
+"""Suite-wide rules: `gpu`-marked tests run only where CUDA is usable (one rule, here)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None and torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if gpu and not cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+        for item in gpu:
+            item.add_marker(skip)
