@@ -305,3 +305,30 @@ def test_gpu_options_without_a_gpu_leave_the_daemon_serving(tmp_path):
         n.stop()
     log = n.daemon.stderr.read().decode()
     assert "MPS:" in log and "telemetry off" in log and "green partitioner unavailable" in log
+
+
+@pytest.mark.parametrize("policy", ["serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
+def test_the_daemon_runs_every_policy_live(tmp_path, policy):
+    from jigsaw.graph.policy import NAMES
+
+    assert policy in NAMES  # the list above is every policy `make` knows
+    n = Node(tmp_path)
+    n.start("--policy", policy)
+    try:
+        a = n.run("A", tmp_path / "a.out", "--steps", "2", "--work-ms", "40")
+        b = n.run("B", tmp_path / "b.out", "--steps", "2", "--work-ms", "40")
+        assert a.wait(90) == 0 and b.wait(90) == 0
+    finally:
+        n.stop()
+    for out in ("a.out", "b.out"):
+        work_done(tmp_path / out, 2)
+    ev = n.events()
+    assert [e["data"]["policy"] for e in ev if e["event"] == "node"] == [policy]
+    plans = [e["data"] for e in ev if e["event"] == "plan"]
+    assert plans and not any(p["fallback"] for p in plans)  # the policy itself decided every time
+    lines = [ln.split() for f in ("a.out", "b.out") for ln in (tmp_path / f).read_text().splitlines()]
+    assert all(exclusive == "0" for *_, exclusive in lines)
+    if policy == "serial":  # verl: whole steps back to back, one pipeline on the device at a time
+        assert not _overlap(ev, "A", "B") and all(float(frac) == 1.0 for _, _, _, frac, _ in lines)
+    if policy == "jigsaw":
+        assert _overlap(ev, "A", "B")

@@ -6,6 +6,8 @@
            mean step latency per pipeline ─► trace of jigsaw (or the one policy) to --out
     --replay TRACE --policy all
         ─► sub-stage graphs rebuilt from the trace ─► each policy re-packs them (graph executor)
+        ─► a daemon's trace: its inputs fed to the simulator's node state, every plan re-made
+           and compared with the recorded one
 
 No torch is imported: the simulator runs on any CPU.
 """
@@ -123,15 +125,20 @@ def _replay(path: Path, profile: Path | None, policies: list[str], config: SimCo
 
     from jigsaw.graph.policy import make
     from jigsaw.mux.slowdown import load_grid
-    from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay
+    from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay, replay_decisions
     from jigsaw.trace import Trace
 
     trace = Trace.read(path)
     rec = recorded(trace)
     grid = load_grid(profile) if profile else grid_of(rec)
     tokens = sum(rec.tokens.values())
+    caption = f"recorded makespan {recorded_makespan_s(trace):,.1f} s; recorded placement kept"
+    if rec.node is not None:  # a daemon's trace: do its decisions come out the same offline?
+        same = replay_decisions(trace)  # with the daemon's own grid, whatever re-packs with
+        caption += (f"\n{rec.node['policy']}'s {same.plans} live plans re-made by the simulator's node state: "
+                    + (f"{same.differ} differ, first: {same.mismatches[0]}" if same.differ else "all identical"))
     t = Table(title=f"replay of {path}: {len(rec.pipelines)} pipelines on {rec.num_devices} devices",
-              caption=f"recorded makespan {recorded_makespan_s(trace):,.1f} s; recorded placement kept")
+              caption=caption)
     for col in ("policy", "makespan s", "tokens/s", *[f"done s {ps.graph.pipeline}" for ps in rec.pipelines]):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for name in policies:

@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -101,8 +102,11 @@ class Session:
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig, directory: Path | None = None, partitioner=None):
-        self.config = config
+    def __init__(self, config: DaemonConfig, directory: Path | None = None, partitioner=None,
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock` times the scheduler's facts (leases always run on the wall clock): a test
+        that scripts it gets decisions that do not depend on machine load."""
+        self.config, self.clock = config, clock
         self.dir = directory or runtime_dir()
         self.grid = node_grid(config.profile)
         node = NodeSpec(num_devices=config.devices, mem_bytes=self.grid.device.mem_bytes)
@@ -110,7 +114,7 @@ class Daemon:
                                max_wait_s=config.max_wait_s, liveness=True)
         self.partitioner = partitioner or grants.partitioner(config.partitioner, config.devices,
                                                              config.sched.budgets(self.grid))
-        self.t0 = time.monotonic()
+        self.t0 = clock()
         self.sessions: dict[str, Session] = {}
         self.step_start: dict[str, float] = {}
         self.refused = self.errors = 0
@@ -123,7 +127,7 @@ class Daemon:
                                       "partitioner": self.partitioner.kind, "pid": os.getpid()})
 
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock() - self.t0
 
     # ------------------------------------------------------------ loop
 

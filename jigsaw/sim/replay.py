@@ -38,6 +38,8 @@ class Recorded:
     tokens: dict[str, int]
     meta: dict[str, dict]
     num_devices: int
+    node: dict | None = None
+    """A daemon trace's node event (policy, scheduler config, profile), None for a simulator's."""
 
 
 def recorded(trace: Trace) -> Recorded:
@@ -61,7 +63,9 @@ def recorded(trace: Trace) -> Recorded:
         states.append(PipelineState(graph=graph, devices=tuple(placed)))
     if not states:
         raise ValueError("the trace holds no sub-stage: nothing to replay")
-    return Recorded(pipelines=tuple(states), tokens=dict(tokens), meta=meta, num_devices=max(devices, default=0) + 1)
+    node = next((e.data for e in trace.events if e.event == "node"), None)
+    return Recorded(pipelines=tuple(states), tokens=dict(tokens), meta=meta, num_devices=max(devices, default=0) + 1,
+                    node=node)
 
 
 def _pieces(trace: Trace) -> tuple[list[SubStage], dict[str, float]]:
@@ -117,10 +121,13 @@ def _one_per_replica(pieces: list[SubStage]) -> list[SubStage]:
 
 
 def grid_of(rec: Recorded):
-    """The slowdown grid the recording pipelines were simulated with: the analytic prior of
-    the first pipeline's model, device and deployment (pipeline events of the trace)."""
-    from jigsaw.mux.prior import DEVICES, PriorConfig, analytic_prior
+    """The slowdown grid the recording was decided with: a daemon's (its profile, or its
+    default prior), else the analytic prior of the first simulated pipeline's model, device
+    and deployment (pipeline events of the trace)."""
+    from jigsaw.mux.prior import DEVICES, PriorConfig, analytic_prior, node_grid
 
+    if rec.node is not None:
+        return node_grid(rec.node.get("profile"))
     first = rec.meta.get(rec.pipelines[0].graph.pipeline) or {}
     missing = [k for k in ("model", "device", "prior") if k not in first]
     if missing:
@@ -147,13 +154,16 @@ class DecisionReplay:
 
     plans: int
     """Recorded plans replayed."""
+    differ: int
+    """Inputs or plans that came out differently."""
     mismatches: tuple[str, ...]
-    """Each difference (the first few), empty when every plan was reproduced."""
+    """The first few differences, empty when every plan was reproduced."""
 
 
-def replay_decisions(trace: Trace, grid=None) -> DecisionReplay:
-    """Feed a daemon trace's inputs to a fresh NodeState and re-decide at every plan event."""
-    state = _node_state(trace, grid)
+def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = None) -> DecisionReplay:
+    """Feed a daemon trace's inputs to a fresh NodeState and re-decide at every plan event.
+    `sched` replaces the recorded scheduler config (what would another setting have decided?)."""
+    state = _node_state(trace, grid, sched)
     plans, mismatches = 0, []
     for e in trace.events:
         try:
@@ -168,10 +178,10 @@ def replay_decisions(trace: Trace, grid=None) -> DecisionReplay:
             mine = got.record() if got is not None else None
             if mine is None or any(mine[k] != e.data.get(k) for k in ("started", "assignments", "fallback")):
                 mismatches.append(f"t={e.t_s:.6f}: plan {_brief(mine)} differs from the recorded {_brief(e.data)}")
-    return DecisionReplay(plans=plans, mismatches=tuple(mismatches[:20]))
+    return DecisionReplay(plans=plans, differ=len(mismatches), mismatches=tuple(mismatches[:20]))
 
 
-def _node_state(trace: Trace, grid):
+def _node_state(trace: Trace, grid, sched: SchedulerConfig | None):
     from jigsaw.graph.node import NodeState
     from jigsaw.graph.policy import make
 
@@ -184,7 +194,7 @@ def _node_state(trace: Trace, grid):
         from jigsaw.mux.prior import node_grid
 
         grid = node_grid(cfg.get("profile"))
-    sched = _sched(cfg["sched"])
+    sched = sched or _sched(cfg["sched"])
     return NodeState(NodeSpec(num_devices=cfg["devices"], mem_bytes=grid.device.mem_bytes), grid,
                      make(cfg["policy"], sched), next_step=sched.next_step, max_wait_s=cfg["max_wait_s"],
                      liveness=True)
@@ -227,4 +237,5 @@ def _apply(state, e: TraceEvent):
 def _brief(record: dict | None) -> str:
     if record is None:
         return "(none)"
-    return f"started {record['started']}, {len(record['assignments'])} assignments"
+    granted = ", ".join(f"{a[0]}@{a[2]:g}" for a in record["assignments"])
+    return f"started {record['started']}, granted [{granted}]"
