@@ -6,6 +6,8 @@
                 request    a sub-stage asked to start (data: kind, rank, step, urgent, need_bytes, pids)
                 grant      a sub-stage replica runs on a device under a budget from t_s on
                            (data: need_bytes, the memory it needs; partition, when enforced)
+                delivered  a budget change (a later grant of a running sub-stage) went to its
+                           worker in a heartbeat reply; the worker binds it on receipt
                 release    it stops holding the device (done, migrated away, or waiting on a tool)
                 host       a host sub-stage (tool wait, reward) ran from t_s (data: end_s)
                 done       a sub-stage reported its end (data: its numbers)
@@ -34,8 +36,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EVENTS = ("node", "pipeline", "request", "grant", "release", "host", "done", "drop", "plan", "open", "migration",
-          "step", "telemetry")
+EVENTS = ("node", "pipeline", "request", "grant", "delivered", "release", "host", "done", "drop", "plan", "open",
+          "migration", "step", "telemetry")
 log = logging.getLogger("jigsaw.trace")
 
 

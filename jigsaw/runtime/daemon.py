@@ -124,7 +124,8 @@ class Daemon:
         self._event("node", "", data={"policy": config.policy, "sched": asdict(config.sched),
                                       "max_wait_s": config.max_wait_s, "devices": config.devices,
                                       "profile": str(config.profile) if config.profile else None,
-                                      "partitioner": self.partitioner.kind, "pid": os.getpid()})
+                                      "partitioner": self.partitioner.kind, "pid": os.getpid(),
+                                      "clock_t0_s": self.t0})  # event times are clock − t0
 
     def now(self) -> float:
         return self.clock() - self.t0
@@ -231,6 +232,8 @@ class Daemon:
         session.last_seen = time.monotonic()
         if isinstance(msg, pr.Heartbeat):
             grants_now, session.updates = tuple(session.updates.values()), {}
+            for g in grants_now:
+                self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
             return pr.Beat(grants=grants_now, req=msg.req)
         if isinstance(msg, pr.Admit):
             return self._admit(msg, session, ident)
@@ -282,6 +285,7 @@ class Daemon:
         numbers = {"batch_size": msg.batch_size, "seq_len": msg.seq_len, "num_steps": msg.num_steps,
                    "num_tokens": msg.num_tokens, "flops": msg.flops}
         self._event("done", p.name, msg.substage, data={**numbers, "final": msg.final})
+        session.updates.pop(msg.substage, None)  # a budget change it no longer needs
         ended = self.state.finish(p.name, msg.substage, self.now(), final=msg.final, **numbers)
         if ended is None:  # a migration already ended it
             return pr.Ok(req=msg.req)

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--work-ms", type=float, default=100.0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gap-ms", type=float, default=0.0, help="host time before each sub-stage (holds no device)")
     ap.add_argument("--pause-file", help="wait for this file to exist before each sub-stage's work")
     ap.add_argument("--elapsed-out", help="write the seconds the steps took here")
     args = ap.parse_args()
@@ -40,6 +41,7 @@ def main() -> None:
     with open(args.out, "a", buffering=1) as out:
         for step in range(args.steps):
             for kind in KINDS:
+                time.sleep(args.gap_ms / 1e3)
                 with client.substage(kind, dp_rank=0, step=step, urgent=kind.startswith("rollout_")
                                      and kind != "rollout_prefill") as grant:
                     while args.pause_file and not os.path.exists(args.pause_file):

@@ -1,0 +1,72 @@
+"""A jigsaw daemon in its own runtime directory, and real pipelines run against it (tests)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jigsaw.runtime import protocol as pr
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "tests" / "workers" / "toy_pipeline.py"
+
+
+class Node:
+    """A daemon in its own runtime directory, and helpers to run pipelines against it."""
+
+    def __init__(self, tmp: Path):
+        self.dir = tmp / "rt"
+        self.dir.mkdir(mode=0o700)
+        self.trace = tmp / "trace.jsonl"
+        self.env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(self.dir))
+        self.env.pop("JIGSAW_ENDPOINT", None)
+        self.ep = f"ipc://{self.dir / 'daemon.sock'}"
+        self.daemon = None
+
+    def start(self, *extra: str) -> None:
+        self.daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--trace", str(self.trace),
+                                        *extra],
+                                       env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+        deadline = time.monotonic() + 20
+        while self.status() is None:
+            assert time.monotonic() < deadline and self.daemon.poll() is None, self.daemon.stderr.read()
+
+    def status(self, timeout_s: float = 0.3):
+        import zmq
+
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.ep)
+        try:
+            s.send(pr.encode(pr.Status(req=7)))
+            return pr.decode_reply(s.recv()) if s.poll(int(timeout_s * 1000)) else None
+        finally:
+            s.close()
+
+    def run(self, name: str, out: Path, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", name, "--",
+                                 sys.executable, str(TOY), "--out", str(out), *extra], env=self.env, cwd=ROOT)
+
+    def worker(self, name: str, out: Path, *extra: str) -> subprocess.Popen:
+        """A worker process attached directly (no `jigsaw run` owner keeping the pipeline)."""
+        env = dict(self.env, JIGSAW_ENDPOINT=self.ep, JIGSAW_PIPELINE=name)
+        return subprocess.Popen([sys.executable, str(TOY), "--out", str(out), *extra], env=env, cwd=ROOT)
+
+    def pipelines(self, timeout_s: float = 10.0) -> dict[str, pr.PipelineInfo]:
+        """What the daemon reports; a status that times out is retried (it says nothing about
+        the pipelines), and a daemon that never answers fails the test."""
+        deadline = time.monotonic() + timeout_s
+        while (st := self.status()) is None:
+            assert time.monotonic() < deadline, "the daemon did not answer a status request"
+        return {p.name: p for p in st.pipelines}
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.trace.read_text().splitlines()] if self.trace.exists() else []
+
+    def stop(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            self.daemon.wait(10)
