@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from jigsaw.cli.main import main
 from jigsaw.recipes.grpo import RecipeConfig, _caps
 
@@ -16,12 +18,13 @@ def test_long_tail_caps_are_seeded_bounded_and_skewed():
     assert _caps(RecipeConfig(long_tail=False, max_new_tokens=64), 0, 5) == [64] * 5
 
 
-def test_demo_runs_serial_naive_and_jigsaw(tmp_path, capsys):
+@pytest.mark.timeout(600)
+def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "24",
                  "--out-dir", str(out)]) == 0
     printed = capsys.readouterr().out
-    for mode in ("serial", "naive", "jigsaw"):
+    for mode in ("serial", "naive", "naive-fair", "jigsaw"):
         docs = [json.loads(p.read_text()) for p in sorted(out.glob(f"{mode}-seed*.json"))]
         assert len(docs) == 2 and all(len(d["steps"]) == 2 and d["tokens"] > 0 for d in docs), mode
         assert mode in printed
@@ -35,3 +38,24 @@ def test_demo_runs_serial_naive_and_jigsaw(tmp_path, capsys):
     png = out / "jigsaw-timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Path(out / "daemon.log").exists()
+
+
+def test_the_demo_table_counts_every_sub_stage_that_fell_open(tmp_path):
+    from rich.console import Console
+
+    from jigsaw.recipes.demo import _summarise, table
+
+    def result(name: str, fell: int) -> Path:
+        doc = {"name": name, "tokens": 100, "start_s": 10.0, "end_s": 20.0,
+               "steps": [{"latency_s": 5.0}, {"latency_s": 5.0}],
+               "fell_open": [{"kind": "training", "dp_rank": 0, "step": i, "substage": "", "reason": "unreachable"}
+                             for i in range(fell)]}
+        (path := tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        return path
+
+    r = _summarise("jigsaw", 12.0, [result("a", 2), result("b", 1)])
+    assert r.fell_open == 3 and r.tokens_per_s == 20.0
+    console = Console(width=200, record=True)
+    console.print(table([_summarise("serial", 25.0, [result("c", 0), result("d", 0)]), r]))
+    row = next(line for line in console.export_text().splitlines() if "jigsaw" in line)
+    assert row.rstrip(" │").endswith("3")  # the last column: sub-stages that fell open

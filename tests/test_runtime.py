@@ -91,6 +91,33 @@ def test_a_killed_pipeline_loses_its_grants_within_two_seconds(node, tmp_path):
     assert any(e["event"] == "release" and e["pipeline"] == "A" and e["data"].get("reclaimed") for e in node.events())
 
 
+def test_a_worker_stopped_past_its_lease_reports_the_sub_stage_that_fell_open(node, tmp_path):
+    pause = tmp_path / "go"
+    a = node.worker("A", tmp_path / "a.out", "--steps", "1", "--pause-file", str(pause))
+    deadline = time.monotonic() + 20
+    while not ((got := node.pipelines().get("A")) is not None and got.running):
+        assert time.monotonic() < deadline, "A was never admitted"
+        time.sleep(0.05)
+    a.send_signal(signal.SIGSTOP)  # holding a grant, its heartbeats stop (as on a starved machine)
+    try:
+        t_stop = time.monotonic()
+        while "A" in node.pipelines():
+            assert time.monotonic() - t_stop < 10, "A's lease never expired"
+            time.sleep(0.05)
+    finally:
+        a.send_signal(signal.SIGCONT)
+    pause.touch()
+    assert a.wait(60) == 0
+    work_done(tmp_path / "a.out", 1)  # it went on: nothing lost or done twice
+    ev = node.events()
+    first = "A/0/r0/rollout_prefill/0"
+    assert any(e["event"] == "release" and e["substage"] == first and e["data"].get("reclaimed") for e in ev)
+    opened = [(e["substage"], e["data"]["reason"]) for e in ev if e["event"] == "open"]
+    assert opened == [(first, "lost")]  # the worker knows it ran without the daemon, and says so once
+    later = [e["substage"] for e in ev if e["event"] == "grant" and e["pipeline"] == "A"]
+    assert later[0] == first and len(later) == 5  # the rest of the step went through the daemon again
+
+
 def test_pipelines_finish_when_the_daemon_is_killed(node, tmp_path):
     a, b = node.run("A", tmp_path / "a.out", "--steps", "6"), node.run("B", tmp_path / "b.out", "--steps", "6")
     deadline = time.monotonic() + 20

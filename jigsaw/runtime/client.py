@@ -5,7 +5,8 @@
        │      the listed processes are bound to grant.partition (mux/bind.py) before the body
        │      work under grant.sm_frac / grant.micro_batch / grant.stream …
        │      grant.report(num_tokens=…, flops=…)
-       │  (exit)                                                         Done (no wait)
+       │  (exit)                                                         Done ─► Ok (or: the
+       │                                                   lease was lost meanwhile: it fell open)
        │  client.step_end(step, tokens=…)                                StepEnd (no wait)
        └─ heartbeat thread (own socket): Heartbeat every heartbeat_s ─► Beat: budget changes,
                                           re-bound at once (a sub-stage is re-partitioned while
@@ -96,6 +97,8 @@ class Client:
         """Every sub-stage that ran without the daemon: kind, rank, step, reason, reported."""
         self._req = 0
         self._lock = threading.Lock()
+        self._reporting = threading.Lock()
+        self._registering = threading.Lock()
         self._live: dict[str, GrantHandle] = {}
         self._binder = None
         self._stop = threading.Event()
@@ -110,7 +113,10 @@ class Client:
 
     @property
     def connected(self) -> bool:
-        return self.session is not None and time.monotonic() - self.last_reply < self.dead_after_s
+        return self.session is not None and self._reachable()
+
+    def _reachable(self) -> bool:
+        return self._ctx is not None and time.monotonic() - self.last_reply < self.dead_after_s
 
     @contextlib.contextmanager
     def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
@@ -118,6 +124,8 @@ class Client:
         """Block until the scheduler admits this sub-stage and its processes (`pids`, default
         this one) are on its partition; report it done on exit."""
         t0 = time.monotonic()
+        if self.session is None and self._reachable():  # forgotten by a live daemon: join it again now
+            self._register(self._sock, self.connect_timeout_s)
         handle, why = self._admit(kind, dp_rank, step, urgent, mem_bytes, tuple(pids)) if self.connected \
             else (None, "unreachable")
         if handle is None:
@@ -144,7 +152,7 @@ class Client:
     def close(self, pipeline_done: bool = False) -> None:
         self._stop.set()
         if self.connected:
-            self._report_open()
+            self._report_open(self._sock)
             self._send(pr.Unregister(session=self.session or "", pipeline_done=pipeline_done))
         if self._ctx is not None:
             self._hb.join(timeout=2 * self.heartbeat_s + 1)
@@ -176,21 +184,38 @@ class Client:
             log.warning("cannot bind %s to %s: %s (running unbound)", h.substage or h.kind, h.partition, exc)
 
     def _close(self, h: GrantHandle, why: str) -> None:
+        if h.substage and not (h.exclusive or h.lost):
+            done = pr.Done(session=self.session or "", substage=h.substage, final=h.final, **h.numbers,
+                           req=self._next_req())
+            reply = self._call(self._sock, done, 4 * self.heartbeat_s) if self.connected else None
+            if isinstance(reply, pr.Error) and reply.code == "unknown-session":
+                h.lost = True  # reclaimed while this process could not beat (stopped, starved)
+                self._forgotten(done.session)
         if h.exclusive or h.lost:
-            self.fallen_open.append({"kind": h.kind, "dp_rank": h.dp_rank, "step": h.step, "substage": h.substage,
-                                     "reason": "lost" if h.lost else why, "reported": False,
-                                     "duration_s": time.monotonic() - h.started_s})
+            with self._lock:
+                self.fallen_open.append({"kind": h.kind, "dp_rank": h.dp_rank, "step": h.step,
+                                         "substage": h.substage, "reason": "lost" if h.lost else why,
+                                         "reported": False, "duration_s": time.monotonic() - h.started_s})
             if self.connected:
-                self._report_open()
-        elif h.substage:
-            self._send(pr.Done(session=self.session or "", substage=h.substage, final=h.final, **h.numbers))
+                self._report_open(self._sock)
 
-    def _report_open(self) -> None:
-        for rec in self.fallen_open:
-            if not rec["reported"] and self._send(pr.Opened(
-                    session=self.session or "", kind=rec["kind"], dp_rank=rec["dp_rank"], step=rec["step"],
-                    reason=rec["reason"], substage=rec["substage"], duration_s=rec["duration_s"])):
+    def _report_open(self, sock: zmq.Socket) -> None:
+        """Tell the daemon (on the calling thread's socket) what ran without it; a record
+        counts as reported only once the daemon acknowledged it."""
+        if not self._reporting.acquire(blocking=False):
+            return  # the other thread is reporting
+        try:
+            with self._lock:
+                todo = [r for r in self.fallen_open if not r["reported"]]
+            for rec in todo:
+                msg = pr.Opened(session=self.session or "", kind=rec["kind"], dp_rank=rec["dp_rank"], step=rec["step"],
+                                reason=rec["reason"], substage=rec["substage"], duration_s=rec["duration_s"],
+                                req=self._next_req())
+                if not isinstance(self._call(sock, msg, 4 * self.heartbeat_s), pr.Ok):
+                    return  # unknown session or no answer: again after the next registration
                 rec["reported"] = True
+        finally:
+            self._reporting.release()
 
     def _lose_grants(self) -> None:
         """The daemon no longer knows this session: what runs now runs without it."""
@@ -245,20 +270,41 @@ class Client:
         return None
 
     def _register(self, sock: zmq.Socket, timeout_s: float) -> None:
-        msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, req=self._next_req())
-        reply = self._call(sock, msg, timeout_s)
-        if isinstance(reply, pr.Registered):
-            self.session, self.heartbeat_s = reply.session, reply.heartbeat_s
-            self.dead_after_s = 2 * reply.lease_s  # the daemon reclaims after one lease; give it two
-            log.info("pipeline %s registered (session %s)", self.pipeline, self.session)
-            self._report_open()
-        elif isinstance(reply, pr.Error):
-            log.warning("jigsaw daemon refused registration: %s", reply.message)
+        """Join the daemon (on the calling thread's socket); one session at a time, whichever
+        thread finds it missing first."""
+        with self._registering:
+            if self.session is not None:
+                return
+            msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, req=self._next_req())
+            reply = self._call(sock, msg, timeout_s)
+            if isinstance(reply, pr.Registered):
+                self.session, self.heartbeat_s = reply.session, reply.heartbeat_s
+                self.dead_after_s = 2 * reply.lease_s  # the daemon reclaims after one lease; give it two
+                log.info("pipeline %s registered (session %s)", self.pipeline, self.session)
+            elif isinstance(reply, pr.Error):
+                log.warning("jigsaw daemon refused registration: %s", reply.message)
+        if self.session is not None:
+            self._report_open(sock)
 
-    def _admit(self, kind, dp_rank, step, urgent, mem_bytes, pids) -> tuple[GrantHandle | None, str]:
+    def _forgotten(self, session: str) -> None:
+        """The daemon does not know `session` (restarted, or the lease was lost): what runs under
+        it runs without the daemon now.  A newer session is kept."""
+        with self._registering:
+            if self.session != session:
+                return
+            self.session = None
+        self._lose_grants()
+
+    def _admit(self, kind, dp_rank, step, urgent, mem_bytes, pids,
+               retry: bool = True) -> tuple[GrantHandle | None, str]:
         msg = pr.Admit(session=self.session or "", kind=kind, dp_rank=dp_rank, step=step, urgent=urgent,
                        mem_bytes=mem_bytes, pids=pids, req=self._next_req())
         reply = self._call(self._sock, msg, None, give_up=lambda: not self.connected)
+        if isinstance(reply, pr.Error) and reply.code == "unknown-session" and retry:
+            self._forgotten(msg.session)
+            self._register(self._sock, self.connect_timeout_s)
+            if self.connected:
+                return self._admit(kind, dp_rank, step, urgent, mem_bytes, pids, retry=False)
         if isinstance(reply, pr.Grant):
             h = GrantHandle(substage=reply.substage, device=reply.device, pids=pids)
             h._update(reply)
@@ -276,15 +322,15 @@ class Client:
                 if self.session is None:
                     self._register(sock, self.heartbeat_s * 4)
                     continue
-                reply = self._call(sock, pr.Heartbeat(session=self.session, req=self._next_req()), self.heartbeat_s * 4)
+                beat = pr.Heartbeat(session=self.session, req=self._next_req())
+                reply = self._call(sock, beat, self.heartbeat_s * 4)
                 if isinstance(reply, pr.Beat):
                     for g in reply.grants:
                         if (h := self._live.get(g.substage)) is not None and not h.lost:
                             h._update(g)
                             self._bind(h)  # mid-sub-stage: the processes move at once
                 elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
-                    self.session = None  # a new daemon, or a lost lease: register again
-                    self._lose_grants()
+                    self._forgotten(beat.session)  # a new daemon, or a lost lease: register again
         finally:
             sock.close(linger=0)
 
