@@ -32,7 +32,9 @@ class Node:
                                        env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
         deadline = time.monotonic() + 20
         while self.status() is None:
-            assert time.monotonic() < deadline and self.daemon.poll() is None, self.daemon.stderr.read()
+            if self.daemon.poll() is not None:  # its stderr ends only once it exited
+                raise AssertionError(f"the daemon exited: {self.daemon.stderr.read().decode(errors='replace')}")
+            assert time.monotonic() < deadline, "the daemon did not answer a status request in 20 s"
 
     def status(self, timeout_s: float = 0.3):
         import zmq

@@ -1,4 +1,5 @@
-"""The README's library example runs as written and shows the look-ahead beating greedy and serial."""
+"""The README's library example runs as written, prints what the README shows, and shows the
+look-ahead beating greedy and serial."""
 
 import contextlib
 import io
@@ -17,6 +18,8 @@ def test_readme_example_runs(monkeypatch):
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     printed = out.getvalue()
+    shown = re.search(r"It prints \(a test checks it, line for line\):\n\n```\n(.*?)```", text, flags=re.S)
+    assert shown and printed == shown.group(1)  # the README shows what the example prints today
     spans = {int(w): float(s) for w, s in re.findall(r"W=(\d): both steps done in ([\d.]+) s", printed)}
     serial = float(re.search(r"serial: ([\d.]+) s", printed).group(1))
     assert set(spans) == {1, 3}
