@@ -1,6 +1,7 @@
 """`jigsaw profile`: grid assembly from measurements, kernels from a model config, CLI errors."""
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -54,10 +55,46 @@ def test_measured_grid_is_valid_and_both_views_come_from_one_run(tmp_path):
     assert grid.slowdown("training", "rollout_tail", 1.0, 0.4) == pytest.approx(1 + 0.1, rel=1e-3)  # shared row
     n_pairs = 15 * 16  # unordered kind pairs (with self pairs) × σ levels × memory levels
     assert len(lines) == n_pairs and lines[-1].startswith(f"[{n_pairs}/{n_pairs}]")
-    assert bench.calls == 5 + 5 * 16 - 5 + n_pairs  # the normalisation point is not measured twice
+    # base times are medians of 3 runs, the normalisation point is not measured again, and a
+    # bench without noise never makes a point repeat
+    assert bench.calls == 5 * 3 + 5 * 16 - 5 + n_pairs
+    assert grid.source["noise"] == {"repeats": 3, "repeated_values": 5, "max_spread_frac": 0.0,
+                                    "median_spread_frac": 0.0, "kept_below_1": 0}
     out = tmp_path / "g.json"
     grid.save(out)
     assert load_grid(out) == grid
+
+
+class NoisyBench(FakeBench):
+    """FakeBench whose pairs of rollout_tail with training come out 20% fast on their first run
+    (noise, as on a loaded machine), and whose shared self-pair of decode is always 3% fast."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def pair(self, a, b, sm_frac_a, mem_frac_a):
+        t_a, t_b = super().pair(a, b, sm_frac_a, mem_frac_a)
+        if (a, b) == ("rollout_tail", "training") and (key := (sm_frac_a, mem_frac_a)) not in self.seen:
+            self.seen.add(key)
+            return 0.8 * self.BASE[a], t_b
+        if (a, b, sm_frac_a) == ("rollout_decode", "rollout_decode", 1.0):
+            return 0.97 * self.BASE[a], 0.97 * self.BASE[b]
+        return t_a, t_b
+
+
+def test_noisy_points_are_measured_again_and_kept_unclamped_with_their_spread():
+    bench = NoisyBench()
+    grid = measure_grid(bench, "qwen3-0.6b", repeats=3)
+    clean = measure_grid(FakeBench(), "qwen3-0.6b", repeats=3)
+    # first run 0.8 of alone, then twice the true value: the median of the three is the true value
+    assert grid.pair("rollout_tail", "training", 0.25, 0.2) == clean.pair("rollout_tail", "training", 0.25, 0.2)
+    # consistently faster than alone: kept as measured (0.97), not clamped to a "perfect" 1.0
+    assert grid.pair("rollout_decode", "rollout_decode", 1.0, 0.4) == (0.97, 0.97)
+    noise = grid.source["noise"]
+    assert noise["kept_below_1"] == 4 * 2  # the decode self-pair at 4 memory levels, both views
+    assert noise["max_spread_frac"] > 0.0 and noise["repeated_values"] > 5
+    assert bench.calls == 5 * 3 + 5 * 16 - 5 + 240 + (16 + 4) * 2  # a noisy point: 3 runs in all
 
 
 def test_asymmetric_memory_levels_are_refused():
@@ -148,7 +185,12 @@ def test_cpu_profile_measures_a_valid_grid_on_this_machine(tmp_path):
         bench.close()
     assert grid.device.sku.startswith("CPU-") and grid.device.num_sms == len(bench.cores)
     assert grid.device.peak_flops > 1e8  # measured matmul throughput
-    assert grid.alone("training", levels[0], 0.8) > 1.1  # half the cores: training is slower
+    # What was measured is what the grid holds, however loaded this machine is (how much half
+    # the cores slow training is a measurement, not a property to test: see the CPU profile)
+    noise = grid.source["noise"]
+    assert noise["repeats"] == 3 and noise["repeated_values"] >= 2  # base times: medians of 3
+    values = [v for k in grid.kinds for row in grid.to_dict()["alone"][k] for v in row]
+    assert all(math.isfinite(v) and v > 0 for v in values)
     grid.save(tmp_path / "cpu.json")
     assert load_grid(tmp_path / "cpu.json") == grid
     assert not any(p.is_alive() for p in bench.procs)

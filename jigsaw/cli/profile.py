@@ -42,7 +42,7 @@ def run(args: Args) -> int:
                 if not console.is_terminal:  # logs and CI see the progress too
                     console.print(line)
 
-            grid = measure_grid(bench, name, sm_levels=levels, progress=progress, note=note)
+            grid = measure_grid(bench, name, sm_levels=levels, progress=progress, note=note, repeats=cfg.repeats)
     finally:
         bench.close()
     out = cfg.out or default_out(ROOT, grid.device, name)
@@ -50,8 +50,11 @@ def run(args: Args) -> int:
     grid.save(out)
     low = grid.sm_levels[0]
     slow = grid.alone("training", low, grid.mem_levels[-1])
+    noise = grid.source["noise"]
     console.print(f"wrote {out}: training at {low:.0%} of the device x{slow:.2f}, "
-                  f"best packing {grid.max_pack_efficiency():.2f}")
+                  f"best packing {grid.max_pack_efficiency():.2f}; {noise['repeated_values']} noisy values "
+                  f"measured {noise['repeats']}x (spread up to {noise['max_spread_frac']:.0%}), "
+                  f"{noise['kept_below_1']} still under 1.0")
     return 0
 
 

@@ -11,12 +11,17 @@
                       both views of every point from one measurement (the file's symmetry rule)
 
 Each unordered pair of kinds is measured once per (σ, m): the partner's view of the point
-(b, a, 1−σ, 1−m) is the same run, so a file never disagrees with itself.
+(b, a, 1−σ, 1−m) is the same run, so a file never disagrees with itself.  Measurements are
+kept as measured: a slowdown under 1.0 (faster than alone on the whole device) can only be
+noise, so such a point is measured again (`repeats` in all) and the median kept; the base
+times are medians of `repeats` runs.  The grid's source says how many points were repeated,
+their relative spread, and how many stayed under 1.0.
 """
 
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +53,9 @@ class ProfileConfig:
     the same shape, so a few stand for the model while bounding memory and time."""
     min_time_s: float = 0.3
     """Time each measurement runs for (after one warm-up iteration)."""
+    repeats: int = 3
+    """Runs of a base time, and of a point that came out faster than alone (noise); the
+    median is kept and the spread recorded in the grid's source."""
     shapes: PriorConfig = field(default_factory=PriorConfig)
     """Batch shapes of the sub-stage kernels (the analytic prior's, so the two compare)."""
 
@@ -65,28 +73,68 @@ class Bench(Protocol):
 
 
 def measure_grid(bench: Bench, model: str, *, sm_levels=DEFAULT_SM_LEVELS, mem_levels=DEFAULT_MEM_LEVELS,
-                 kinds=DEVICE_KINDS, progress: Callable[[str], None] = lambda _: None, note: str = "") -> SlowdownGrid:
+                 kinds=DEVICE_KINDS, progress: Callable[[str], None] = lambda _: None, note: str = "",
+                 repeats: int = 3) -> SlowdownGrid:
     """Every alone and pair point of the grid, normalised by each kind's exclusive time."""
     _check_levels(mem_levels)
-    top = mem_levels[-1]
-    base = {k: bench.alone(k, 1.0, top) for k in kinds}
-    alone = {k: [[bench.alone(k, s, m) / base[k] if (s, m) != (1.0, top) else 1.0 for m in mem_levels]
-                 for s in sm_levels] for k in kinds}
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    top, noise = mem_levels[-1], _Noise(repeats)
+    base = {k: noise.median_of(lambda k=k: (bench.alone(k, 1.0, top),))[0] for k in kinds}
+    alone = {k: [[noise.ratio(lambda k=k, s=s, m=m: (bench.alone(k, s, m),), (base[k],))[0]
+                  if (s, m) != (1.0, top) else 1.0 for m in mem_levels] for s in sm_levels] for k in kinds}
     pairs = {a: {b: [[None] * len(mem_levels) for _ in sm_levels] for b in kinds} for a in kinds}
     points = [(a, b, i, j) for a, b in itertools.combinations_with_replacement(kinds, 2)
               for i in range(len(sm_levels)) for j in range(len(mem_levels))]
     for n, (a, b, i, j) in enumerate(points, 1):
         progress(f"[{n}/{len(points)}] {a} + {b} at σ={sm_levels[i]:g} mem={mem_levels[j]:g}")
-        t_a, t_b = bench.pair(a, b, sm_levels[i], mem_levels[j])
-        i_b, j_b = _partner_index(sm_levels, i), len(mem_levels) - 1 - j
-        pairs[a][b][i][j] = round(max(t_a / base[a], 1.0), 4)
-        pairs[b][a][i_b][j_b] = round(max(t_b / base[b], 1.0), 4)
-    source = {"kind": "measured", "note": note or "jigsaw profile", "measured_at": time.strftime("%Y-%m-%d")}
+        s_a, s_b = noise.ratio(lambda a=a, b=b, i=i, j=j: bench.pair(a, b, sm_levels[i], mem_levels[j]),
+                               (base[a], base[b]))
+        pairs[a][b][i][j] = round(s_a, 4)
+        pairs[b][a][_partner_index(sm_levels, i)][len(mem_levels) - 1 - j] = round(s_b, 4)
+    source = {"kind": "measured", "note": note or "jigsaw profile", "measured_at": time.strftime("%Y-%m-%d"),
+              "noise": noise.summary()}
     doc = {"format": FORMAT, "version": VERSION, "device": _device_dict(bench.device_info), "model": model,
            "source": source, "sm_levels": list(sm_levels), "mem_levels": list(mem_levels), "kinds": list(kinds),
-           "alone": {k: [[round(max(v, 1.0), 4) for v in row] for row in t] for k, t in alone.items()},
-           "pairs": pairs}
+           "alone": {k: [[round(v, 4) for v in row] for row in t] for k, t in alone.items()}, "pairs": pairs}
     return SlowdownGrid.from_dict(doc)
+
+
+@dataclass
+class _Noise:
+    """Repeats of noisy measurements and what they showed."""
+
+    repeats: int
+    spreads: list[float] = field(default_factory=list)
+    """(max − min) / median of every repeated measurement."""
+    below_one: int = 0
+    """Kept slowdowns still under 1.0 after the repeats."""
+
+    def median_of(self, run: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:
+        runs = [run() for _ in range(self.repeats)]
+        return self._keep(runs)
+
+    def ratio(self, run: Callable[[], tuple[float, ...]], base: tuple[float, ...]) -> tuple[float, ...]:
+        """Slowdowns of one measurement; all `repeats` runs when one is under 1.0 (noise)."""
+        runs = [tuple(t / b for t, b in zip(run(), base, strict=True))]
+        if min(runs[0]) < 1.0:
+            runs += [tuple(t / b for t, b in zip(run(), base, strict=True)) for _ in range(self.repeats - 1)]
+        kept = self._keep(runs)
+        self.below_one += sum(v < 1.0 for v in kept)
+        return kept
+
+    def _keep(self, runs: list[tuple[float, ...]]) -> tuple[float, ...]:
+        kept = tuple(statistics.median(col) for col in zip(*runs, strict=True))
+        if len(runs) > 1:
+            self.spreads.extend((max(col) - min(col)) / med for col, med in zip(zip(*runs, strict=True), kept,
+                                                                                 strict=True))
+        return kept
+
+    def summary(self) -> dict:
+        return {"repeats": self.repeats, "repeated_values": len(self.spreads),
+                "max_spread_frac": round(max(self.spreads, default=0.0), 4),
+                "median_spread_frac": round(statistics.median(self.spreads), 4) if self.spreads else 0.0,
+                "kept_below_1": self.below_one}
 
 
 def _partner_index(sm_levels, i: int) -> int:
