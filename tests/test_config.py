@@ -6,12 +6,21 @@ import inspect
 
 import pytest
 
+from jigsaw.engines.model import ModelConfig
+from jigsaw.engines.rollout import RolloutConfig
+from jigsaw.engines.training import TrainConfig
 from jigsaw.graph.builder import GraphConfig
 from jigsaw.graph.merge import MergeConfig
 from jigsaw.graph.plan import SchedulerConfig
 from jigsaw.mux.prior import PriorConfig
+from jigsaw.mux.profiler import ProfileConfig
+from jigsaw.recipes.demo import DemoConfig
+from jigsaw.recipes.grpo import RecipeConfig
+from jigsaw.runtime.daemon import DaemonConfig
+from jigsaw.sim.run import SimConfig
 
-CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig]
+CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
+           RecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig]
 
 
 def _field_docstrings(cls) -> set[str]:
@@ -43,3 +52,22 @@ def test_public_api_resolves_lazily():
         assert getattr(jigsaw, name) is not None
     with pytest.raises(AttributeError):
         jigsaw.not_a_thing  # noqa: B018
+
+
+def test_every_config_class_is_checked():
+    """A new `*Config` dataclass anywhere in the package joins the list above."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "jigsaw"
+    declared = {m for f in root.rglob("*.py") for m in re.findall(r"^class (\w+Config)\b", f.read_text(), re.M)}
+    assert declared == {c.__name__ for c in CONFIGS}
+
+
+def test_scheduler_config_is_owned_once():
+    """The simulator and the daemon nest the scheduler's config instead of copying its fields."""
+    sched = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    for outer in (SimConfig, DaemonConfig):
+        fields = {f.name: f for f in dataclasses.fields(outer)}
+        assert fields["sched"].type in (SchedulerConfig, "SchedulerConfig")
+        assert not (sched & set(fields) - {"sched"}), f"{outer.__name__} copies {sched & set(fields)}"

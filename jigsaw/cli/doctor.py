@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jigsaw.mux.smsplit import PARTITION_LEVELS
+
 STATUSES = ("ok", "warn", "unavailable", "fail")
 
 
@@ -38,8 +40,9 @@ class Args:
 
     device: int = 0
     """CUDA device to probe (green contexts, SM-id kernel, confinement, NVML sample)."""
-    fracs: tuple[float, ...] = (0.25, 0.5, 0.75)
-    """SM budgets whose green-partition pairs the confinement check runs."""
+    fracs: tuple[float, ...] = PARTITION_LEVELS
+    """SM budgets whose green-partition pairs the confinement check runs (default: the levels
+    of the shipped grids)."""
     strict: bool = False
     """Exit 1 when a GPU check is not ok or any check failed (default: report only, exit 0)."""
     json: bool = False

@@ -227,7 +227,7 @@ class NodeSim:
         for adm in d.admitted:
             self._start(by_name[adm.assignment.pipeline], adm.running, t)
         self.balanced_gangs = any(a.micro_batch is not None for a in d.plan.assignments) or self.balanced_gangs
-        self._regrant(t)
+        self._enact_budgets(t)
 
     def _start(self, run: PipelineRun, r, t: float) -> None:
         if run.stage == ROLLOUT and r.kind.is_rollout and r.rank < len(run.workers) \
@@ -261,8 +261,9 @@ class NodeSim:
 
     # ------------------------------------------------------------ budgets
 
-    def _regrant(self, t: float) -> None:
-        """Budgets of every unit on a device (the node state's), actual slowdowns, re-timing."""
+    def _enact_budgets(self, t: float) -> None:
+        """The physics of a decision (the daemon's counterpart sends Grants): budgets of every
+        unit on a device, as the node state granted them, their actual slowdowns, re-timing."""
         new_slots: dict[int, list[_Slot]] = {d: [] for d in range(self.node.num_devices)}
         ungranted = set()
         for key, run, sid, kind, device in self._occupants():
