@@ -88,7 +88,7 @@ class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
-                 "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside")
+                 "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = ()):
@@ -103,6 +103,7 @@ class Context:
         self.start_beside = {b: Option(Verb.START, b) for b in self.sm_budgets_frac}
         self._table = cache.tables_for(model)
         self._feasible: dict[tuple, list] = {}
+        self._merge_configs: dict[tuple[float, float], MergeConfig] = {}
         missing = [b for b in self.sm_budgets_frac if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
             raise ValueError(f"SM budgets {missing} are not levels of the slowdown grid {model.sm_levels}")
@@ -116,6 +117,18 @@ class Context:
             for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
                 table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
         return table.get(round(sm_a, 9), [])
+
+    def merge_config(self, prefill_flops: float, prefill_s: float) -> MergeConfig:
+        """The merge pricing, with the pipeline's own measured prefill MFU where it is known
+        (it beats the default); memoised, since the search asks at every completion."""
+        key = (prefill_flops, prefill_s)
+        cfg = self._merge_configs.get(key)
+        if cfg is None:
+            cfg = self.config.merge_config
+            if prefill_flops > 0 and prefill_s > 0:
+                cfg = replace(cfg, prefill_mfu_frac=min(1.0, prefill_flops / (prefill_s * self.peak_flops)))
+            self._merge_configs[key] = cfg
+        return cfg
 
     def complementary(self, kind_a: str, kind_b: str) -> bool:
         """Do these kinds pack well enough to share a device (SchedulerConfig.min_pack_efficiency)?"""
@@ -227,7 +240,7 @@ def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float)
     rx, ry = S.rem_s[x], S.rem_s[y]
     best, best_key = None, None
     for pt in ctx.feasible(P, x, y, sm_x):
-        key = max(pt.slowdown * rx, pt.partner_slowdown * ry)
+        key = max(pt[1] * rx, pt[2] * ry)  # pt.slowdown, pt.partner_slowdown (indexed: hot)
         if best_key is None or key < best_key - 1e-12:
             best, best_key = pt, key
     return best
@@ -247,9 +260,9 @@ def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Op
             for d in P.tasks[i].devices:
                 if S.dev[d]:
                     y = S.dev[d][0]
-                    pt = _best_split(P, S, ctx, i, y, opt.sm_frac)
+                    pt = _best_split(P, S, ctx, i, y, opt[1])
                     if pt is not None:
-                        key = max(key, pt.slowdown * S.rem_s[i], pt.partner_slowdown * S.rem_s[y])
+                        key = max(key, pt[1] * S.rem_s[i], pt[2] * S.rem_s[y])
         if best_key is None or key < best_key - 1e-12:
             best, best_key = opt, key
     return [o for o in options if o is best or not (o.verb is _START and o.sm_frac is not None)]
@@ -259,13 +272,13 @@ def _merge_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Opti
     for p in range(len(P.names)):
         if ctx.multi_turn[p]:
             continue
-        key = Tails(p)
+        key = _new(Tails, (p,))
         tails = [i for i in P.mergeable[p] if i in S.running]
         if len(tails) < 2 or key in S.deferred or not any(P.tasks[i].devices[0] in S.touched for i in tails):
             continue
         decision = _best_merge(P, S, ctx, tails)
         if decision is not None:
-            return key, [Option(Verb.MERGE, merge=decision, tails=tuple(tails)), KEEP]
+            return key, [_new(Option, (Verb.MERGE, None, decision, tuple(tails))), KEEP]
     return None
 
 
@@ -279,12 +292,9 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     if fpt <= 0.0:
         return None  # FLOPs of the migrated context unknown: the recompute cannot be costed
     workers = [_tail_worker(P, S, i) for i in tails]
-    cfg: MergeConfig = ctx.config.merge_config
     pipe = P.tasks[tails[0]].pipe
     known = ctx.prefill_work[pipe] if pipe < len(ctx.prefill_work) else None
-    flops, seconds = known if known is not None else P.prefill_work[pipe]
-    if flops > 0 and seconds > 0:  # the pipeline's own prefill MFU, measured, beats the default
-        cfg = replace(cfg, prefill_mfu_frac=min(1.0, flops / (seconds * ctx.peak_flops)))
+    cfg = ctx.merge_config(*(known if known is not None else P.prefill_work[pipe]))
     decode = ctx.decode[pipe] if pipe < len(ctx.decode) and ctx.decode[pipe] is not None else P.decode[pipe]
     return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg, decode=decode)
 
@@ -311,7 +321,7 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
         else:
             S.deferred.add(item)
         return
-    verb, sm = opt.verb, opt.sm_frac
+    verb, sm = opt[0], opt[1]  # opt.verb, opt.sm_frac (indexed: hot)
     for i in item.tasks:
         devs = P.tasks[i].devices
         if any(S.dev[d] for d in devs):  # would share a device with a running partner
@@ -333,9 +343,9 @@ def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None
     splits = {d: _best_split(P, S, ctx, i, y, sm) for d, y in partners.items()}
     st.start(P, S, i)
     for d, y in partners.items():
-        pt = splits[d]
-        S.split[(i, d)] = _new(Split, (sm, pt.mem_frac, pt.slowdown))
-        S.split[(y, d)] = _new(Split, (1.0 - sm, 1.0 - pt.mem_frac, pt.partner_slowdown))
+        mem, slowdown, partner_slowdown = splits[d]
+        S.split[(i, d)] = _new(Split, (sm, mem, slowdown))
+        S.split[(y, d)] = _new(Split, (1.0 - sm, 1.0 - mem, partner_slowdown))
     for y in set(partners.values()) | {i}:
         st.refresh_rate(P, S, y, ctx.balanced)
 
