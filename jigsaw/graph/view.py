@@ -114,11 +114,10 @@ def _anchors(p: LivePipeline, base: SubStageGraph | None, live: dict) -> dict[st
 
 def _started_gangs(p: LivePipeline, base: SubStageGraph | None, live: dict) -> dict[tuple, list[str]]:
     """Lockstep gangs with a replica running or finished and one not finished: key → members."""
-    members: dict[tuple, list[str]] = {}
-    ids = [s.id for s in base if s.kind.collective] if base is not None else []
-    ids += [sid for sid, f in live.items() if f.kind.collective and (base is None or sid not in base)]
-    ids += [sid for sid, s in p.finished.items() if s.kind.collective and (base is None or sid not in base)]
-    for sid in ids:
+    members = {k: list(v) for k, v in _base_gangs(p, base).items()}
+    extra = [sid for sid, f in live.items() if f.kind.collective and (base is None or sid not in base)]
+    extra += [sid for sid, s in p.finished.items() if s.kind.collective and (base is None or sid not in base)]
+    for sid in extra:
         members.setdefault(p.gang_key(sid), []).append(sid)
     out = {}
     for key, sids in members.items():
@@ -126,6 +125,18 @@ def _started_gangs(p: LivePipeline, base: SubStageGraph | None, live: dict) -> d
         if begun and not all(sid in p.finished for sid in sids):
             out[key] = sids
     return out
+
+
+def _base_gangs(p: LivePipeline, base: SubStageGraph | None) -> dict[tuple, tuple[str, ...]]:
+    """The base graph's lockstep gangs (memoised per base graph: a static one lives all run)."""
+    memo = p.cache.get("base_gangs")
+    if memo is None or memo[0] is not base:
+        members: dict[tuple, list[str]] = {}
+        for s in base or ():
+            if s.kind.collective:
+                members.setdefault(p.gang_key(s.id), []).append(s.id)
+        memo = p.cache["base_gangs"] = (base, {k: tuple(v) for k, v in members.items()})
+    return memo[1]
 
 
 # ---------------------------------------------------------------- this step
@@ -141,7 +152,8 @@ def _current(p, base, live, anchors, started):
     if base is not None:
         places = {a for a in anchors.values() if a}
         placed = {sid for sid in (*p.finished, *live) if sid in base} | places
-        done |= (_ancestors(base, placed) - set(live) - kept) | places
+        done |= (_finished_ancestors(p, base) | _ancestors(base, placed - set(p.finished))) - set(live) - kept
+        done |= places
         # a worker back in an earlier regime runs the rest of its predicted chain again
         done -= {s for a in places for s in _chain_after(base, a)}
         if p.ended:  # a worker out of requests will run nothing more of its predicted rollout
@@ -160,14 +172,14 @@ def _current(p, base, live, anchors, started):
             by_anchor.setdefault(a, []).append(sid)
     rename = {a: sids[-1] for a, sids in by_anchor.items()}
     for s in base or ():
-        ds = tuple(rename.get(d, d) for d in base.deps[s.id])
+        ds = tuple(rename.get(d, d) for d in base.deps[s.id]) if rename else tuple(base.deps[s.id])
         if s.id in live:  # it asked: it is ready, whatever the prediction said before it
             _emit(nodes, deps, _live_node(p, live[s.id], s), tuple(d for d in ds if d in done))
         elif s.id in kept:
             _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, p.finished[s.id].duration_s)), ds)
         else:
-            # a stage the base did not know still sits between its neighbours in the step
-            ds += tuple(sid for st, step, sid in loose if step == s.step and st < _STAGE_INDEX[s.kind])
+            if loose:  # a stage the base did not know still sits between its neighbours in the step
+                ds += tuple(sid for st, step, sid in loose if step == s.step and st < _STAGE_INDEX[s.kind])
             _emit(nodes, deps, s, ds)
         for sid in by_anchor.get(s.id, ()):  # a live piece in the place of a predicted one
             _emit(nodes, deps, _live_node(p, live[sid], s), ())
@@ -194,9 +206,23 @@ def _emit(nodes: list, deps: dict, s: SubStage, ds: tuple[str, ...]) -> None:
     deps[s.id] = ds
 
 
-def _ancestors(base: SubStageGraph, ids: set[str]) -> set[str]:
-    seen: set[str] = set()
-    stack = [d for s in ids for d in base.deps[s]]
+def _finished_ancestors(p: LivePipeline, base: SubStageGraph) -> set[str]:
+    """Ancestors in `base` of the finished sub-stages, grown as they finish (finished only
+    grows while the base stands: memoised on the base and how many have finished)."""
+    memo = p.cache.get("finished_ancestors")
+    n = len(p.finished)
+    if memo is None or memo[0] is not base or memo[1] > n:
+        memo = (base, 0, set())
+    new = [sid for sid in list(p.finished)[memo[1]:] if sid in base]
+    seen = _ancestors(base, new, memo[2]) if new else memo[2]
+    p.cache["finished_ancestors"] = (base, n, seen)
+    return seen
+
+
+def _ancestors(base: SubStageGraph, ids, seen: set[str] | None = None) -> set[str]:
+    """Every ancestor of `ids` in `base`, added to `seen` (whose ancestors it already holds)."""
+    seen = set() if seen is None else seen
+    stack = [d for s in ids for d in base.deps[s] if d not in seen]
     while stack:
         s = stack.pop()
         if s not in seen:
