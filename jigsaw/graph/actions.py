@@ -300,12 +300,16 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
 
 
 def _tail_worker(P: Problem, S: State, i: int) -> TailWorker:
+    """Task i's tail as the merge test sees it; a target of an earlier merge in this search
+    holds the requests it received (S.merged), so moving it on is priced as what it is."""
     task, d = P.tasks[i], P.tasks[i].devices[0]
     partners = [j for j in S.dev[d] if j != i]
-    frac_left = S.rem_s[i] / task.excl_s if task.excl_s > 0 else 0.0
+    batch, context, steps, excl_s = S.merged.get(i) or (task.batch_size, task.context_tokens, task.num_steps,
+                                                          task.excl_s)
+    frac_left = S.rem_s[i] / excl_s if excl_s > 0 else 0.0
     return TailWorker(
-        dp_rank=task.ranks[0], remaining_s=S.rem_s[i], num_steps=max(1, round(task.num_steps * frac_left)),
-        batch_size=task.batch_size, context_tokens=task.context_tokens, slowdown=S.split[(i, d)].slowdown,
+        dp_rank=task.ranks[0], remaining_s=S.rem_s[i], num_steps=max(1, round(steps * frac_left)),
+        batch_size=batch, context_tokens=context, slowdown=S.split[(i, d)].slowdown,
         partner_remaining_s=S.rem_s[partners[0]] if partners else 0.0,
         partner_slowdown=S.split[(partners[0], d)].slowdown if partners else 1.0,
     )
@@ -353,6 +357,9 @@ def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None
 def _apply_merge(P: Problem, S: State, ctx: Context, decision: MergeDecision, tails: tuple[int, ...]) -> None:
     by_rank = {P.tasks[i].ranks[0]: i for i in tails}
     target = by_rank[decision.target_rank]
+    moved = [_tail_worker(P, S, by_rank[r]) for r in (decision.target_rank, *decision.source_ranks)]
+    S.merged = {**S.merged, target: (sum(w.batch_size for w in moved), sum(w.context_tokens for w in moved),
+                                     max(w.num_steps for w in moved), decision.aggregated_s)}
     st.set_remaining(P, S, target, decision.aggregated_s)
     for r in decision.source_ranks:
         st.finish(P, S, by_rank[r], ctx.balanced)

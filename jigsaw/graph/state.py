@@ -46,7 +46,7 @@ class State:
     """Mutable simulation state; `copy()` is cheap enough to branch on."""
 
     __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
-                 "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held")
+                 "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged")
 
     def copy(self) -> State:
         c = State.__new__(State)
@@ -57,6 +57,7 @@ class State:
         c.end_s, c.started, c.log = self.end_s[:], self.started[:], self.log[:]
         c.load_s, c.held = self.load_s[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
+        c.merged = self.merged  # replaced, never mutated, by a merge
         return c
 
 
@@ -67,6 +68,7 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.now_s, S.rem_s, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
     S.dev, S.split, S.rate = [()] * P.num_devices, {}, [0.0] * n
     S.held = [()] * P.num_devices
+    S.merged = {}
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []

@@ -49,8 +49,8 @@ def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True) -> 
     live: dict[str, Waiting | Running] = {**p.waiting, **p.running}
     anchors = _anchors(p, base, live)
     started = _started_gangs(p, base, live)
-    nodes, deps, kept, done = _current(p, base, live, anchors, started)
-    running, remaining, urgent = _times(p, nodes, live, kept, started, now_s)
+    nodes, deps, kept, done, at_of = _current(p, base, live, anchors, started)
+    running, remaining, urgent = _times(p, nodes, at_of, kept, started, now_s)
     if next_step and p.more_steps and p.static is None and (pred := _prediction(p) or p.prior) is not None:
         _append_next(p, pred, nodes, deps)
     graph = _graph(p, nodes, deps)
@@ -146,7 +146,8 @@ def _current(p, base, live, anchors, started):
     (the pipeline went past them), replaced by a live piece, or never to run (their worker
     ended).  Done nodes stay in the graph, so a graph keeps its shape while facts come in
     (the scheduler patches the tasks of a same-shaped graph instead of rebuilding them).
-    `kept`: finished replicas of a running gang, which run on until the gang ends."""
+    `kept`: finished replicas of a running gang, which run on until the gang ends; `at_of`:
+    the base piece each live one stands in for (None for a loose one)."""
     kept = {sid for sids in started.values() for sid in sids if sid in p.finished}
     done = set(p.finished) - kept
     if base is not None:
@@ -160,12 +161,14 @@ def _current(p, base, live, anchors, started):
             done |= {s.id for s in base if s.dp_rank in p.ended and s.id not in live
                      and (s.kind.is_rollout or s.kind is SubStageKind.TOOL)}
     by_anchor: dict[str, list[str]] = {}
+    at_of: dict[str, SubStage | None] = {}
     nodes: list[SubStage] = []
     deps: dict[str, tuple[str, ...]] = {}
     loose: list[tuple[int, int, str]] = []  # (stage order, step, id) of live ones without a place
     for sid, a in anchors.items():
         if a is None:
             node = _live_node(p, live[sid], None)
+            at_of[sid] = None
             _emit(nodes, deps, node, ())
             loose.append((_STAGE_INDEX[node.kind], node.step, sid))
         else:
@@ -174,6 +177,7 @@ def _current(p, base, live, anchors, started):
     for s in base or ():
         ds = tuple(rename.get(d, d) for d in base.deps[s.id]) if rename else tuple(base.deps[s.id])
         if s.id in live:  # it asked: it is ready, whatever the prediction said before it
+            at_of[s.id] = s
             _emit(nodes, deps, _live_node(p, live[s.id], s), tuple(d for d in ds if d in done))
         elif s.id in kept:
             _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, p.finished[s.id].duration_s)), ds)
@@ -182,11 +186,12 @@ def _current(p, base, live, anchors, started):
                 ds += tuple(sid for st, step, sid in loose if step == s.step and st < _STAGE_INDEX[s.kind])
             _emit(nodes, deps, s, ds)
         for sid in by_anchor.get(s.id, ()):  # a live piece in the place of a predicted one
+            at_of[sid] = s
             _emit(nodes, deps, _live_node(p, live[sid], s), ())
     emitted = set(deps)
     for sid in kept - emitted:  # a finished replica the base does not know
         _emit(nodes, deps, p.finished[sid], ())
-    return nodes, deps, kept, done
+    return nodes, deps, kept, done, at_of
 
 
 def _chain_after(base: SubStageGraph, sid: str) -> list[str]:
@@ -255,7 +260,7 @@ def _live_node(p: LivePipeline, f: Waiting | Running, at: SubStage | None) -> Su
         node = replace(node, batch_size=live.batch_size, seq_len=live.context_tokens, num_tokens=tokens,
                        flops=per_token * tokens)
     if isinstance(f, Waiting):  # what is left of it (it may have begun before it asked)
-        left = _residual(p, f, node)
+        left = _residual(p, f, node, at)
         if left is None and f.work_s > 0:
             left = max(node.duration_s - f.work_s, MIN_REMAINING_FRAC * node.duration_s, MIN_REMAINING_S)
         if left is not None:
@@ -263,19 +268,22 @@ def _live_node(p: LivePipeline, f: Waiting | Running, at: SubStage | None) -> Su
     return node
 
 
-def _residual(p: LivePipeline, f: Waiting | Running, node: SubStage) -> float | None:
+def _residual(p: LivePipeline, f: Waiting | Running, node: SubStage, at: SubStage | None) -> float | None:
     """Exclusive seconds a tail has left by the residual life of its requests (what they
-    generated so far, against the lengths finished requests had), when the engine says."""
+    generated so far, against the lengths finished requests had), when the engine says.
+    A step costs what the prediction's did (`at`, the base piece): an expected size set
+    since (a merge's, which adds requests, not steps) does not stretch the steps."""
     lengths, live = p.lengths, f.live
+    step = at if at is not None and at.num_steps > 0 else node
     if (f.kind is not SubStageKind.ROLLOUT_TAIL or live is None or not live.generated or lengths is None
-            or not lengths.known or node.num_steps <= 0):
+            or not lengths.known or step.num_steps <= 0):
         return None
     # A tail lasts as long as its longest request: what they generated so far says more
     # than the prediction once the tail has outlived it (jigsaw.graph.residual).
-    return max(MIN_REMAINING_S, lengths.steps_left(live.generated) * node.duration_s / node.num_steps)
+    return max(MIN_REMAINING_S, lengths.steps_left(live.generated) * step.duration_s / step.num_steps)
 
 
-def _times(p, nodes, live, kept, started, now_s):
+def _times(p, nodes, at_of, kept, started, now_s):
     """Budgets of running sub-stages, their exclusive time left, and the urgent ones."""
     index = {s.id: s for s in nodes}
     floor = 0.0 if p.static is not None else MIN_REMAINING_FRAC
@@ -283,7 +291,7 @@ def _times(p, nodes, live, kept, started, now_s):
     remaining: dict[str, float] = {}
     for sid, r in p.running.items():
         running[sid] = r.budget
-        remaining[sid] = _left(p, r, index[sid], now_s, floor)
+        remaining[sid] = _left(p, r, index[sid], at_of.get(sid), now_s, floor)
     urgent = {sid for sid, w in p.waiting.items() if w.urgent}
     for sids in started.values():  # the whole gang runs once one replica does
         budget = next((p.running[s].budget for s in sids if s in p.running), Budget(sm_frac=1.0, mem_frac=1.0))
@@ -296,12 +304,12 @@ def _times(p, nodes, live, kept, started, now_s):
     return running, remaining, urgent
 
 
-def _left(p: LivePipeline, r: Running, node: SubStage, now_s: float, floor: float) -> float:
+def _left(p: LivePipeline, r: Running, node: SubStage, at: SubStage | None, now_s: float, floor: float) -> float:
     work = r.work_s + max(0.0, now_s - r.since_s) * r.rate
     expected = r.expected_s if r.expected_s is not None else node.duration_s
     if r.budget is HOST:
         work = now_s - r.start_s  # host work runs at wall-clock pace
-    if (left := _residual(p, r, node)) is not None:
+    if (left := _residual(p, r, node, at)) is not None:
         return left
     if floor == 0.0:
         return max(expected - work, 0.0)

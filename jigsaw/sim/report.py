@@ -7,8 +7,9 @@
     ask_reward     the host reward, its length known from the batch
     ask_gang       a reference / training stage on every rank, its size known from the batch
     finish_stage   the stage in flight ended
-    live_numbers   what each engine knows before a decision: its batch, their contexts and
-                   generated tokens (tail residuals), the memory it holds, samples done
+    live_numbers   what each engine knows before a decision: its requests (decoding, or queued
+                   for their prefill), their contexts and generated tokens (tail residuals),
+                   the memory it holds, samples done
 
 Ids are the engines' own (`RolloutWorker.piece_id`), which number regimes as the graph
 builder does, so the node state's facts line up with the pipeline's history.
@@ -82,11 +83,13 @@ def live_numbers(run: PipelineRun) -> None:
         total += len(wk.finished) + wk.num_active
         sid = wk.piece_id() or ""
         fact = p.running.get(sid) or p.waiting.get(sid)
-        if fact is None or not wk.decoding:
+        # queued requests count: a migrated request waits for its recompute, and moving it
+        # on would recompute it again
+        reqs = [*wk.queue, *wk.decoding]
+        if fact is None or not reqs:
             continue
-        batch = len(wk.decoding)
-        fact.live = LiveNumbers(batch_size=float(batch), context_tokens=sum(q.context for q in wk.decoding) / batch,
-                                generated=tuple(q.generated for q in wk.decoding))
+        fact.live = LiveNumbers(batch_size=float(len(reqs)), context_tokens=sum(q.context for q in reqs) / len(reqs),
+                                generated=tuple(q.generated for q in reqs))
         fact.need_bytes = int(wk.need_bytes(wk.held_kv_tokens()))
     p.samples = (done, total) if total else None
 
