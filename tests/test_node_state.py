@@ -45,6 +45,18 @@ def test_history_predicts_the_step_and_requested_substages_are_ready():
     assert progress.stage == "rollout" and progress.step == 1 and progress.ready_since_s == t
 
 
+def test_a_piece_the_prediction_lacks_runs_before_its_workers_predicted_chain():
+    ns = fresh()
+    p = ns.register("A")
+    t = run_step(ns, "A", 0, 0.0)  # step 0 had no prefill on r0
+    w = p.request(K.ROLLOUT_PREFILL, 0, 1, t)
+    state, _ = pipeline_state(p, t, next_step=False)
+    assert w.sid in state.graph.deps["A/1/r0/rollout_decode/0"]  # the worker's chain goes on after it
+    # only what was asked for is ready: a root decode piece could be started in its place
+    assert [s.id for s in state.graph.frontier(state.done)] == [w.sid]
+    assert [x.running.sid for x in ns.decide(t).admitted] == [w.sid]
+
+
 def test_the_view_looks_past_the_step_barrier():
     ns = fresh()
     p = ns.register("A")
@@ -129,6 +141,27 @@ def test_liveness_admits_the_oldest_request_when_nothing_runs():
     ns, _ = node(liveness=False)
     assert not ns.decide(1.0).admitted  # without the guard the node would wait forever
     assert fresh().decide(0.0) is None  # an empty node decides nothing
+
+
+class StartsWhatNobodyAsked:
+    """A policy whose plan starts a sub-stage no pipeline requested."""
+
+    name = "starts-what-nobody-asked"
+
+    def plan(self, view):
+        from jigsaw.graph.plan import Assignment, Plan
+
+        a = Assignment(substage="A/0/r0/rollout_decode/9", pipeline="A", device=0, sm_frac=1.0,
+                       mem_bytes=view.node.mem_bytes, slowdown=1.0)
+        return Plan(time_s=view.time_s, started=(a.substage,), assignments=(a,))
+
+
+def test_liveness_does_not_trust_a_plan_that_starts_nothing_asked_for():
+    ns = NodeState(NodeSpec(num_devices=1, mem_bytes=PRIOR.device.mem_bytes), PRIOR, StartsWhatNobodyAsked(),
+                   liveness=True)
+    w = ns.register("A").request(K.TRAINING, 0, 0, 0.0)
+    d = ns.decide(1.0)
+    assert [x.running.sid for x in d.admitted] == [w.sid] and "started nothing" in d.fallback
 
 
 def test_a_request_waiting_too_long_turns_urgent():

@@ -114,6 +114,9 @@ class NodeState:
         except Exception as exc:  # noqa: BLE001 - a failing policy must not take the node down
             log.exception("policy %s failed; admitting the oldest request per idle device alone", self.policy.name)
             return self._fallback(now_s, host, f"{type(exc).__name__}: {exc}")
+        if self.liveness and not self._admits(plan) and self._stalled() is not None:
+            # even its urgent request was not started (a plan of sub-stages nobody asked for)
+            return self._fallback(now_s, host, f"policy {self.policy.name} started nothing while nothing runs")
         d = self.apply(plan, now_s)
         return Decision(plan=d.plan, admitted=host + d.admitted, changed=d.changed, notes=d.notes)
 

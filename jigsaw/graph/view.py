@@ -164,13 +164,13 @@ def _current(p, base, live, anchors, started):
     at_of: dict[str, SubStage | None] = {}
     nodes: list[SubStage] = []
     deps: dict[str, tuple[str, ...]] = {}
-    loose: list[tuple[int, int, str]] = []  # (stage order, step, id) of live ones without a place
+    loose: list[tuple[int, int, int, str]] = []  # (stage order, step, rank, id) of live ones without a place
     for sid, a in anchors.items():
         if a is None:
             node = _live_node(p, live[sid], None)
             at_of[sid] = None
             _emit(nodes, deps, node, ())
-            loose.append((_STAGE_INDEX[node.kind], node.step, sid))
+            loose.append((_STAGE_INDEX[node.kind], node.step, node.dp_rank, sid))
         else:
             by_anchor.setdefault(a, []).append(sid)
     rename = {a: sids[-1] for a, sids in by_anchor.items()}
@@ -182,8 +182,8 @@ def _current(p, base, live, anchors, started):
         elif s.id in kept:
             _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, p.finished[s.id].duration_s)), ds)
         else:
-            if loose:  # a stage the base did not know still sits between its neighbours in the step
-                ds += tuple(sid for st, step, sid in loose if step == s.step and st < _STAGE_INDEX[s.kind])
+            if loose:  # a piece the base did not know still sits between its neighbours in the step
+                ds += _after_loose(loose, s)
             _emit(nodes, deps, s, ds)
         for sid in by_anchor.get(s.id, ()):  # a live piece in the place of a predicted one
             at_of[sid] = s
@@ -192,6 +192,16 @@ def _current(p, base, live, anchors, started):
     for sid in kept - emitted:  # a finished replica the base does not know
         _emit(nodes, deps, p.finished[sid], ())
     return nodes, deps, kept, done, at_of
+
+
+def _after_loose(loose: list[tuple[int, int, int, str]], s: SubStage) -> tuple[str, ...]:
+    """The loose live pieces a base piece waits for: those of an earlier stage of its step,
+    and those of its own stage on its own worker (a worker that began a stage with a piece
+    the prediction did not have, a prefill say, runs its predicted pieces after it; as
+    roots they could be started in its place, and they were never asked for)."""
+    stage = _STAGE_INDEX[s.kind]
+    return tuple(sid for st, step, rank, sid in loose
+                 if step == s.step and (st < stage or (st == stage and rank == s.dp_rank)))
 
 
 def _chain_after(base: SubStageGraph, sid: str) -> list[str]:
