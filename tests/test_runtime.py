@@ -70,13 +70,18 @@ def _overlap(events: list[dict], p: str, q: str) -> bool:
     return False
 
 
-def test_a_killed_pipeline_loses_its_grants_within_two_seconds(node, tmp_path):
-    pause = tmp_path / "go"
-    a = node.worker("A", tmp_path / "a.out", "--steps", "1", "--pause-file", str(pause))
+def admitted_worker(node, tmp_path):
+    """Worker A, one step, paused inside its first sub-stage once the daemon admitted it."""
+    a = node.worker("A", tmp_path / "a.out", "--steps", "1", "--pause-file", str(tmp_path / "go"))
     deadline = time.monotonic() + 20
     while not ((got := node.pipelines().get("A")) is not None and got.running):
         assert time.monotonic() < deadline, "A was never admitted"
         time.sleep(0.05)
+    return a
+
+
+def test_a_killed_pipeline_loses_its_grants_within_two_seconds(node, tmp_path):
+    a = admitted_worker(node, tmp_path)
     b = node.run("B", tmp_path / "b.out", "--steps", "2")
     a.send_signal(signal.SIGKILL)  # mid-sub-stage: it holds a grant and never says done
     a.wait(10)
@@ -92,12 +97,7 @@ def test_a_killed_pipeline_loses_its_grants_within_two_seconds(node, tmp_path):
 
 
 def test_a_worker_stopped_past_its_lease_reports_the_sub_stage_that_fell_open(node, tmp_path):
-    pause = tmp_path / "go"
-    a = node.worker("A", tmp_path / "a.out", "--steps", "1", "--pause-file", str(pause))
-    deadline = time.monotonic() + 20
-    while not ((got := node.pipelines().get("A")) is not None and got.running):
-        assert time.monotonic() < deadline, "A was never admitted"
-        time.sleep(0.05)
+    a = admitted_worker(node, tmp_path)
     a.send_signal(signal.SIGSTOP)  # holding a grant, its heartbeats stop (as on a starved machine)
     try:
         t_stop = time.monotonic()
@@ -106,7 +106,7 @@ def test_a_worker_stopped_past_its_lease_reports_the_sub_stage_that_fell_open(no
             time.sleep(0.05)
     finally:
         a.send_signal(signal.SIGCONT)
-    pause.touch()
+    (tmp_path / "go").touch()
     assert a.wait(60) == 0
     work_done(tmp_path / "a.out", 1)  # it went on: nothing lost or done twice
     ev = node.events()
