@@ -279,3 +279,19 @@ def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
     assert np.allclose(cols.mem_bytes, expected, rtol=1e-6)
     assert cols.mem_bytes[-1] < cols.mem_bytes.max()  # the tail frees what finished requests held
     assert int(wk.need_bytes(10**9)) == pool
+
+
+def test_a_batched_prefill_attends_within_each_request():
+    # A chunk of n requests of 300 new tokens each: every token attends to its own request,
+    # so the cost grows linearly with n (one 28,800-token sequence would be quadratic).
+    from jigsaw.mux.costmodel import StepCost
+    from jigsaw.mux.prior import A100
+
+    cost = StepCost(A100, "qwen3-4b")
+
+    def chunk_s(n: int) -> float:
+        return cost.prefill_s(300 * n, 0, n)
+
+    assert chunk_s(64) - chunk_s(32) == pytest.approx(2 * (chunk_s(32) - chunk_s(16)), rel=1e-6)
+    assert chunk_s(96) < 0.6 * cost.prefill_s(300 * 96, 0, 1)
+    assert cost.prefill_s(300, 0) == cost.prefill_s(300, 0, 1)  # one request: as before

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from jigsaw.graph import state as st
-from jigsaw.graph.merge import MergeConfig, MergeDecision, TailWorker, best_merge
+from jigsaw.graph.merge import DecodeFit, MergeConfig, MergeDecision, TailWorker, best_merge, steps_in
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
 from jigsaw.graph.state import Split, State
@@ -291,24 +291,29 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     fpt = max(P.tasks[i].flops_per_token for i in tails)
     if fpt <= 0.0:
         return None  # FLOPs of the migrated context unknown: the recompute cannot be costed
-    workers = [_tail_worker(P, S, i) for i in tails]
     pipe = P.tasks[tails[0]].pipe
     known = ctx.prefill_work[pipe] if pipe < len(ctx.prefill_work) else None
     cfg = ctx.merge_config(*(known if known is not None else P.prefill_work[pipe]))
-    decode = ctx.decode[pipe] if pipe < len(ctx.decode) and ctx.decode[pipe] is not None else P.decode[pipe]
+    decode = _decode(P, ctx, pipe)
+    workers = [_tail_worker(P, S, i, decode) for i in tails]
     return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg, decode=decode)
 
 
-def _tail_worker(P: Problem, S: State, i: int) -> TailWorker:
+def _decode(P: Problem, ctx: Context, pipe: int) -> DecodeFit | None:
+    return ctx.decode[pipe] if pipe < len(ctx.decode) and ctx.decode[pipe] is not None else P.decode[pipe]
+
+
+def _tail_worker(P: Problem, S: State, i: int, decode: DecodeFit | None) -> TailWorker:
     """Task i's tail as the merge test sees it; a target of an earlier merge in this search
     holds the requests it received (S.merged), so moving it on is priced as what it is."""
     task, d = P.tasks[i], P.tasks[i].devices[0]
     partners = [j for j in S.dev[d] if j != i]
     batch, context, steps, excl_s = S.merged.get(i) or (task.batch_size, task.context_tokens, task.num_steps,
                                                           task.excl_s)
-    frac_left = S.rem_s[i] / excl_s if excl_s > 0 else 0.0
+    left = steps_in(S.rem_s[i], batch, context, decode) if decode is not None else \
+        steps * (S.rem_s[i] / excl_s if excl_s > 0 else 0.0)
     return TailWorker(
-        dp_rank=task.ranks[0], remaining_s=S.rem_s[i], num_steps=max(1, round(steps * frac_left)),
+        dp_rank=task.ranks[0], remaining_s=S.rem_s[i], num_steps=max(1, round(left)),
         batch_size=batch, context_tokens=context, slowdown=S.split[(i, d)].slowdown,
         partner_remaining_s=S.rem_s[partners[0]] if partners else 0.0,
         partner_slowdown=S.split[(partners[0], d)].slowdown if partners else 1.0,
@@ -357,7 +362,8 @@ def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None
 def _apply_merge(P: Problem, S: State, ctx: Context, decision: MergeDecision, tails: tuple[int, ...]) -> None:
     by_rank = {P.tasks[i].ranks[0]: i for i in tails}
     target = by_rank[decision.target_rank]
-    moved = [_tail_worker(P, S, by_rank[r]) for r in (decision.target_rank, *decision.source_ranks)]
+    decode = _decode(P, ctx, P.tasks[target].pipe)
+    moved = [_tail_worker(P, S, by_rank[r], decode) for r in (decision.target_rank, *decision.source_ranks)]
     S.merged = {**S.merged, target: (sum(w.batch_size for w in moved), sum(w.context_tokens for w in moved),
                                      max(w.num_steps for w in moved), decision.aggregated_s)}
     st.set_remaining(P, S, target, decision.aggregated_s)

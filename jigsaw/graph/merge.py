@@ -4,13 +4,22 @@
         │  TailWorker per worker (remaining time, steps, context tokens, slowdowns)
         ▼
     merge_decision(workers, target t)      ΔT = T_origin − T_migr     (DESIGN §2.6)
-    best_merge(workers)                    target with the largest ΔT > 0, or None
-        │
+    best_merge(workers)                    target with the largest ΔT > 0 whose merged
+        │                                  tail ends no later than the tails would, or None
     balance(total, slowdowns)              per-worker work so that s_i·T(bs_i) is equal (§2.7)
         → routing weights (rollout), micro-batch sizes (reference, training)
 
     T_origin = max_i s(k_i,k'_i)·T(k_i) + max_i s(k'_i,k_i)·T(k'_i)
-    T_migr   = T(K) + Σ_{i≠t} M(k_i) + max( s(k'_t,K)·T(k'_t), max_{i≠t} T(k'_i) )
+    T_migr   = s(K,k'_t)·T(K) + Σ_{i≠t} M(k_i) + max( s(k'_t,K)·T(k'_t), max_{i≠t} T(k'_i) )
+
+Two departures from the paper's formula, both measured (bench/paper_scale.py, issue 10's
+note).  K still runs beside k'_t, so T(K) carries the slowdown the tails carry in
+T_origin, s(K,k'_t) ≈ the target tail's present one (the paper leaves T(K) exclusive,
+which prices every co-located merge as a gain).  And a merge must not end its pipeline's
+rollout later: s·T(K) + ΣM ≤ max_i s_i·T(k_i).  ΔT sums tail and partner time, so a
+partner's relief can outweigh a longer tail; but the tail is the pipeline's critical
+path to its barrier, and successive merges onto one worker each pass the ΔT test while
+together they stretch it (Qwen3-4B GSM8K on 16 A100: rollouts 2.5 s longer, −14% tokens/s).
 
 T(K), the aggregated tail on the target, assumes tail decode is memory-bound on
 weight reads, so a forward step costs about the same for any batch below the tail
@@ -24,6 +33,7 @@ recompute: FLOPs of the migrated context over the prefill MFU times peak FLOP/s.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,11 +56,15 @@ class MergeConfig:
     min_gain_frac: float = 0.0
     """Migrate only if ΔT is at least this share of T_origin: predicted tails are
     uncertain, and an aborted request's recompute is certain."""
+    max_stretch_frac: float = 0.0
+    """How much later than the tails would have, as a share of their time, the merged
+    tail may end (the paper accepts "a very small latency increase"; successive merges
+    onto one worker each stretch it again)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.prefill_mfu_frac <= 1.0:
             raise ValueError(f"prefill_mfu_frac must be in (0, 1], got {self.prefill_mfu_frac}")
-        if self.max_merged_batch < 1 or self.step_time_per_request_s < 0:
+        if self.max_merged_batch < 1 or self.step_time_per_request_s < 0 or self.max_stretch_frac < 0:
             raise ValueError("max_merged_batch must be >= 1 and step_time_per_request_s >= 0")
 
 
@@ -90,10 +104,19 @@ class MergeDecision:
     """Predicted time with migration."""
     aggregated_s: float
     """T(K) plus the recompute cost: the target's new exclusive remaining time."""
+    tails_s: float = 0.0
+    """When the tails end without migration: max_i s_i·T(k_i)."""
+    merged_s: float = 0.0
+    """When the merged tail ends: s(K,k'_t)·T(K) plus the recompute."""
 
     @property
     def delta_s(self) -> float:
         return self.t_origin_s - self.t_migr_s
+
+    @property
+    def lengthens_rollout(self) -> bool:
+        """The merged tail ends after the tails would have: the pipeline waits longer."""
+        return self.merged_s > self.tails_s + 1e-9
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,6 +144,19 @@ class DecodeFit:
         return cls(base_s=base, per_kv_token_s=slope)
 
 
+def steps_in(remaining_s: float, batch_size: float, context_tokens: float, decode: DecodeFit) -> float:
+    """Decode steps a worker runs in `remaining_s` at the fit's pace, its KV cache
+    (`context_tokens` now) growing by `batch_size` tokens a step: the inverse of T(k) for
+    one worker, so that T(K) of a merge and the T(k_i) it replaces share one model."""
+    a = decode.per_kv_token_s * batch_size / 2
+    b = decode.base_s + decode.per_kv_token_s * context_tokens
+    if remaining_s <= 0.0 or b <= 0.0:
+        return 0.0
+    if a <= 0.0:
+        return remaining_s / b
+    return (-b + math.sqrt(b * b + 4 * a * remaining_s)) / (2 * a)
+
+
 def migration_cost_s(context_tokens: int, flops_per_token: float, peak_flops: float,
                      prefill_mfu_frac: float) -> float:
     """M(k): seconds to recompute the KV cache of `context_tokens` on the target."""
@@ -136,7 +172,9 @@ def aggregated_time_s(workers: Sequence[TailWorker], config: MergeConfig = Merge
     if decode is not None:  # each request's context grows by one token a step: n/2 on average
         steps = max(w.num_steps for w in workers)
         kv_steps = sum(w.num_steps * (w.context_tokens + w.batch_size * w.num_steps / 2) for w in workers)
-        return steps * decode.base_s + decode.per_kv_token_s * kv_steps
+        # never sooner than its longest member alone: the same steps, none of them faster
+        # (the fit can price a step below the pace a worker's remaining time reports)
+        return max(steps * decode.base_s + decode.per_kv_token_s * kv_steps, max(w.remaining_s for w in workers))
     step_s = max(w.remaining_s / w.num_steps for w in workers if w.num_steps > 0)
     steps = max(w.num_steps for w in workers)
     merged_req_steps = sum(w.batch_size * w.num_steps for w in workers)
@@ -159,44 +197,54 @@ def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per
         raise ValueError(f"target rank {target_rank} has no tail among {sorted(by_rank)}")
     tgt = by_rank[target_rank]
     others = [w for w in workers if w.dp_rank != target_rank]
-    t_origin = (max(w.slowdown * w.remaining_s for w in workers)
-                + max(w.partner_slowdown * w.partner_remaining_s for w in workers))
+    tails_s = max(w.slowdown * w.remaining_s for w in workers)
+    t_origin = tails_s + max(w.partner_slowdown * w.partner_remaining_s for w in workers)
     recompute = sum(migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
                     for w in others)
     t_k = aggregated_time_s(workers, config, decode)
     s_pt = tgt.partner_slowdown if partner_slowdown_beside_merged is None else partner_slowdown_beside_merged
-    t_migr = t_k + recompute + max(s_pt * tgt.partner_remaining_s, max(w.partner_remaining_s for w in others))
+    merged_s = tgt.slowdown * t_k + recompute
+    t_migr = merged_s + max(s_pt * tgt.partner_remaining_s, max(w.partner_remaining_s for w in others))
     return MergeDecision(target_rank=target_rank, source_ranks=tuple(w.dp_rank for w in others),
-                         t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute)
+                         t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute,
+                         tails_s=tails_s, merged_s=merged_s)
 
 
 def best_merge(workers: Sequence[TailWorker], *, flops_per_token: float, peak_flops: float,
                config: MergeConfig = MergeConfig(), decode: DecodeFit | None = None) -> MergeDecision | None:
-    """The target with the largest positive ΔT, or None when no migration pays off or the
-    merged batch would leave the tail regime.
+    """The target with the largest positive ΔT among those whose merged tail does not
+    lengthen the rollout, or None when there is none or the merged batch would leave the
+    tail regime.
 
     Same formula as `merge_decision`, evaluated for every target in O(n): T_origin and
     T(K) do not depend on the target, the recompute sum is the total minus the target's."""
     if len(workers) < 2 or sum(w.batch_size for w in workers) > config.max_merged_batch:
         return None
-    t_origin = (max(w.slowdown * w.remaining_s for w in workers)
-                + max(w.partner_slowdown * w.partner_remaining_s for w in workers))
+    tails_s = max(w.slowdown * w.remaining_s for w in workers)
+    t_origin = tails_s + max(w.partner_slowdown * w.partner_remaining_s for w in workers)
     t_k = aggregated_time_s(workers, config, decode)
     costs = [migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
              for w in workers]
+    total = sum(costs)
     partners = sorted((w.partner_remaining_s for w in workers), reverse=True)
     best = None
     for w, m in zip(workers, costs):
+        merged_s = w.slowdown * t_k + total - m
+        if merged_s > tails_s * (1.0 + config.max_stretch_frac) + 1e-9:
+            continue
         others_max = partners[1] if w.partner_remaining_s == partners[0] else partners[0]
-        t_migr = t_k + sum(costs) - m + max(w.partner_slowdown * w.partner_remaining_s, others_max)
+        t_migr = merged_s + max(w.partner_slowdown * w.partner_remaining_s, others_max)
         key = (t_origin - t_migr, -w.dp_rank)
         if best is None or key > best[0]:
-            best = (key, w, t_migr, sum(costs) - m)
-    (delta, _), tgt, t_migr, recompute = best
+            best = (key, w, t_migr, total - m, merged_s)
+    if best is None:
+        return None
+    (delta, _), tgt, t_migr, recompute, merged_s = best
     if delta <= max(0.0, config.min_gain_frac * t_origin):
         return None
     return MergeDecision(target_rank=tgt.dp_rank, source_ranks=tuple(w.dp_rank for w in workers if w is not tgt),
-                         t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute)
+                         t_origin_s=t_origin, t_migr_s=t_migr, aggregated_s=t_k + recompute,
+                         tails_s=tails_s, merged_s=merged_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -67,13 +67,17 @@ class StepCost:
         co = self.decode(batch)
         return co.c0_s + co.c1_s_per_token * kv_tokens
 
-    def prefill_s(self, tokens: int, context_tokens: int) -> float:
-        """A chunk of `tokens` new tokens whose requests already hold `context_tokens` on average."""
+    def prefill_s(self, tokens: int, context_tokens: int, requests: int = 1) -> float:
+        """A chunk of `tokens` new tokens from `requests` requests (an even share each) that
+        already hold `context_tokens` on average."""
         m, c, d, tp = self.spec, self.config, self.device, self.config.rollout_tp
         flops_rate, bw = d.peak_flops * c.gemm_eff, d.mem_bw_bytes_per_s * c.bw_eff
         gemm = max(2 * m.params * tokens / tp / flops_rate, m.weight_bytes / tp / bw)
-        # Each new token attends to the request's context plus half the chunk on average.
-        attn_flops = 4 * m.num_layers * m.num_heads * m.head_dim * tokens * (context_tokens + tokens / 2) / tp
+        # Each new token attends to its own request's context plus half that request's share of
+        # the chunk on average (not to the other requests' tokens: a batched prefill is causal
+        # per sequence).
+        own = tokens / max(1, requests)
+        attn_flops = 4 * m.num_layers * m.num_heads * m.head_dim * tokens * (context_tokens + own / 2) / tp
         kv_write = tokens * m.kv_bytes_per_token / min(tp, m.num_kv_heads)
         attn = max(attn_flops / flops_rate, kv_write / bw)
         act = tokens * self._roof._activation_bytes(1) + tokens * m.vocab * 4 * c.logits_passes / tp

@@ -310,7 +310,7 @@ class PipelineRun:
         tokens = seqs * (w.prompt_tokens + w.lengths.max_tokens / 2)
         nodes, deps, last = [], {}, []
         for r in range(len(self.rollout_devices)):
-            prefill_s = c.prefill_s(int(per * w.prompt_tokens), 0)
+            prefill_s = c.prefill_s(int(per * w.prompt_tokens), 0, max(1, int(per)))
             a = self._cold(r, SubStageKind.ROLLOUT_PREFILL, prefill_s, self.rollout_mem)
             b = self._cold(r, SubStageKind.ROLLOUT_TAIL, decode_s, self.rollout_mem)
             nodes += [a, b]

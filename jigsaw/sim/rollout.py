@@ -183,7 +183,7 @@ class RolloutWorker:
             budget -= n
         tokens = sum(n for _, n in batch)
         ctx = sum(r.context - r.pending for r, _ in batch) / len(batch)
-        dur = self.s * self.cost.prefill_s(tokens, int(ctx))
+        dur = self.s * self.cost.prefill_s(tokens, int(ctx), len(batch))
         seg = _Segment("prefill", self.t, np.array([self.t + dur]), prefill=batch)
         seg.switch_at_end = self.tracker.steps_to_switch(tokens) == 1
         return seg
