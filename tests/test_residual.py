@@ -51,8 +51,9 @@ def test_decode_fit_recovers_a_linear_step_model_and_refuses_a_single_point():
 
 
 def test_merged_tail_pays_for_the_kv_it_reads():
-    ws = [TailWorker(dp_rank=0, remaining_s=2.0, num_steps=100, batch_size=4, context_tokens=4_000),
-          TailWorker(dp_rank=1, remaining_s=1.0, num_steps=50, batch_size=2, context_tokens=1_000)]
+    # each worker's remaining time is what the fit says its own steps take
+    ws = [TailWorker(dp_rank=0, remaining_s=1.42, num_steps=100, batch_size=4, context_tokens=4_000),
+          TailWorker(dp_rank=1, remaining_s=0.5525, num_steps=50, batch_size=2, context_tokens=1_000)]
     fit = DecodeFit(base_s=0.01, per_kv_token_s=1e-6)
     # 100 steps × 0.01 + 1e-6 × (100·(4000 + 4·50) + 50·(1000 + 2·25))
     expected = 1.0 + 1e-6 * (100 * 4_200 + 50 * 1_050)
