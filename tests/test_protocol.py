@@ -138,3 +138,63 @@ def test_a_peer_of_another_uid_is_refused(daemon):
             f.unlink()
         pub.rmdir()
     _still_serving(daemon)
+
+
+def _str8(raw: bytes) -> bytes:
+    """A msgpack str whose bytes are `raw` (msgspec's encoder only writes valid UTF-8)."""
+    return b"\xd9" + bytes([len(raw)]) + raw
+
+
+def _map(**fields: bytes) -> bytes:
+    """A msgpack map of already-encoded values."""
+    out = bytes([0x80 | len(fields)])
+    for k, v in fields.items():
+        out += msgspec.msgpack.encode(k) + v
+    return out
+
+
+def _enc(value) -> bytes:
+    return msgspec.msgpack.encode(value)
+
+
+V = _enc(pr.PROTOCOL_VERSION)
+HOSTILE = {  # one message per class that used to kill the daemon or poison its state
+    "invalid utf-8 in a string": _map(type=_enc("register"), v=V, pipeline=_str8(b"\xff\xfe"), pid=_enc(1)),
+    "nested past the recursion limit": _map(type=_enc("status"), v=V, extra=b"\x91" * 200_000 + b"\xc0"),
+    "a name holding the id separator": _enc({"type": "register", "v": pr.PROTOCOL_VERSION, "pipeline": "a/b",
+                                             "pid": 1}),
+    "a step past any counter": _enc({"type": "admit", "v": pr.PROTOCOL_VERSION, "session": "s", "kind": "training",
+                                     "dp_rank": 0, "step": 2**64 - 1}),
+    "memory no device has": _enc({"type": "admit", "v": pr.PROTOCOL_VERSION, "session": "s", "kind": "training",
+                                  "dp_rank": 0, "step": 0, "mem_bytes": 2**62}),
+    "a NaN batch": _enc({"type": "done", "v": pr.PROTOCOL_VERSION, "session": "s", "substage": "x",
+                         "batch_size": float("nan")}),
+    "an infinite sequence": _enc({"type": "done", "v": pr.PROTOCOL_VERSION, "session": "s", "substage": "x",
+                                  "seq_len": float("inf")}),
+    "an absurd batch": _enc({"type": "done", "v": pr.PROTOCOL_VERSION, "session": "s", "substage": "x",
+                             "batch_size": 1e30}),
+    "a negative rank": _enc({"type": "opened", "v": pr.PROTOCOL_VERSION, "session": "s", "kind": "training",
+                             "dp_rank": -1, "step": 0, "reason": "lost"}),
+}
+
+
+@pytest.mark.parametrize("data", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_values_are_refused_at_the_edge(data):
+    with pytest.raises(pr.ProtocolError) as err:  # and nothing but a ProtocolError
+        pr.decode_request(data)
+    assert err.value.code == "bad-message"
+
+
+def test_the_daemon_answers_every_hostile_class_and_keeps_serving(daemon):
+    for name, data in HOSTILE.items():
+        reply = _ask(daemon.ep, [data])
+        assert isinstance(reply, pr.Error) and reply.code == "bad-message", name
+        _still_serving(daemon)
+
+
+def test_pipeline_names_are_checked_where_they_are_made():
+    assert pr.check_name("grpo-7b_run.2+a") == "grpo-7b_run.2+a"
+    for bad in ("a/b", "", "-lead", "x" * 65, "sp ace", "ü"):
+        with pytest.raises(ValueError, match="not valid"):
+            pr.check_name(bad)
+    assert pr.check_name(pr.safe_name("/usr/bin/my script-123")) == "usr-bin-my-script-123"

@@ -45,7 +45,9 @@ def run(args: Args) -> int:
 
     if not args.cmd:
         raise ValueError("jigsaw run needs a command after `--`, e.g. jigsaw run -- python train.py")
-    name = args.name or f"{Path(args.cmd[0]).name}-{os.getpid()}"
+    from jigsaw.runtime.protocol import check_name, safe_name
+
+    name = check_name(args.name) if args.name else safe_name(f"{Path(args.cmd[0]).name}-{os.getpid()}")
     directory = runtime_dir()
     ep = endpoint(directory)
     up = ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep))

@@ -88,7 +88,7 @@ class GrantHandle:
 class Client:
     def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
                  connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S):
-        self.pipeline, self.endpoint, self.devices = pipeline, endpoint, tuple(devices)
+        self.pipeline, self.endpoint, self.devices = pr.check_name(pipeline), endpoint, tuple(devices)
         self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
         self.session: str | None = None
         self.heartbeat_s = pr.HEARTBEAT_S

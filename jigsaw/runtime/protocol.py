@@ -12,7 +12,11 @@ schema (unknown type tag, wrong field type, unknown field, other version) become
 
 from __future__ import annotations
 
+import re
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 from jigsaw.mux.partition import Partition
 
@@ -28,10 +32,29 @@ value until it does)."""
 LEASE_S = 1.0
 """A client silent this long loses its grants."""
 
+# ------------------------------------------------------------------ field bounds
+# Every request field is bounded where it is decoded: a value outside these never reaches
+# the daemon's state (NaN and infinities fail the bounds, too).  Names are what sub-stage
+# ids are built from, so they cannot hold the id separator.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
+NAME_RULE = "1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
+Token = Annotated[str, Meta(max_length=128)]
+Word = Annotated[str, Meta(max_length=32)]
+SubStageRef = Annotated[str, Meta(max_length=512)]
+Rank = Annotated[int, Meta(ge=0, le=1 << 16)]
+StepNo = Annotated[int, Meta(ge=0, le=10**9)]
+Pid = Annotated[int, Meta(ge=1, le=1 << 22)]
+Bytes = Annotated[int, Meta(ge=0, le=1 << 50)]
+Count = Annotated[int, Meta(ge=0, le=10**15)]
+Amount = Annotated[float, Meta(ge=0.0, le=1e9)]
+"""Batch sizes, sequence lengths, seconds."""
+Flops = Annotated[float, Meta(ge=0.0, le=1e30)]
+
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True, kw_only=True):
     v: int = PROTOCOL_VERSION
-    req: int = 0
+    req: Annotated[int, Meta(ge=0, le=1 << 62)] = 0
 
 
 # ------------------------------------------------------------------ requests
@@ -39,18 +62,18 @@ class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=
 class Register(_Msg, tag="register"):
     """A client process joins `pipeline` (created on first use); the reply carries its session."""
 
-    pipeline: str
-    pid: int
-    devices: tuple[int, ...] = ()
+    pipeline: Name
+    pid: Pid
+    devices: Annotated[tuple[Rank, ...], Meta(max_length=4096)] = ()
     """Device of each DP rank of the pipeline (default: rank r on device r)."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
-    session: str
+    session: Token
 
 
 class Unregister(_Msg, tag="unregister"):
-    session: str
+    session: Token
     pipeline_done: bool = False
     """Set by `jigsaw run` when CMD exits: the whole pipeline leaves, not only this client."""
 
@@ -58,28 +81,28 @@ class Unregister(_Msg, tag="unregister"):
 class Admit(_Msg, tag="admit"):
     """Ask to start a sub-stage; the reply (a `Grant`) comes when the scheduler admits it."""
 
-    session: str
-    kind: str
-    dp_rank: int
-    step: int
-    mem_bytes: int = 0
+    session: Token
+    kind: Word
+    dp_rank: Rank
+    step: StepNo
+    mem_bytes: Bytes = 0
     urgent: bool = False
     """A rollout worker entering its next regime cannot pause: admitted at once, the
     scheduler only picks its budget."""
-    pids: tuple[int, ...] = ()
+    pids: Annotated[tuple[Pid, ...], Meta(max_length=4096)] = ()
     """Processes that run the sub-stage: the client binds them to its partition (traced)."""
 
 
 class Done(_Msg, tag="done"):
     """A granted sub-stage finished; the numbers feed the pipeline's graph of the next step."""
 
-    session: str
-    substage: str
-    batch_size: float = 0.0
-    seq_len: float = 0.0
-    num_steps: int = 1
-    num_tokens: int = 0
-    flops: float = 0.0
+    session: Token
+    substage: SubStageRef
+    batch_size: Amount = 0.0
+    seq_len: Amount = 0.0
+    num_steps: Count = 1
+    num_tokens: Count = 0
+    flops: Flops = 0.0
     final: bool = False
     """The worker has no more rollout in this step (what was predicted after it will not run)."""
 
@@ -88,26 +111,26 @@ class Opened(_Msg, tag="opened"):
     """A sub-stage ran without the daemon's control (fail-open), reported once a daemon
     answers again: the trace counts every one."""
 
-    session: str
-    kind: str
-    dp_rank: int
-    step: int
-    reason: str
+    session: Token
+    kind: Word
+    dp_rank: Rank
+    step: StepNo
+    reason: Word
     """unreachable (no daemon answered) | refused (an Error reply) | lost (its grant was
     reclaimed while it ran, e.g. a lease expired)."""
-    substage: str = ""
+    substage: SubStageRef = ""
     """Its id, when it had been granted one."""
-    duration_s: float = 0.0
+    duration_s: Amount = 0.0
 
 
 class StepEnd(_Msg, tag="step_end"):
     """An RL step of the pipeline finished (sent by one worker, e.g. rank 0)."""
 
-    session: str
-    step: int
-    tokens: int = 0
-    samples: int = 0
-    flops: float = 0.0
+    session: Token
+    step: StepNo
+    tokens: Count = 0
+    samples: Count = 0
+    flops: Flops = 0.0
 
 
 class Status(_Msg, tag="status"):
@@ -182,6 +205,19 @@ Reply = Ok | Error | Registered | Grant | Beat | StatusReply
 
 # ------------------------------------------------------------------ codec
 
+def check_name(name: str) -> str:
+    """`name` if the daemon accepts it as a pipeline name, else a ValueError that says why."""
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ValueError(f"pipeline name {name!r} is not valid: {NAME_RULE}")
+    return name
+
+
+def safe_name(text: str) -> str:
+    """`text` made a valid pipeline name (other characters become '-')."""
+    name = re.sub(r"[^A-Za-z0-9._+-]", "-", text).lstrip("._+-")[:64]
+    return name or "pipeline"
+
+
 class ProtocolError(ValueError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -191,7 +227,13 @@ class ProtocolError(ValueError):
 _enc = msgspec.msgpack.Encoder()
 _dec_request = msgspec.msgpack.Decoder(Request)
 _dec_reply = msgspec.msgpack.Decoder(Reply)
-_dec_version = msgspec.msgpack.Decoder(dict)
+
+
+class _Version(msgspec.Struct):
+    v: int = PROTOCOL_VERSION
+
+
+_dec_version = msgspec.msgpack.Decoder(_Version)
 
 
 def encode(msg: _Msg) -> bytes:
@@ -199,7 +241,9 @@ def encode(msg: _Msg) -> bytes:
 
 
 def decode_request(data: bytes) -> Request:
-    """Validate one request frame; raises ProtocolError with the reason."""
+    """Validate one request frame; raises ProtocolError with the reason, and nothing else:
+    whatever the bytes are (invalid UTF-8 in a string, nesting past the recursion limit,
+    a value out of bounds), the daemon gets a reason to send back."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError("too-large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
@@ -207,8 +251,10 @@ def decode_request(data: bytes) -> Request:
     except msgspec.ValidationError as exc:
         _check_version(data)
         raise ProtocolError("bad-message", f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError("bad-message", f"not a msgpack request: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("bad-message", "not a request: values nested too deeply") from None
     if msg.v != PROTOCOL_VERSION:
         raise ProtocolError("version", f"protocol version {msg.v} is not supported (daemon speaks {PROTOCOL_VERSION})")
     return msg
@@ -216,8 +262,8 @@ def decode_request(data: bytes) -> Request:
 
 def _check_version(data: bytes) -> None:
     try:
-        v = _dec_version.decode(data).get("v", PROTOCOL_VERSION)
-    except msgspec.MsgspecError:
+        v = _dec_version.decode(data).v
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         return
     if v != PROTOCOL_VERSION:
         raise ProtocolError("version", f"protocol version {v!r} is not supported (daemon speaks {PROTOCOL_VERSION})")
@@ -226,5 +272,5 @@ def _check_version(data: bytes) -> None:
 def decode_reply(data: bytes) -> Reply:
     try:
         return _dec_reply.decode(data)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("bad-message", f"invalid reply from daemon: {exc}") from None
