@@ -14,8 +14,14 @@ Each unordered pair of kinds is measured once per (σ, m): the partner's view of
 (b, a, 1−σ, 1−m) is the same run, so a file never disagrees with itself.  Measurements are
 kept as measured: a slowdown under 1.0 (faster than alone on the whole device) can only be
 noise, so such a point is measured again (`repeats` in all) and the median kept; the base
-times are medians of `repeats` runs.  The grid's source says how many points were repeated,
-their relative spread, and how many stayed under 1.0.
+times are medians of `repeats` runs.  A repeat is paired: the base is measured again right
+before it and the point divided by that, so a load spike that inflated the first base (and
+made every point of its kind look faster) cancels instead of being kept.  The grid's source
+says how many points were repeated, their relative spread, and how many stayed under 1.0.
+A point that stays under the noise floor even so was not measured but disturbed (a CPU
+"device" shared with other jobs runs a one-core split many times faster than the whole,
+whose threads wait for each other): `MeasurementError` says which and why, and no grid
+is written.
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from pathlib import Path
 from typing import Protocol
 
 from jigsaw.mux.prior import PriorConfig
-from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, FORMAT, VERSION, DeviceInfo, SlowdownGrid
+from jigsaw.mux.slowdown import (
+    DEFAULT_MEM_LEVELS,
+    DEFAULT_SM_LEVELS,
+    FORMAT,
+    NOISE_FLOOR,
+    VERSION,
+    DeviceInfo,
+    SlowdownGrid,
+)
 
 DEVICE_KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 
@@ -80,8 +94,12 @@ def measure_grid(bench: Bench, model: str, *, sm_levels=DEFAULT_SM_LEVELS, mem_l
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     top, noise = mem_levels[-1], _Noise(repeats)
-    base = {k: noise.median_of(lambda k=k: (bench.alone(k, 1.0, top),))[0] for k in kinds}
-    alone = {k: [[noise.ratio(lambda k=k, s=s, m=m: (bench.alone(k, s, m),), (base[k],))[0]
+    def base_of(k: str) -> float:
+        return bench.alone(k, 1.0, top)
+
+    base = {k: noise.median_of(lambda k=k: (base_of(k),))[0] for k in kinds}
+    alone = {k: [[noise.ratio(lambda k=k, s=s, m=m: (bench.alone(k, s, m),), (base[k],),
+                              lambda k=k: (base_of(k),), lambda k=k, s=s, m=m: f"{k} alone at σ={s:g} mem={m:g}")[0]
                   if (s, m) != (1.0, top) else 1.0 for m in mem_levels] for s in sm_levels] for k in kinds}
     pairs = {a: {b: [[None] * len(mem_levels) for _ in sm_levels] for b in kinds} for a in kinds}
     points = [(a, b, i, j) for a, b in itertools.combinations_with_replacement(kinds, 2)
@@ -89,7 +107,8 @@ def measure_grid(bench: Bench, model: str, *, sm_levels=DEFAULT_SM_LEVELS, mem_l
     for n, (a, b, i, j) in enumerate(points, 1):
         progress(f"[{n}/{len(points)}] {a} + {b} at σ={sm_levels[i]:g} mem={mem_levels[j]:g}")
         s_a, s_b = noise.ratio(lambda a=a, b=b, i=i, j=j: bench.pair(a, b, sm_levels[i], mem_levels[j]),
-                               (base[a], base[b]))
+                               (base[a], base[b]), lambda a=a, b=b: (base_of(a), base_of(b)),
+                               lambda a=a, b=b, i=i, j=j: f"{a} + {b} at σ={sm_levels[i]:g} mem={mem_levels[j]:g}")
         pairs[a][b][i][j] = round(s_a, 4)
         pairs[b][a][_partner_index(sm_levels, i)][len(mem_levels) - 1 - j] = round(s_b, 4)
     source = {"kind": "measured", "note": note or "jigsaw profile", "measured_at": time.strftime("%Y-%m-%d"),
@@ -98,6 +117,10 @@ def measure_grid(bench: Bench, model: str, *, sm_levels=DEFAULT_SM_LEVELS, mem_l
            "source": source, "sm_levels": list(sm_levels), "mem_levels": list(mem_levels), "kinds": list(kinds),
            "alone": {k: [[round(v, 4) for v in row] for row in t] for k, t in alone.items()}, "pairs": pairs}
     return SlowdownGrid.from_dict(doc)
+
+
+class MeasurementError(ValueError):
+    """A point came out below the noise floor after its paired repeats."""
 
 
 @dataclass
@@ -114,12 +137,21 @@ class _Noise:
         runs = [run() for _ in range(self.repeats)]
         return self._keep(runs)
 
-    def ratio(self, run: Callable[[], tuple[float, ...]], base: tuple[float, ...]) -> tuple[float, ...]:
-        """Slowdowns of one measurement; all `repeats` runs when one is under 1.0 (noise)."""
+    def ratio(self, run: Callable[[], tuple[float, ...]], base: tuple[float, ...],
+              base_run: Callable[[], tuple[float, ...]], what: Callable[[], str]) -> tuple[float, ...]:
+        """Slowdowns of one measurement against the base times; when one is under 1.0
+        (noise), `repeats` runs in all, each after a fresh base measurement (`base_run`)."""
         runs = [tuple(t / b for t, b in zip(run(), base, strict=True))]
         if min(runs[0]) < 1.0:
-            runs += [tuple(t / b for t, b in zip(run(), base, strict=True)) for _ in range(self.repeats - 1)]
+            for _ in range(self.repeats - 1):
+                fresh = base_run()
+                runs.append(tuple(t / b for t, b in zip(run(), fresh, strict=True)))
         kept = self._keep(runs)
+        if min(kept) < NOISE_FLOOR:
+            raise MeasurementError(
+                f"{what()}: {min(kept):.3g} of the time alone on the whole device after {len(runs)} paired "
+                f"runs, below the noise floor {NOISE_FLOOR}: the machine was too busy to measure; stop other "
+                "jobs and run `jigsaw profile` again")
         self.below_one += sum(v < 1.0 for v in kept)
         return kept
 
