@@ -19,10 +19,11 @@ def test_long_tail_caps_are_seeded_bounded_and_skewed():
 
 
 @pytest.mark.timeout(600)
-def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys):
+def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a user's directory, not the repository: the default is relative
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "24",
-                 "--out-dir", str(out)]) == 0
+                 "--out-dir", "demo"]) == 0
     printed = capsys.readouterr().out
     for mode in ("serial", "naive", "naive-fair", "jigsaw"):
         docs = [json.loads(p.read_text()) for p in sorted(out.glob(f"{mode}-seed*.json"))]

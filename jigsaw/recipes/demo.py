@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +79,8 @@ def run_demo(cfg: DemoConfig, say=print) -> list[ModeResult]:
     bad = set(cfg.modes) - set(MODES)
     if bad:
         raise ValueError(f"unknown demo modes {sorted(bad)}; use {', '.join(MODES)}")
+    # the pipelines and the daemon run from the package root: paths they are given are absolute
+    cfg = replace(cfg, out_dir=cfg.out_dir.resolve())
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for mode in cfg.modes:
