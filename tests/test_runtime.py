@@ -299,3 +299,17 @@ def test_the_daemon_runs_every_policy_live(tmp_path, policy):
         assert not _overlap(ev, "A", "B") and all(float(frac) == 1.0 for _, _, _, frac, _ in lines)
     if policy == "jigsaw":
         assert _overlap(ev, "A", "B")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a disk that is always full)")
+def test_a_trace_that_cannot_be_written_stops_and_the_daemon_keeps_serving(tmp_path):
+    n = Node(tmp_path)
+    n.trace = Path("/dev/full")  # every write fails with ENOSPC, as on a full disk
+    n.start()
+    try:
+        a = n.run("A", tmp_path / "a.out", "--steps", "2")
+        assert a.wait(60) == 0
+        work_done(tmp_path / "a.out", 2)  # scheduled through to the end, nothing lost
+        assert n.daemon.poll() is None and isinstance(n.status(), pr.StatusReply)
+    finally:
+        n.stop()
