@@ -136,11 +136,11 @@ class Sampler(threading.Thread):
             time.sleep(SAMPLE_S)
 
 
-@pytest.mark.timeout(600)
-def test_recipe_workers_run_on_their_granted_cores_after_budget_changes(tmp_path):
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("CPU partitions need two cores")
-    node = Node(tmp_path)
+def run_recipe_beside_a_toy(tmp) -> tuple[list[dict], list]:
+    """The recipe under a CPU-partitioning daemon, a toy pipeline moving its budgets: the
+    daemon's trace and the affinity samples of every granted pid."""
+    tmp.mkdir()
+    node = Node(tmp)
     grid = ROOT / "profiles" / "cpu" / "tiny-qwen3.json"
     node.start("--partitioner", "cpu", "--heartbeat-s", str(HEARTBEAT_S), "--profile", str(grid))
     sampler, procs = Sampler(node), []
@@ -149,14 +149,14 @@ def test_recipe_workers_run_on_their_granted_cores_after_budget_changes(tmp_path
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "jigsaw.cli.main", "run", "--name", "grpo", "--", sys.executable, "-m",
              "jigsaw.recipes.grpo", "--steps", "3", "--prompts", "16", "--group", "4", "--max-new-tokens", "256",
-             "--no-long-tail", "--result", str(tmp_path / "grpo.json")], env=node.env, cwd=ROOT))
+             "--no-long-tail", "--result", str(tmp / "grpo.json")], env=node.env, cwd=ROOT))
         # A second pipeline, on the device for 0.4 s then off for 0.4 s, moves the recipe's
         # budgets while its sub-stages run (from its first grant on: the recipe takes a while to load)
         deadline = time.monotonic() + 300
         while not any(e["event"] == "grant" for e in node.events()):
             assert time.monotonic() < deadline and procs[0].poll() is None, "the recipe never got a grant"
             time.sleep(0.05)
-        procs.append(node.run("toy", tmp_path / "toy.out", "--steps", "1000", "--work-ms", "400", "--gap-ms", "400"))
+        procs.append(node.run("toy", tmp / "toy.out", "--steps", "1000", "--work-ms", "400", "--gap-ms", "400"))
         assert procs[0].wait(500) == 0
     finally:
         for p in reversed(procs):  # the toy only ever moved the recipe's budgets: stop it
@@ -166,15 +166,36 @@ def test_recipe_workers_run_on_their_granted_cores_after_budget_changes(tmp_path
         sampler.stop.set()
         sampler.join(5)
         node.stop()
-    held = holdings(node.events())
+    return node.events(), sampler.samples
+
+
+def moved_roles(events: list[dict], samples: list) -> set[str]:
+    """Checks that every settled holding ran on its cores; the roles with a settled budget
+    change of a running sub-stage that moved their cores."""
+    held = holdings(events)
     assert {h.role for h in held} == {"rollout", "trainer"}  # both kinds of worker were granted cores
     checked = {"rollout": [], "trainer": []}
     for h in held:
-        settled = [seen for t, p, seen in sampler.samples if p == h.pid and h.start_s + BIND_S <= t < h.end_s]
+        settled = [seen for t, p, seen in samples if p == h.pid and h.start_s + BIND_S <= t < h.end_s]
         if settled:
             checked[h.role].append((h, settled))
     for role, seen in checked.items():
         wrong = [(h.substage, h.cores, s) for h, samples in seen for s in samples if s != {h.cores}]
         assert not wrong, f"{role} threads off their granted cores: {wrong[:5]}"
-        moved = [h for h, _ in seen if h.change]
-        assert moved, f"no settled budget change of a running {role} sub-stage was observed"
+    return {role for role, seen in checked.items() if any(h.change for h, _ in seen)}
+
+
+@pytest.mark.timeout(900)
+def test_recipe_workers_run_on_their_granted_cores_after_budget_changes(tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("CPU partitions need two cores")
+    # Whether the toy moves a budget while a trainer sub-stage runs, and long enough to settle,
+    # is timing: a run without one says nothing either way, so another run is made (at most 3).
+    # Every run checks that every settled holding was on its cores.
+    moved: set[str] = set()
+    for attempt in range(3):
+        moved |= moved_roles(*run_recipe_beside_a_toy(tmp_path / f"run{attempt}"))
+        if moved == {"rollout", "trainer"}:
+            break
+    for role in ("rollout", "trainer"):
+        assert role in moved, f"no settled budget change of a running {role} sub-stage was observed in 3 runs"
