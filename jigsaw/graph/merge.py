@@ -65,7 +65,7 @@ class MergeConfig:
         if not 0.0 < self.prefill_mfu_frac <= 1.0:
             raise ValueError(f"prefill_mfu_frac must be in (0, 1], got {self.prefill_mfu_frac}")
         if self.max_merged_batch < 1 or self.step_time_per_request_s < 0 or self.max_stretch_frac < 0:
-            raise ValueError("max_merged_batch must be >= 1 and step_time_per_request_s >= 0")
+            raise ValueError("max_merged_batch must be >= 1, step_time_per_request_s and max_stretch_frac >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,6 +183,12 @@ def aggregated_time_s(workers: Sequence[TailWorker], config: MergeConfig = Merge
     return steps * step_s + config.step_time_per_request_s * extra
 
 
+def _origin(workers: Sequence[TailWorker]) -> tuple[float, float]:
+    """(when the tails end, T_origin) without migration."""
+    tails_s = max(w.slowdown * w.remaining_s for w in workers)
+    return tails_s, tails_s + max(w.partner_slowdown * w.partner_remaining_s for w in workers)
+
+
 def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per_token: float,
                    peak_flops: float, partner_slowdown_beside_merged: float | None = None,
                    config: MergeConfig = MergeConfig(), decode: DecodeFit | None = None) -> MergeDecision:
@@ -197,8 +203,7 @@ def merge_decision(workers: Sequence[TailWorker], target_rank: int, *, flops_per
         raise ValueError(f"target rank {target_rank} has no tail among {sorted(by_rank)}")
     tgt = by_rank[target_rank]
     others = [w for w in workers if w.dp_rank != target_rank]
-    tails_s = max(w.slowdown * w.remaining_s for w in workers)
-    t_origin = tails_s + max(w.partner_slowdown * w.partner_remaining_s for w in workers)
+    tails_s, t_origin = _origin(workers)
     recompute = sum(migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
                     for w in others)
     t_k = aggregated_time_s(workers, config, decode)
@@ -220,8 +225,7 @@ def best_merge(workers: Sequence[TailWorker], *, flops_per_token: float, peak_fl
     T(K) do not depend on the target, the recompute sum is the total minus the target's."""
     if len(workers) < 2 or sum(w.batch_size for w in workers) > config.max_merged_batch:
         return None
-    tails_s = max(w.slowdown * w.remaining_s for w in workers)
-    t_origin = tails_s + max(w.partner_slowdown * w.partner_remaining_s for w in workers)
+    tails_s, t_origin = _origin(workers)
     t_k = aggregated_time_s(workers, config, decode)
     costs = [migration_cost_s(w.context_tokens, flops_per_token, peak_flops, config.prefill_mfu_frac)
              for w in workers]
