@@ -93,22 +93,18 @@ def measure_grid(bench: Bench, model: str, *, sm_levels=DEFAULT_SM_LEVELS, mem_l
     _check_levels(mem_levels)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    top, noise = mem_levels[-1], _Noise(repeats)
-    def base_of(k: str) -> float:
-        return bench.alone(k, 1.0, top)
-
-    base = {k: noise.median_of(lambda k=k: (base_of(k),))[0] for k in kinds}
-    alone = {k: [[noise.ratio(lambda k=k, s=s, m=m: (bench.alone(k, s, m),), (base[k],),
-                              lambda k=k: (base_of(k),), lambda k=k, s=s, m=m: f"{k} alone at σ={s:g} mem={m:g}")[0]
+    top = mem_levels[-1]
+    noise = _Noise(repeats, alone=lambda k: bench.alone(k, 1.0, top))
+    noise.measure_bases(kinds)
+    alone = {k: [[noise.ratio(lambda k=k, s=s, m=m: (bench.alone(k, s, m),), (k,), f"{k} alone at σ={s:g} mem={m:g}")[0]
                   if (s, m) != (1.0, top) else 1.0 for m in mem_levels] for s in sm_levels] for k in kinds}
     pairs = {a: {b: [[None] * len(mem_levels) for _ in sm_levels] for b in kinds} for a in kinds}
     points = [(a, b, i, j) for a, b in itertools.combinations_with_replacement(kinds, 2)
               for i in range(len(sm_levels)) for j in range(len(mem_levels))]
     for n, (a, b, i, j) in enumerate(points, 1):
-        progress(f"[{n}/{len(points)}] {a} + {b} at σ={sm_levels[i]:g} mem={mem_levels[j]:g}")
-        s_a, s_b = noise.ratio(lambda a=a, b=b, i=i, j=j: bench.pair(a, b, sm_levels[i], mem_levels[j]),
-                               (base[a], base[b]), lambda a=a, b=b: (base_of(a), base_of(b)),
-                               lambda a=a, b=b, i=i, j=j: f"{a} + {b} at σ={sm_levels[i]:g} mem={mem_levels[j]:g}")
+        what = f"{a} + {b} at σ={sm_levels[i]:g} mem={mem_levels[j]:g}"
+        progress(f"[{n}/{len(points)}] {what}")
+        s_a, s_b = noise.ratio(lambda a=a, b=b, i=i, j=j: bench.pair(a, b, sm_levels[i], mem_levels[j]), (a, b), what)
         pairs[a][b][i][j] = round(s_a, 4)
         pairs[b][a][_partner_index(sm_levels, i)][len(mem_levels) - 1 - j] = round(s_b, 4)
     source = {"kind": "measured", "note": note or "jigsaw profile", "measured_at": time.strftime("%Y-%m-%d"),
@@ -128,28 +124,31 @@ class _Noise:
     """Repeats of noisy measurements and what they showed."""
 
     repeats: int
+    alone: Callable[[str], float]
+    """Time of a kind alone on the whole device (its base), measured now."""
+    base: dict[str, float] = field(default_factory=dict)
+    """Each kind's base time: the median of `repeats` runs."""
     spreads: list[float] = field(default_factory=list)
     """(max − min) / median of every repeated measurement."""
     below_one: int = 0
     """Kept slowdowns still under 1.0 after the repeats."""
 
-    def median_of(self, run: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:
-        runs = [run() for _ in range(self.repeats)]
-        return self._keep(runs)
+    def measure_bases(self, kinds) -> None:
+        for k in kinds:
+            self.base[k] = self._keep([(self.alone(k),) for _ in range(self.repeats)])[0]
 
-    def ratio(self, run: Callable[[], tuple[float, ...]], base: tuple[float, ...],
-              base_run: Callable[[], tuple[float, ...]], what: Callable[[], str]) -> tuple[float, ...]:
-        """Slowdowns of one measurement against the base times; when one is under 1.0
-        (noise), `repeats` runs in all, each after a fresh base measurement (`base_run`)."""
-        runs = [tuple(t / b for t, b in zip(run(), base, strict=True))]
+    def ratio(self, run: Callable[[], tuple[float, ...]], kinds: tuple[str, ...], what: str) -> tuple[float, ...]:
+        """Slowdowns of one measurement of `kinds` against their base times; when one is under
+        1.0 (noise), `repeats` runs in all, each after a fresh measurement of the bases."""
+        runs = [tuple(t / self.base[k] for t, k in zip(run(), kinds, strict=True))]
         if min(runs[0]) < 1.0:
             for _ in range(self.repeats - 1):
-                fresh = base_run()
+                fresh = [self.alone(k) for k in kinds]
                 runs.append(tuple(t / b for t, b in zip(run(), fresh, strict=True)))
         kept = self._keep(runs)
         if min(kept) < NOISE_FLOOR:
             raise MeasurementError(
-                f"{what()}: {min(kept):.3g} of the time alone on the whole device after {len(runs)} paired "
+                f"{what}: {min(kept):.3g} of the time alone on the whole device after {len(runs)} paired "
                 f"runs, below the noise floor {NOISE_FLOOR}: the machine was too busy to measure; stop other "
                 "jobs and run `jigsaw profile` again")
         self.below_one += sum(v < 1.0 for v in kept)
