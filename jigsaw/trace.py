@@ -99,7 +99,12 @@ class TraceWriter:
         self.failed: str | None = None
         """Why the trace stopped (None while it writes)."""
         self._lock = threading.Lock()
-        self._file = open(self.path, "a", buffering=1)
+        self._file = None
+        try:
+            self._file = open(self.path, "a", buffering=1)
+        except OSError as exc:
+            self.failed = f"{self.path}: {exc}"
+            log.error("trace off: %s", self.failed)
 
     def write(self, event: TraceEvent) -> None:
         with self._lock:

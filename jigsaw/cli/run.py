@@ -3,21 +3,26 @@
     daemon answering? ── no ─► start `jigsaw daemon` detached (log in the runtime dir)
         │                        still none after start_timeout_s ─► run CMD unscheduled
         ▼
-    register the pipeline (this process heartbeats for it) ─► CMD as a child with
-    JIGSAW_ENDPOINT / JIGSAW_PIPELINE ─► signals forwarded ─► unregister on exit
+    register the pipeline with a fresh owner token (this process heartbeats for it; a name
+    another job holds is refused: exit 2) ─► CMD as a child with JIGSAW_ENDPOINT /
+    JIGSAW_PIPELINE / JIGSAW_OWNER ─► signals forwarded ─► unregister on exit
         ─► CMD's exit code (128 + N when it died of signal N)
+
+A runtime directory that cannot be used (not private, not creatable) is said once and CMD
+runs unscheduled: the pipeline never fails because the daemon cannot run.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_PIPELINE
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,22 +45,22 @@ class Args:
 
 
 def run(args: Args) -> int:
-    from jigsaw.runtime.client import Client, ping
-    from jigsaw.runtime.paths import endpoint, runtime_dir
+    from jigsaw.runtime.client import Client
 
     if not args.cmd:
         raise ValueError("jigsaw run needs a command after `--`, e.g. jigsaw run -- python train.py")
     from jigsaw.runtime.protocol import check_name, safe_name
 
     name = check_name(args.name) if args.name else safe_name(f"{Path(args.cmd[0]).name}-{os.getpid()}")
-    directory = runtime_dir()
-    ep = endpoint(directory)
-    up = ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep))
-    if not up:
-        print(f"jigsaw run: no daemon at {ep}; running {name} unscheduled (see {directory / 'daemon.log'})",
-              file=sys.stderr)
-    owner = Client(name, ep if up else None)
-    env = dict(os.environ, **{ENV_PIPELINE: name}, **({ENV_ENDPOINT: ep} if up else {}))
+    ep, why = _daemon(args)
+    if ep is None:
+        print(f"jigsaw run: {why}; running {name} unscheduled", file=sys.stderr)
+    token = secrets.token_hex(16)
+    owner = Client(name, ep, owner=token)
+    if owner.refusal is not None and owner.refusal.code == "name-taken":
+        owner.close()
+        raise ValueError(owner.refusal.message)
+    env = dict(os.environ, **{ENV_PIPELINE: name, ENV_OWNER: token}, **({ENV_ENDPOINT: ep} if ep else {}))
     try:
         proc = subprocess.Popen(list(args.cmd), env=env)
     except OSError as exc:
@@ -66,6 +71,21 @@ def run(args: Args) -> int:
     rc = proc.wait()
     owner.close(pipeline_done=True)
     return 128 - rc if rc < 0 else rc
+
+
+def _daemon(args: Args) -> tuple[str | None, str]:
+    """The endpoint of a daemon that answers (started if need be), or None and why not."""
+    from jigsaw.runtime.client import ping
+    from jigsaw.runtime.paths import endpoint, runtime_dir
+
+    try:
+        directory = runtime_dir()
+        ep = endpoint(directory)
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+    if ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep)):
+        return ep, ""
+    return None, f"no daemon at {ep} (see {directory / 'daemon.log'})"
 
 
 def _start_daemon(args: Args, directory: Path, ep: str) -> bool:

@@ -19,7 +19,8 @@ engines and writing traces is the caller's.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from jigsaw.graph.live import HOST, LivePipeline, Running, Waiting
 from jigsaw.graph.plan import Assignment, Budget, NodeSpec, Plan
@@ -28,6 +29,7 @@ from jigsaw.graph.view import pipeline_state
 
 log = logging.getLogger("jigsaw.node")
 EPS = 1e-9
+MAX_MICRO_BATCH = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +105,41 @@ class NodeState:
         return view, live
 
     def decide(self, now_s: float) -> Decision | None:
-        """Re-plan the node at `now_s`; None when nothing waits or runs."""
+        """Re-plan the node at `now_s`; None when nothing waits or runs.  All or nothing: a
+        policy or applier that fails leaves the facts as they were and the fallback decides;
+        should even that fail, the facts are restored and the error raised."""
         self.advance(now_s)
         if not any(p.live for p in self.pipelines.values()):
             return None
-        host = self._admit_host(now_s)
         self._age(now_s)
+        before = _Snapshot(self.pipelines)
         try:
-            plan = self._plan(now_s)
+            return self._decide(now_s)
         except Exception as exc:  # noqa: BLE001 - a failing policy must not take the node down
             log.exception("policy %s failed; admitting the oldest request per idle device alone", self.policy.name)
-            return self._fallback(now_s, host, f"{type(exc).__name__}: {exc}")
+            before.restore()
+            why = f"{type(exc).__name__}: {exc}"
+        try:
+            return self._fallback(now_s, self._admit_host(now_s), why)
+        except Exception:
+            before.restore()
+            raise
+
+    def _decide(self, now_s: float) -> Decision:
+        host = self._admit_host(now_s)
+        plan = self._plan(now_s)
         if self.liveness and not self._admits(plan) and self._stalled() is not None:
             # even its urgent request was not started (a plan of sub-stages nobody asked for)
             return self._fallback(now_s, host, f"policy {self.policy.name} started nothing while nothing runs")
         d = self.apply(plan, now_s)
         return Decision(plan=d.plan, admitted=host + d.admitted, changed=d.changed, notes=d.notes)
+
+    def due(self, now_s: float) -> bool:
+        """A request has waited max_wait_s and is not urgent yet: decide now, whatever else
+        happens (the daemon asks at every tick of its loop)."""
+        return self.max_wait_s is not None and any(
+            not w.urgent and now_s - w.since_s >= self.max_wait_s for p in self.pipelines.values()
+            for w in p.waiting.values())
 
     def _plan(self, now_s: float) -> Plan:
         view, _ = self.view(now_s)
@@ -183,7 +204,9 @@ class NodeState:
     # ------------------------------------------------------------ the applier
 
     def apply(self, plan: Plan, now_s: float) -> Decision:
-        """Make `plan` the node's state (work integrated up to `now_s` first)."""
+        """Make `plan` the node's state (work integrated up to `now_s` first); a plan whose
+        budgets are not physical raises before anything changes."""
+        self._check(plan)
         self.advance(now_s)
         by_id = {a.substage: a for a in plan.assignments}
         admitted, changed = [], []
@@ -208,6 +231,15 @@ class NodeState:
             p.refresh_rates(balanced)
         notes += self.overcommitted()
         return Decision(plan=plan, admitted=tuple(admitted), changed=tuple(changed), notes=tuple(notes))
+
+    def _check(self, plan: Plan) -> None:
+        for a in plan.assignments:
+            ok = (0.0 <= a.sm_frac <= 1.0 and 0 <= a.mem_bytes <= self.node.mem_bytes
+                  and math.isfinite(a.slowdown) and a.slowdown > 0.0
+                  and (a.micro_batch is None or 1 <= a.micro_batch <= MAX_MICRO_BATCH))
+            if not ok:
+                raise ValueError(f"plan assigns {a.substage} a budget no device has: {a.sm_frac} SMs, "
+                                 f"{a.mem_bytes} bytes, slowdown {a.slowdown}, micro-batch {a.micro_batch}")
 
     def _merge(self, plan: Plan, now_s: float, admitted: list[Admission]) -> list[str]:
         """Migrations: a source is done (its requests go to the target, whose exclusive time
@@ -246,3 +278,19 @@ class NodeState:
                 out.append(f"device {d} is overcommitted: " + ", ".join(
                     f"{r.sid} ({r.budget.sm_frac:.0%} SMs, {r.budget.mem_frac:.0%} memory)" for r in rs))
         return out
+
+
+class _Snapshot:
+    """The facts a decision may change, to put back when it fails (the view's memo is
+    invalidated: versions move on past anything the failed attempt cached)."""
+
+    def __init__(self, pipelines: dict[str, LivePipeline]):
+        self.saved = [(p, dict(p.waiting), {sid: replace(r) for sid, r in p.running.items()}, set(p.merged_away),
+                       set(p.ended), dict(p.finished), dict(p.first_start_s)) for p in pipelines.values()]
+
+    def restore(self) -> None:
+        for p, waiting, running, merged_away, ended, finished, first_start_s in self.saved:
+            p.waiting, p.merged_away, p.ended = dict(waiting), set(merged_away), set(ended)
+            p.running = {sid: replace(r) for sid, r in running.items()}
+            p.finished, p.first_start_s = dict(finished), dict(first_start_s)
+            p.version += 1

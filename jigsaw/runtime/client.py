@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_PIPELINE
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
 
 log = logging.getLogger("jigsaw.client")
 
@@ -87,8 +87,11 @@ class GrantHandle:
 
 class Client:
     def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
-                 connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S):
+                 connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S, owner: str = ""):
         self.pipeline, self.endpoint, self.devices = pr.check_name(pipeline), endpoint, tuple(devices)
+        self.owner = owner
+        self.refusal: pr.Error | None = None
+        """Why the daemon refused to register this pipeline (None: it did not)."""
         self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
         self.session: str | None = None
         self.heartbeat_s = pr.HEARTBEAT_S
@@ -275,13 +278,18 @@ class Client:
         with self._registering:
             if self.session is not None:
                 return
-            msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, req=self._next_req())
+            if self.refusal is not None and self.refusal.code == "name-taken":
+                return  # another job holds the name: asking again would not change that
+            msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, owner=self.owner,
+                              req=self._next_req())
             reply = self._call(sock, msg, timeout_s)
             if isinstance(reply, pr.Registered):
+                self.refusal = None
                 self.session, self.heartbeat_s = reply.session, reply.heartbeat_s
                 self.dead_after_s = 2 * reply.lease_s  # the daemon reclaims after one lease; give it two
                 log.info("pipeline %s registered (session %s)", self.pipeline, self.session)
             elif isinstance(reply, pr.Error):
+                self.refusal = reply
                 log.warning("jigsaw daemon refused registration: %s", reply.message)
         if self.session is not None:
             self._report_open(sock)
@@ -365,7 +373,7 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
     a client that grants every sub-stage exclusively."""
     ep = endpoint or os.environ.get(ENV_ENDPOINT)
     name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
-    return Client(name, ep, devices)
+    return Client(name, ep, devices, owner=os.environ.get(ENV_OWNER, ""))
 
 
 class Rollout:

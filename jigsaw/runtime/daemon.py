@@ -42,6 +42,11 @@ from jigsaw.runtime.paths import endpoint, runtime_dir, socket_path
 from jigsaw.trace import TraceEvent, TraceWriter
 
 log = logging.getLogger("jigsaw.daemon")
+TICK_MS = 50
+"""The loop's longest wait for a message before it checks its timers."""
+STALL_S = 0.5
+"""A loop turn longer than this is a stall of the daemon (a long decision, SIGSTOP): leases
+then restart from when it came back."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,20 +98,36 @@ class Owner(NamedTuple):
     req: int
 
 
+class Inbound(NamedTuple):
+    """A valid request as it was read, stamped with when it arrived (leases go by that)."""
+
+    ident: bytes
+    msg: pr.Request
+    arrived_s: float
+
+
 @dataclass(slots=True)
 class Session:
     pipeline: str
     last_seen: float
+    """When its latest message arrived (time.monotonic)."""
     updates: dict[str, pr.Grant] = field(default_factory=dict)
     """Budget changes to hand out with the next heartbeat reply."""
 
 
+FIRST = (pr.Heartbeat, pr.Status)
+"""Served before anything else read in the same batch: they are cheap, and a lease never
+waits behind a decision."""
+DECIDE_AFTER = (pr.Admit, pr.Done, pr.Unregister)
+KINDS = tuple(k.value for k in SubStageKind)
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig, directory: Path | None = None, partitioner=None,
-                 clock: Callable[[], float] = time.monotonic):
-        """`clock` times the scheduler's facts (leases always run on the wall clock): a test
-        that scripts it gets decisions that do not depend on machine load."""
-        self.config, self.clock = config, clock
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.monotonic):
+        """`clock` times the scheduler's facts, `wall` arrivals, leases and the loop's stalls:
+        a test that scripts them gets decisions that do not depend on machine load."""
+        self.config, self.clock, self.wall = config, clock, wall
         self.dir = directory or runtime_dir()
         self.grid = node_grid(config.profile)
         node = NodeSpec(num_devices=config.devices, mem_bytes=self.grid.device.mem_bytes)
@@ -116,8 +137,14 @@ class Daemon:
                                                              config.sched.budgets(self.grid))
         self.t0 = clock()
         self.sessions: dict[str, Session] = {}
+        self.owners: dict[str, str] = {}
+        """Pipeline name -> the owner token it was registered with."""
         self.step_start: dict[str, float] = {}
         self.refused = self.errors = 0
+        self._dirty = False
+        """Facts changed since the last decision (decisions are coalesced: one per batch read)."""
+        self._tick_s = self._awake_s = wall()
+        """The loop's last turn, and when it last came back from a stall (leases restart then)."""
         self._trace = TraceWriter(config.trace) if config.trace else None
         self._metrics = _Metrics(config.metrics_port) if config.metrics_port else None
         self.stopping = False
@@ -137,38 +164,96 @@ class Daemon:
         if self.config.mps:
             self._check_mps()
         telemetry = self._start_telemetry()
-        ep = endpoint(self.dir)
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.MAXMSGSIZE, pr.HARD_LIMIT_BYTES)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(ep)
-        os.chmod(socket_path(ep), 0o600)
-        self.sock = sock
-        log.info("jigsaw daemon %d listening on %s (policy %s)", os.getpid(), ep, self.config.policy)
         try:
+            self.sock = sock = _listen(ctx, endpoint(self.dir))
             while not self.stopping:
-                if sock.poll(timeout=50):
-                    self._drain(sock)
-                self._expire()
+                if sock.poll(timeout=TICK_MS):
+                    self._serve(self._read(sock))
+                self._tick()
         finally:
             if telemetry is not None:
                 telemetry.stop()
             if self._trace is not None:
                 self._trace.close()
-            sock.close(0)
-            ctx.term()
+            ctx.destroy(linger=0)
             lock.close()
 
-    def _drain(self, sock, most: int = 256) -> None:
-        """Every message that is waiting (up to `most`): leases are judged only after the
-        heartbeats that queued while the daemon was busy have been read."""
+    def _read(self, sock, most: int = 512) -> list[Inbound]:
+        """What is waiting (up to `most` messages), frame by frame: a message's extra frames
+        are counted and dropped as they are read, never buffered (each is at most
+        HARD_LIMIT_BYTES, ZeroMQ's own cap), and a stranger's are dropped unread."""
+        batch = []
         for _ in range(most):
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                ident = sock.recv(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
-            self._receive(frames)
+                break
+            arrived = self.wall()
+            first = sock.recv(copy=False) if ident.more else None
+            extra, more = 0, first is not None and first.more
+            while more:
+                more = sock.recv(copy=False).more
+                extra += 1
+            msg = self._check(ident.bytes, first, extra)
+            if msg is not None:
+                batch.append(Inbound(ident.bytes, msg, arrived))
+        return batch
+
+    def _check(self, ident: bytes, frame, extra: int):
+        """The request in `frame`, or None once the sender has its Error."""
+        peer = (frame.get("Peer-Address") if frame is not None else "") or ""
+        if not _same_uid(peer):
+            self.refused += 1
+            log.warning("refused a message from peer %r (uid is not %d)", peer, os.getuid())
+            return self._send(ident, pr.Error(code="refused", message=f"peer uid is not {os.getuid()}"))
+        if frame is None or extra:
+            self.errors += 1
+            got = 0 if frame is None else extra + 1
+            return self._send(ident, pr.Error(code="bad-message", message=f"expected 1 frame, got {got}"))
+        try:
+            return pr.decode_request(frame.bytes)
+        except pr.ProtocolError as exc:
+            self.errors += 1
+            return self._send(ident, pr.Error(code=exc.code, message=str(exc)))
+
+    def _serve(self, batch: list[Inbound]) -> None:
+        for item in sorted(batch, key=lambda i: not isinstance(i.msg, FIRST)):  # stable: arrival order kept
+            reply = self._answer(item)
+            if reply is not None:
+                self._send(item.ident, reply)
+            self._dirty |= isinstance(item.msg, DECIDE_AFTER)
+
+    def _answer(self, item: Inbound):
+        msg = item.msg
+        try:
+            return self._handle(msg, item.ident, item.arrived_s)
+        except ValueError as exc:  # a Refusal, or facts out of order (LivePipeline's checks)
+            self.errors += 1
+            return pr.Error(code=getattr(exc, "code", "out-of-order"), message=str(exc), req=msg.req)
+        except Exception as exc:  # noqa: BLE001 - a bug in one request must not take the node down
+            self.errors += 1
+            log.exception("request %s failed", type(msg).__name__)
+            return pr.Error(code="internal", message=f"{type(exc).__name__}: {exc}", req=msg.req)
+
+    def _tick(self) -> None:
+        """Timers, on the daemon's own clock: coalesced and overdue decisions, then leases."""
+        mono = self.wall()
+        if mono - self._tick_s > STALL_S:  # the loop itself stood still: silence proved nothing
+            self._awake_s = mono
+        if self._dirty or self.state.due(self.now()):
+            self._dirty = False
+            self._decide()
+        self._tick_s = self.wall()
+        if self._tick_s - mono > STALL_S:  # a long decision: the heartbeats it held up are not read yet
+            self._awake_s = self._tick_s
+        self._expire()
+
+    def _send(self, ident: bytes, reply) -> None:
+        try:
+            self.sock.send_multipart([ident, pr.encode(reply)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # the peer is gone; it will re-ask
+            pass
 
     def _start_telemetry(self):
         if self.config.telemetry_s is None or self._trace is None:
@@ -189,47 +274,15 @@ class Daemon:
         for w in st.warnings:  # e.g. a default active thread percentage that caps every partition
             log.warning("MPS: %s", w)
 
-    def _receive(self, frames) -> None:
-        ident = frames[0].bytes
-        peer = frames[-1].get("Peer-Address") or ""
-        if not _same_uid(peer):
-            self.refused += 1
-            log.warning("refused a message from peer %r (uid is not %d)", peer, os.getuid())
-            return self._send(ident, pr.Error(code="refused", message=f"peer uid is not {os.getuid()}"))
-        if len(frames) != 2:
-            self.errors += 1
-            return self._send(ident, pr.Error(code="bad-message", message=f"expected 1 frame, got {len(frames) - 1}"))
-        try:
-            msg = pr.decode_request(frames[1].bytes)
-        except pr.ProtocolError as exc:
-            self.errors += 1
-            return self._send(ident, pr.Error(code=exc.code, message=str(exc)))
-        try:
-            reply = self._handle(msg, ident)
-        except (KeyError, ValueError) as exc:
-            self.errors += 1
-            code = "unknown-session" if isinstance(exc, KeyError) else "out-of-order"
-            reply = pr.Error(code=code, message=str(exc).strip("'\""), req=msg.req)
-        if reply is not None:
-            self._send(ident, reply)
-        if isinstance(msg, (pr.Admit, pr.Done, pr.Unregister)):
-            self._decide()
-
-    def _send(self, ident: bytes, reply) -> None:
-        try:
-            self.sock.send_multipart([ident, pr.encode(reply)], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # the peer is gone; it will re-ask
-            pass
-
     # ------------------------------------------------------------ requests
 
-    def _handle(self, msg, ident: bytes):
+    def _handle(self, msg, ident: bytes, arrived_s: float):
         if isinstance(msg, pr.Status):
             return self._status(msg.req)
         if isinstance(msg, pr.Register):
-            return self._register(msg)
+            return self._register(msg, arrived_s)
         session = self._session(msg.session)
-        session.last_seen = time.monotonic()
+        session.last_seen = max(session.last_seen, arrived_s)
         if isinstance(msg, pr.Heartbeat):
             grants_now, session.updates = tuple(session.updates.values()), {}
             for g in grants_now:
@@ -251,25 +304,36 @@ class Daemon:
     def _session(self, token: str) -> Session:
         s = self.sessions.get(token)
         if s is None:
-            raise KeyError(f"unknown session {token[:16]!r} (the daemon restarted?): register again")
+            raise Refusal("unknown-session", f"unknown session {token[:16]!r} (the daemon restarted?): register again")
         return s
 
-    def _register(self, msg: pr.Register) -> pr.Registered:
+    def _register(self, msg: pr.Register, arrived_s: float) -> pr.Registered:
+        name = msg.pipeline
+        if name in self.state.pipelines and not secrets.compare_digest(self.owners.get(name, ""), msg.owner):
+            raise Refusal("name-taken", f"pipeline {name!r} belongs to another job on this node: "
+                                        "choose another name (jigsaw run --name)")
+        if name not in self.state.pipelines:
+            p = self.state.register(name, tuple(msg.devices))
+            self.owners[name], self.step_start[name] = msg.owner, self.now()
+            self._event("pipeline", name, data={"devices": list(p.devices), "pid": msg.pid,
+                                                "device": self.grid.device.sku,
+                                                "peak_flops": self.grid.device.peak_flops})
         token = secrets.token_hex(8)
-        if msg.pipeline not in self.state.pipelines:
-            p = self.state.register(msg.pipeline, tuple(msg.devices))
-            self.step_start[p.name] = self.now()
-            self._event("pipeline", p.name, data={"devices": list(p.devices), "pid": msg.pid,
-                                                  "device": self.grid.device.sku,
-                                                  "peak_flops": self.grid.device.peak_flops})
-        self.sessions[token] = Session(pipeline=msg.pipeline, last_seen=time.monotonic())
+        self.sessions[token] = Session(pipeline=name, last_seen=arrived_s)
         self._gauge()
         return pr.Registered(session=token, heartbeat_s=self.config.heartbeat_s, lease_s=self.config.lease_s,
                              req=msg.req)
 
     def _admit(self, msg: pr.Admit, session: Session, ident: bytes) -> None:
         p = self.state.pipelines[session.pipeline]
+        if msg.kind not in KINDS:
+            raise Refusal("bad-request", f"unknown sub-stage kind {msg.kind!r}; one of {', '.join(KINDS)}")
         kind = SubStageKind(msg.kind)
+        if msg.mem_bytes > self.state.node.mem_bytes:
+            raise Refusal("bad-request", f"{kind.value} needs {msg.mem_bytes} bytes; a device of this node has "
+                                         f"{self.state.node.mem_bytes}")
+        if msg.step > p.step + 1 and (p.history or p.finished or p.ordinals):
+            raise Refusal("bad-request", f"step {msg.step} of {p.name} jumps ahead of its step {p.step}")
         w = p.request(kind, msg.dp_rank, msg.step, self.now(), urgent=msg.urgent, need_bytes=msg.mem_bytes,
                       pids=tuple(msg.pids), owner=Owner(msg.session, ident, msg.req))
         self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
@@ -318,12 +382,22 @@ class Daemon:
         info = tuple(pr.PipelineInfo(name=p.name, clients=clients.get(p.name, 0), step=p.step,
                                      running=tuple(p.running), pending=tuple(p.waiting))
                      for p in self.state.pipelines.values())
-        return pr.StatusReply(pid=os.getpid(), pipelines=info, refused=self.refused, errors=self.errors, req=req)
+        return pr.StatusReply(pid=os.getpid(), pipelines=info, refused=self.refused, errors=self.errors,
+                              trace=self._trace_state(), req=req)
+
+    def _trace_state(self) -> str:
+        if self._trace is None:
+            return "off"
+        return f"stopped: {self._trace.failed}" if self._trace.failed else f"writing {self._trace.path}"
 
     # ------------------------------------------------------------ leases
 
     def _expire(self) -> None:
-        deadline = time.monotonic() - self.config.lease_s
+        """Sessions silent for a lease; after a stall of the daemon every session has a whole
+        lease from when it came back (its heartbeats may still be queued)."""
+        deadline = self.wall() - self.config.lease_s
+        if self._awake_s > deadline:
+            return
         dead = [token for token, s in self.sessions.items() if s.last_seen < deadline]
         for token in dead:
             self._drop(token, reason="lease expired")
@@ -352,6 +426,8 @@ class Daemon:
         removed = whole or not any(s.pipeline == name for s in self.sessions.values())
         if removed:
             self.state.remove(name)
+            self.owners.pop(name, None)
+            self.step_start.pop(name, None)
         self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in gone], "removed": removed})
         for f in gone:
             if hasattr(f, "device") and f.on_device:
@@ -366,13 +442,30 @@ class Daemon:
         now = self.now()
         try:
             d = self.state.decide(now)
-        except Exception:  # noqa: BLE001 - the node state must never take the daemon down
-            log.exception("deciding failed; nothing changes until the next event")
+        except Exception as exc:  # noqa: BLE001 - the node state must never take the daemon down
+            log.exception("deciding failed: every waiting request runs without the daemon")
+            waiting = [(p, w) for p in self.state.pipelines.values() for w in p.waiting.values()]
+            return self._give_up(waiting, f"{type(exc).__name__}: {exc}")
+        if d is None:
             return
-        if d is not None:
-            self._effect(d, now)
+        try:
+            made = grants.make(d, self.state, self.partitioner)
+        except Exception as exc:  # noqa: BLE001 - admitted requests are answered all the same
+            log.exception("making the partitions failed: the admitted requests run without the daemon")
+            admitted = [(self.state.pipelines[a.assignment.pipeline], a.waiting) for a in d.admitted]
+            return self._give_up(admitted, f"{type(exc).__name__}: {exc}")
+        self._effect(d, made, now)
 
-    def _effect(self, d: Decision, now: float) -> None:
+    def _give_up(self, requests, why: str) -> None:
+        """The scheduler failed: each of these requests is withdrawn and answered (it runs
+        without the daemon and reports so); none is left waiting for a reply."""
+        for p, w in requests:
+            p.withdraw(w.sid)
+            if w.owner is not None:
+                self._send(w.owner.ident, pr.Error(code="scheduler", message=f"scheduler failed ({why}); "
+                                                   "run it without the daemon", req=w.owner.req))
+
+    def _effect(self, d: Decision, made: grants.Made, now: float) -> None:
         if d.fallback:
             log.warning("policy %s failed (%s): requests admitted alone by turn", self.config.policy, d.fallback)
         for note in d.notes:
@@ -380,7 +473,6 @@ class Daemon:
         self._event("plan", "", t_s=now, data=d.record())
         for m in d.plan.migrations:
             self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
-        made = grants.make(d, self.state, self.partitioner)
         for adm, g in zip(d.admitted, made.admitted):
             self._send(adm.waiting.owner.ident, g)
             self._traced_grant(adm.assignment.pipeline, adm.running, g)
@@ -410,6 +502,31 @@ class Daemon:
             self._metrics.set(self.state)
 
 
+class Refusal(ValueError):
+    """A valid request this node will not serve (answered with `code`)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _listen(ctx, ep: str):
+    """The ROUTER socket, bound, its file 0600; OSErrors (a path too long, no space, no
+    permission) become one clear error."""
+    path = socket_path(ep)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.MAXMSGSIZE, pr.HARD_LIMIT_BYTES)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.bind(ep)
+        os.chmod(path, 0o600)
+    except (zmq.ZMQError, OSError) as exc:
+        sock.close(0)
+        raise ValueError(f"the daemon cannot listen on {path}: {exc}") from None
+    log.info("jigsaw daemon %d listening on %s", os.getpid(), ep)
+    return sock
+
+
 def _same_uid(peer: str) -> bool:
     """ZeroMQ reports an ipc peer as `host:uid:gid:pid` from SO_PEERCRED."""
     parts = peer.rsplit(":", 3)
@@ -417,7 +534,10 @@ def _same_uid(peer: str) -> bool:
 
 
 def _lock(path: Path):
-    f = open(path, "a+")
+    try:
+        f = open(path, "a+")
+    except OSError as exc:
+        raise ValueError(f"the daemon cannot create its lock file {path}: {exc.strerror}") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -18,6 +18,9 @@ from pathlib import Path
 ENV_DIR = "JIGSAW_RUNTIME_DIR"
 ENV_ENDPOINT = "JIGSAW_ENDPOINT"
 ENV_PIPELINE = "JIGSAW_PIPELINE"
+ENV_OWNER = "JIGSAW_OWNER"
+MAX_SOCKET_PATH_BYTES = 107
+"""A Unix socket path fits sockaddr_un.sun_path: 108 bytes with the terminating NUL."""
 
 
 def runtime_dir(create: bool = True) -> Path:
@@ -29,7 +32,14 @@ def runtime_dir(create: bool = True) -> Path:
     else:
         path = Path("/tmp") / f"jigsaw-{os.getuid()}"
     if create:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ValueError(f"jigsaw runtime directory {path} exists and is not a directory "
+                             f"(remove it, or set {ENV_DIR} to another directory)") from None
+        except OSError as exc:
+            raise ValueError(f"cannot create the jigsaw runtime directory {path}: {exc.strerror} "
+                             f"(set {ENV_DIR} to a private directory you can write)") from None
     check_private(path)
     return path
 
@@ -54,4 +64,8 @@ def endpoint(directory: Path | None = None) -> str:
 def socket_path(ep: str) -> Path:
     if not ep.startswith("ipc://"):
         raise ValueError(f"jigsaw endpoint must be ipc://PATH, got {ep!r}")
-    return Path(ep[len("ipc://"):])
+    path = Path(ep[len("ipc://"):])
+    if (n := len(os.fsencode(path))) > MAX_SOCKET_PATH_BYTES:
+        raise ValueError(f"socket path {path} is {n} bytes; a Unix socket path holds at most "
+                         f"{MAX_SOCKET_PATH_BYTES} (set {ENV_DIR} to a shorter directory)")
+    return path

@@ -20,8 +20,9 @@ from msgspec import Meta
 
 from jigsaw.mux.partition import Partition
 
-PROTOCOL_VERSION = 2
-"""2: typed partitions in grants, the processes of a sub-stage, fail-open reports."""
+PROTOCOL_VERSION = 3
+"""2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
+3: pipelines owned by a token; the trace's state in status replies."""
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest request the daemon reads; larger ones get an `Error` (ZeroMQ drops frames above
 HARD_LIMIT_BYTES before they reach the daemon's memory)."""
@@ -66,6 +67,10 @@ class Register(_Msg, tag="register"):
     pid: Pid
     devices: Annotated[tuple[Rank, ...], Meta(max_length=4096)] = ()
     """Device of each DP rank of the pipeline (default: rank r on device r)."""
+    owner: Token = ""
+    """The job's secret (`jigsaw run` hands it to its command in $JIGSAW_OWNER): a pipeline
+    is joined only with the token it was created with, so another job using the same name
+    is refused instead of taking the pipeline over ("" joins a pipeline created without)."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
@@ -148,7 +153,9 @@ class Ok(_Msg, tag="ok"):
 
 class Error(_Msg, tag="error"):
     code: str
-    """bad-message | version | too-large | refused | unknown-session | out-of-order"""
+    """bad-message | version | too-large | refused | unknown-session | out-of-order |
+    name-taken | bad-request (valid, but not on this node) | scheduler (the scheduler failed
+    and the request runs without it) | internal"""
     message: str
 
 
@@ -198,6 +205,9 @@ class StatusReply(_Msg, tag="status_reply"):
     pipelines: tuple[PipelineInfo, ...]
     refused: int
     errors: int
+    trace: str = ""
+    """off | writing PATH | stopped: why (a trace that cannot be written stops; the daemon
+    keeps serving)."""
 
 
 Reply = Ok | Error | Registered | Grant | Beat | StatusReply

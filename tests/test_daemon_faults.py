@@ -1,0 +1,230 @@
+"""The daemon's own logic under faults, driven message by message on scripted clocks.
+
+The real `Daemon` (node state, policy, grants, leases, timers) with its socket replaced by a
+list of what it sent: every test here can say exactly which reply each request got.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from jigsaw.graph.node import NodeState
+from jigsaw.graph.plan import Plan
+from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.daemon import Daemon, DaemonConfig, Inbound
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Recorder(Daemon):
+    """The daemon, its replies kept instead of sent."""
+
+    def __init__(self, tmp: Path, **config):
+        self.sent: list[tuple[bytes, object]] = []
+        self.time = Clock()
+        super().__init__(DaemonConfig(**config), directory=tmp, clock=self.time, wall=self.time)
+
+    def _send(self, ident, reply) -> None:
+        self.sent.append((ident, reply))
+
+    def ask(self, msg, ident: bytes = b"c", tick: bool = True):
+        """Deliver `msg` as if it arrived now; the replies it (and the tick after it) caused."""
+        before = len(self.sent)
+        self._serve([Inbound(ident, msg, self.time())])
+        if tick:
+            self._tick()
+        return [r for _, r in self.sent[before:]]
+
+    def register(self, name: str, owner: str = "", devices=()) -> str:
+        (reply,) = self.ask(pr.Register(pipeline=name, pid=os.getpid(), owner=owner, devices=devices))
+        assert isinstance(reply, pr.Registered), reply
+        return reply.session
+
+    def beat(self, session: str) -> None:
+        self.ask(pr.Heartbeat(session=session), tick=False)
+
+    def run_for(self, seconds: float, beating=()) -> None:
+        """The loop turning every 50 ms, `beating` sessions heartbeating every 250 ms."""
+        for i in range(round(seconds / 0.05)):
+            self.time.t += 0.05
+            if i % 5 == 0:
+                for s in beating:
+                    self.beat(s)
+            self._tick()
+
+
+@pytest.fixture
+def d(tmp_path):
+    return Recorder(tmp_path, devices=2)
+
+
+def admit(session, kind, step=0, rank=0, req=1, **kw):
+    return pr.Admit(session=session, kind=kind, dp_rank=rank, step=step, req=req, **kw)
+
+
+# ------------------------------------------------------------------ item 2: no grant lost
+
+
+def test_a_scheduler_that_fails_outright_answers_every_request_and_changes_nothing(d, monkeypatch):
+    """A host request and a device request wait while the policy and its fallback both fail:
+    both are answered (they run without the daemon), neither is left marked running."""
+    s = d.register("A")
+    assert d.ask(admit(s, "training", req=1)) and d.sent[-1][1].substage  # A trains: the node is busy
+    d.ask(admit(s, "reward", req=2), tick=False)
+    d.ask(admit(s, "reference", req=3), tick=False)
+    d.sent.clear()
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("bug")
+
+    monkeypatch.setattr(d.state.policy, "plan", broken)
+    monkeypatch.setattr(NodeState, "_fallback", broken)
+    d._tick()
+    replies = {r.req: r for _, r in d.sent}
+    assert set(replies) == {2, 3}, replies  # the reward's host admission was not thrown away
+    assert all(isinstance(r, pr.Error) and r.code == "scheduler" for r in replies.values())
+    p = d.state.pipelines["A"]
+    assert list(p.running) == ["A/0/r0/training/0"] and not p.waiting
+
+
+def test_an_applier_that_fails_midway_leaves_the_facts_as_they_were(d, monkeypatch):
+    """The policy's plan is refused by the applier after the host work was admitted: the
+    fallback decides from the untouched facts and every request gets its Grant."""
+    s = d.register("A")
+    d.ask(admit(s, "reward", req=1), tick=False)
+    d.ask(admit(s, "training", req=2), tick=False)
+
+    def absurd(view):
+        (w,) = [sid for p in view.pipelines for sid in p.graph.frontier(p.done) if "training" in sid]
+        from jigsaw.graph.plan import Assignment
+        return Plan(time_s=view.time_s, started=(w,), assignments=(
+            Assignment(substage=w, pipeline="A", device=0, sm_frac=1.0, mem_bytes=1, slowdown=1.0, micro_batch=-5),))
+
+    monkeypatch.setattr(d.state.policy, "plan", absurd)
+    d._tick()
+    grants = {r.req: r for _, r in d.sent if isinstance(r, pr.Grant)}
+    assert set(grants) == {1, 2}
+    assert grants[2].micro_batch is None and grants[2].sm_frac == 1.0  # the fallback's, not the absurd plan's
+
+
+# ------------------------------------------------------------------ item 3: absurd reports
+
+
+def test_absurd_requests_are_refused_and_scheduling_goes_on(d):
+    s = d.register("A")
+    (r,) = d.ask(admit(s, "training", mem_bytes=1 << 49, req=1))
+    assert isinstance(r, pr.Error) and r.code == "bad-request" and "bytes" in r.message
+    (g,) = d.ask(admit(s, "training", step=0, req=2))
+    assert isinstance(g, pr.Grant)
+    (r,) = d.ask(admit(s, "reference", step=10**9, req=3))  # would wedge the step counter
+    assert isinstance(r, pr.Error) and r.code == "bad-request" and "jumps" in r.message
+    d.ask(pr.Done(session=s, substage=g.substage, batch_size=1e9, seq_len=1e9, req=4))
+    (g,) = d.ask(admit(s, "rollout_decode", step=1, req=5))  # the next step still schedules
+    assert isinstance(g, pr.Grant) and g.substage == "A/1/r0/rollout_decode/0"
+    assert all(not isinstance(r, pr.Error) or r.code != "internal" for _, r in d.sent)
+    assert d.state.pipelines["A"].step == 1
+
+
+# ------------------------------------------------------------------ item 4: owners
+
+
+def test_a_name_held_by_another_job_is_refused_and_its_grants_stay(d):
+    mine = d.register("A", owner="t" * 32)
+    (g,) = d.ask(admit(mine, "training", req=1))
+    assert isinstance(g, pr.Grant)
+    for stranger in ("u" * 32, ""):
+        (r,) = d.ask(pr.Register(pipeline="A", pid=1, owner=stranger, req=2))
+        assert isinstance(r, pr.Error) and r.code == "name-taken" and "jigsaw run --name" in r.message
+    assert list(d.state.pipelines["A"].running) == [g.substage]
+    worker = d.register("A", owner="t" * 32)  # a process of the same job joins
+    assert d.ask(pr.Unregister(session=worker, req=3)) == [pr.Ok(req=3)]
+    assert list(d.state.pipelines["A"].running) == [g.substage]
+    d.ask(pr.Unregister(session=mine, pipeline_done=True, req=4))
+    assert d.register("A", owner="v" * 32)  # the name is free once its job left
+
+
+# ------------------------------------------------------------------ item 5: leases and timers
+
+
+def test_a_stall_of_the_daemon_does_not_expire_clients_that_kept_sending(d):
+    alive, dead = d.register("A"), d.register("B")
+    d.time.t += 0.9
+    d.beat(alive)
+    d.beat(dead)
+    d._tick()
+    d.time.t += 5.0  # SIGSTOP, or a decision that took 5 s: nothing was read meanwhile
+    d._tick()
+    assert set(s.pipeline for s in d.sessions.values()) == {"A", "B"}
+    d.beat(alive)  # its heartbeats queued during the stall arrive now
+    d.run_for(d.config.lease_s + 0.2, beating=[alive])
+    assert [s.pipeline for s in d.sessions.values()] == ["A"]  # B really went silent: it expires
+
+
+def test_a_long_decision_does_not_expire_clients_whose_heartbeats_it_held_up(d, monkeypatch):
+    s = d.register("A")
+    decide = d.state.decide
+
+    def slow(now_s):
+        d.time.t += 3.0  # the decision takes 3 s of the daemon's time
+        return decide(now_s)
+
+    monkeypatch.setattr(d.state, "decide", slow)
+    d.ask(admit(s, "training", req=1))
+    assert [x.pipeline for x in d.sessions.values()] == ["A"]
+
+
+def test_a_request_past_max_wait_is_admitted_by_the_loops_timer_alone(tmp_path):
+    d = Recorder(tmp_path, devices=1, max_wait_s=2.0)
+    a, b = d.register("A"), d.register("B")
+    d.ask(admit(a, "training", req=1))
+    assert d.ask(admit(b, "training", req=2)) == []  # two trainings pack badly: B waits for A
+    d.run_for(1.9, beating=[a, b])
+    assert not [x for _, x in d.sent if getattr(x, "req", None) == 2]
+    d.run_for(0.2, beating=[a, b])  # heartbeats only: the loop's own timer admits it
+    (g,) = [x for _, x in d.sent if getattr(x, "req", None) == 2]
+    assert isinstance(g, pr.Grant) and g.substage == "B/0/r0/training/0"
+
+
+def test_decisions_are_coalesced_and_heartbeats_served_first(d, monkeypatch):
+    sessions = [d.register(f"P{i}") for i in range(6)]
+    calls = []
+    decide = d.state.decide
+    monkeypatch.setattr(d.state, "decide", lambda now: calls.append(now) or decide(now))
+    d.sent.clear()
+    batch = [Inbound(b"c", admit(s, "training", req=i), d.time()) for i, s in enumerate(sessions)]
+    batch.insert(3, Inbound(b"h", pr.Heartbeat(session=sessions[0], req=99), d.time()))
+    d._serve(batch)
+    assert d.sent[0][1].req == 99 and isinstance(d.sent[0][1], pr.Beat)  # before the admits
+    d._tick()
+    assert len(calls) == 1  # six requests, one decision
+
+
+# ------------------------------------------------------------------ item 6: memory
+
+
+def test_nothing_is_kept_for_pipelines_that_left(d):
+    for i in range(300):
+        s = d.register(f"P{i}", owner=str(i))
+        d.ask(admit(s, "training", req=1))
+        d.ask(pr.Unregister(session=s, pipeline_done=True, req=2))
+    assert not d.sessions and not d.state.pipelines and not d.owners and not d.step_start
+
+
+# ------------------------------------------------------------------ the daemon never dies
+
+
+def test_a_bug_in_one_request_is_answered_and_the_daemon_serves_on(d, monkeypatch):
+    s = d.register("A")
+    monkeypatch.setattr(Daemon, "_step_end", lambda self, msg, session: 1 / 0)
+    (r,) = d.ask(pr.StepEnd(session=s, step=0, req=5))
+    assert isinstance(r, pr.Error) and r.code == "internal" and r.req == 5
+    assert isinstance(d.ask(pr.Status(req=6))[0], pr.StatusReply)
