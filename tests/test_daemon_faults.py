@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw.graph.node import NodeState
-from jigsaw.graph.plan import Plan
+from jigsaw.graph.plan import Assignment, Plan
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.daemon import Daemon, DaemonConfig, Inbound
 
@@ -103,14 +103,16 @@ def test_an_applier_that_fails_midway_leaves_the_facts_as_they_were(d, monkeypat
     d.ask(admit(s, "reward", req=1), tick=False)
     d.ask(admit(s, "training", req=2), tick=False)
 
+    planned = []
+
     def absurd(view):
-        (w,) = [sid for p in view.pipelines for sid in p.graph.frontier(p.done) if "training" in sid]
-        from jigsaw.graph.plan import Assignment
+        planned.append(w := "A/0/r0/training/0")
         return Plan(time_s=view.time_s, started=(w,), assignments=(
             Assignment(substage=w, pipeline="A", device=0, sm_frac=1.0, mem_bytes=1, slowdown=1.0, micro_batch=-5),))
 
     monkeypatch.setattr(d.state.policy, "plan", absurd)
     d._tick()
+    assert planned and not d.state.pipelines["A"].waiting
     grants = {r.req: r for _, r in d.sent if isinstance(r, pr.Grant)}
     assert set(grants) == {1, 2}
     assert grants[2].micro_batch is None and grants[2].sm_frac == 1.0  # the fallback's, not the absurd plan's
@@ -201,9 +203,10 @@ def test_decisions_are_coalesced_and_heartbeats_served_first(d, monkeypatch):
     monkeypatch.setattr(d.state, "decide", lambda now: calls.append(now) or decide(now))
     d.sent.clear()
     batch = [Inbound(b"c", admit(s, "training", req=i), d.time()) for i, s in enumerate(sessions)]
+    batch.insert(1, Inbound(b"c", pr.StepEnd(session=sessions[0], step=0, req=50), d.time()))
     batch.insert(3, Inbound(b"h", pr.Heartbeat(session=sessions[0], req=99), d.time()))
     d._serve(batch)
-    assert d.sent[0][1].req == 99 and isinstance(d.sent[0][1], pr.Beat)  # before the admits
+    assert [r.req for _, r in d.sent] == [99, 50]  # the heartbeat first, though it came later
     d._tick()
     assert len(calls) == 1  # six requests, one decision
 
