@@ -23,10 +23,14 @@ from jigsaw.mux.partition import Partition
 PROTOCOL_VERSION = 3
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
 3: pipelines owned by a token; the trace's state in status replies."""
-MAX_MESSAGE_BYTES = 1 << 20
-"""Largest request the daemon reads; larger ones get an `Error` (ZeroMQ drops frames above
-HARD_LIMIT_BYTES before they reach the daemon's memory)."""
-HARD_LIMIT_BYTES = 16 << 20
+MAX_MESSAGE_BYTES = 64 << 10
+"""Largest request the daemon reads (the largest real one, an Admit naming 4,096 processes,
+is about 20 KiB); larger ones get an `Error`."""
+HARD_LIMIT_BYTES = 1 << 20
+"""Largest frame ZeroMQ accepts: a peer sending a larger one is disconnected as the frame's
+header arrives, before its bytes are buffered.  ZeroMQ assembles a multipart message before
+delivering it, so a many-frame message is held up to frames x this; the daemon then counts
+and drops its frames one by one."""
 HEARTBEAT_S = 0.25
 """How often a client renews its lease (the daemon says so at registration; this is the
 value until it does)."""

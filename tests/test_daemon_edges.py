@@ -1,0 +1,129 @@
+"""The daemon around its edges, with real processes: the runtime directory, the socket path,
+the trace, frames no client sends, and two jobs that want the same pipeline name."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from nodes import ROOT, Node
+from test_runtime import work_done
+
+from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.paths import MAX_SOCKET_PATH_BYTES
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def jigsaw(*args: str, env: dict, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jigsaw.cli.main", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def env_with(runtime: Path) -> dict:
+    env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(runtime))
+    env.pop("JIGSAW_ENDPOINT", None)
+    return env
+
+
+def refused_cleanly(out: subprocess.CompletedProcess, *words: str) -> None:
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
+
+
+def test_a_runtime_path_that_is_a_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "rt"
+    f.write_text("not a directory")
+    refused_cleanly(jigsaw("daemon", env=env_with(f)), str(f), "not a directory")
+
+
+def test_a_socket_path_too_long_for_unix_sockets_is_a_clear_error(tmp_path):
+    deep = tmp_path / ("d" * (MAX_SOCKET_PATH_BYTES - len(str(tmp_path))))
+    refused_cleanly(jigsaw("daemon", env=env_with(deep)), "at most 107", "JIGSAW_RUNTIME_DIR")
+
+
+def test_run_with_a_runtime_dir_others_can_enter_still_runs_the_command(tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o755)
+    rt.chmod(0o755)
+    out = jigsaw("run", "--", sys.executable, "-c", "print('the job ran')", env=env_with(rt))
+    assert out.returncode == 0 and "the job ran" in out.stdout, out.stderr
+    assert "must be 0700" in out.stderr and "unscheduled" in out.stderr
+    assert not (rt / "daemon.sock").exists()  # no daemon was started in a directory others can enter
+
+
+def test_a_trace_that_cannot_be_opened_is_reported_and_the_daemon_serves(tmp_path):
+    n = Node(tmp_path)
+    n.trace = tmp_path / "no-such-dir" / "trace.jsonl"
+    n.start()
+    try:
+        st = n.status()
+        assert st.trace.startswith("stopped:") and "no-such-dir" in st.trace
+        a = n.run("A", tmp_path / "a.out", "--steps", "1", "--work-ms", "20")
+        assert a.wait(60) == 0
+        work_done(tmp_path / "a.out", 1)
+    finally:
+        n.stop()
+
+
+def _rss_mib(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_many_huge_frames_are_never_buffered_and_the_daemon_keeps_serving(tmp_path):
+    n = Node(tmp_path)
+    n.start()
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        before = _rss_mib(n.daemon.pid)
+        s.connect(n.ep)
+        big = zmq.Frame(b"\0" * (15 << 20))
+        s.send_multipart([big] * 40, copy=False)  # 600 MiB in one message
+        deadline, peak = time.monotonic() + 3.0, before
+        while time.monotonic() < deadline:
+            peak = max(peak, _rss_mib(n.daemon.pid))
+            time.sleep(0.05)
+        assert not s.poll(0)  # ZeroMQ disconnected it at the first frame's header: nothing to answer
+        assert peak - before < 64, (before, peak)
+        assert isinstance(n.status(timeout_s=2.0), pr.StatusReply)
+        many = zmq.Context.instance().socket(zmq.DEALER)
+        many.setsockopt(zmq.LINGER, 0)
+        many.connect(n.ep)
+        many.send_multipart([pr.encode(pr.Status(req=3))] * 40)
+        assert many.poll(5000)
+        r = pr.decode_reply(many.recv())
+        assert isinstance(r, pr.Error) and r.message == "expected 1 frame, got 40"
+        many.close()
+    finally:
+        s.close()
+        n.stop()
+
+
+def test_a_second_job_with_the_same_name_is_refused_and_the_first_keeps_its_grants(tmp_path):
+    n = Node(tmp_path)
+    n.start()
+    pause = tmp_path / "go"
+    try:
+        first = n.run("same", tmp_path / "a.out", "--steps", "1", "--work-ms", "20", "--pause-file", str(pause))
+        deadline = time.monotonic() + 30
+        while not (p := n.pipelines().get("same")) or not p.running:
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
+        held = p.running
+        out = jigsaw("run", "--name", "same", "--", sys.executable, "-c", "print('second')", env=n.env)
+        refused_cleanly(out, "belongs to another job", "--name")
+        assert "second" not in out.stdout
+        assert n.pipelines()["same"].running == held  # nothing was reclaimed
+        pause.touch()
+        assert first.wait(60) == 0
+        lines = (tmp_path / "a.out").read_text().splitlines()
+        work_done(tmp_path / "a.out", 1)
+        assert all(line.split()[-1] == "0" for line in lines)  # every sub-stage under a grant, none exclusive
+    finally:
+        n.stop()
