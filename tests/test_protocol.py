@@ -10,14 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
+from fuzzing import CLASSES, Prober, payloads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_runtime import Node
 
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import check_private, runtime_dir
-
-TAGS = ["register", "heartbeat", "unregister", "admit", "done", "step_end", "status", "ok", "grant", "bogus"]
 
 
 def test_requests_round_trip_and_bad_ones_say_why():
@@ -71,27 +70,22 @@ def _still_serving(node: Node) -> None:
     assert isinstance(_ask(node.ep, [pr.encode(pr.Status(req=1))]), pr.StatusReply)
 
 
-values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=20)
-                      | st.binary(max_size=20), lambda c: st.lists(c, max_size=4)
-                      | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=10)
-typed = st.fixed_dictionaries({"type": st.sampled_from(TAGS)},
-                              optional={"v": st.integers(-2, 5), "req": values, "session": values,
-                                        "kind": values, "dp_rank": values, "step": values, "pipeline": values,
-                                        "pid": values, "substage": values, "extra": values})
-payloads = st.one_of(st.binary(max_size=512), values.map(msgspec.msgpack.encode), typed.map(msgspec.msgpack.encode))
+@pytest.fixture(scope="module")
+def prober(daemon):
+    p = Prober(daemon.ep)
+    yield p
+    p.close()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(frames=st.lists(payloads, min_size=1, max_size=3))
-def test_fuzz_the_daemon_answers_errors_and_keeps_serving(daemon, frames):
-    reply = _ask(daemon.ep, frames)
-    # Every message gets an answer: only a valid Admit of a registered session waits for its
-    # Grant, and no fuzzed message carries a session the daemon handed out.
-    assert reply is not None, frames
-    assert isinstance(reply, (pr.Error, pr.StatusReply, pr.Registered, pr.Ok, pr.Beat))
-    if len(frames) > 1:
-        assert isinstance(reply, pr.Error) and reply.code == "bad-message"
-    _still_serving(daemon)
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzz_every_message_class_gets_a_reply_and_the_daemon_stays_healthy(prober, data):
+    cls, frames = data.draw(payloads(prober.session), label="message")
+    assert cls in CLASSES
+    problem = prober.exchange(frames)
+    assert not problem, (cls, frames[:2], problem)
+    assert not (sick := prober.healthy()), (cls, frames[:2], sick)
 
 
 def test_huge_frames_are_refused_and_the_daemon_keeps_serving(daemon):

@@ -67,6 +67,8 @@ class NodeState:
         self.node, self.grid, self.policy = node, grid, policy
         self.next_step, self.max_wait_s, self.liveness = next_step, max_wait_s, liveness
         self.pipelines: dict[str, LivePipeline] = {}
+        self.failures = 0
+        """Decisions in which the policy or the applier failed (the fallback decided)."""
 
     # ------------------------------------------------------------ facts
 
@@ -118,6 +120,7 @@ class NodeState:
         except Exception as exc:  # noqa: BLE001 - a failing policy must not take the node down
             log.exception("policy %s failed; admitting the oldest request per idle device alone", self.policy.name)
             before.restore()
+            self.failures += 1
             why = f"{type(exc).__name__}: {exc}"
         try:
             return self._fallback(now_s, self._admit_host(now_s), why)

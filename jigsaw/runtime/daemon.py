@@ -140,7 +140,7 @@ class Daemon:
         self.owners: dict[str, str] = {}
         """Pipeline name -> the owner token it was registered with."""
         self.step_start: dict[str, float] = {}
-        self.refused = self.errors = 0
+        self.refused = self.errors = self.give_ups = 0
         self._dirty = False
         """Facts changed since the last decision (decisions are coalesced: one per batch read)."""
         self._tick_s = self._awake_s = wall()
@@ -383,7 +383,8 @@ class Daemon:
                                      running=tuple(p.running), pending=tuple(p.waiting))
                      for p in self.state.pipelines.values())
         return pr.StatusReply(pid=os.getpid(), pipelines=info, refused=self.refused, errors=self.errors,
-                              trace=self._trace_state(), req=req)
+                              scheduler_failures=self.state.failures + self.give_ups, trace=self._trace_state(),
+                              req=req)
 
     def _trace_state(self) -> str:
         if self._trace is None:

@@ -209,6 +209,9 @@ class StatusReply(_Msg, tag="status_reply"):
     pipelines: tuple[PipelineInfo, ...]
     refused: int
     errors: int
+    scheduler_failures: int = 0
+    """Decisions in which the policy failed (the fallback decided, or requests ran without
+    the daemon): nonzero means some input broke the scheduler; the daemon's log says which."""
     trace: str = ""
     """off | writing PATH | stopped: why (a trace that cannot be written stops; the daemon
     keeps serving)."""
