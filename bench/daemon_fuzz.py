@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--health-every", type=int, default=50, help="a Status probe and an RSS sample every N messages")
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=140)
     with tempfile.TemporaryDirectory() as tmp:
         node = Node(Path(tmp))
         node.trace = Path(tmp) / "trace.jsonl"

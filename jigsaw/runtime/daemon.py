@@ -289,7 +289,7 @@ class Daemon:
                 self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
             return pr.Beat(grants=grants_now, req=msg.req)
         if isinstance(msg, pr.Admit):
-            return self._admit(msg, session, ident)
+            return self._admit(msg, session, ident, arrived_s)
         if isinstance(msg, pr.Done):
             return self._done(msg, session)
         if isinstance(msg, pr.Opened):
@@ -324,7 +324,7 @@ class Daemon:
         return pr.Registered(session=token, heartbeat_s=self.config.heartbeat_s, lease_s=self.config.lease_s,
                              req=msg.req)
 
-    def _admit(self, msg: pr.Admit, session: Session, ident: bytes) -> None:
+    def _admit(self, msg: pr.Admit, session: Session, ident: bytes, arrived_s: float) -> None:
         p = self.state.pipelines[session.pipeline]
         if msg.kind not in KINDS:
             raise Refusal("bad-request", f"unknown sub-stage kind {msg.kind!r}; one of {', '.join(KINDS)}")
@@ -338,7 +338,8 @@ class Daemon:
                       pids=tuple(msg.pids), owner=Owner(msg.session, ident, msg.req))
         self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
                                                     "urgent": msg.urgent, "need_bytes": msg.mem_bytes,
-                                                    "pids": list(msg.pids)})
+                                                    "pids": list(msg.pids),
+                                                    "queued_ms": 1e3 * (self.wall() - arrived_s)})
         return None  # answered by a Grant when admitted
 
     def _done(self, msg: pr.Done, session: Session) -> pr.Ok:
@@ -440,7 +441,7 @@ class Daemon:
     # ------------------------------------------------------------ decisions
 
     def _decide(self) -> None:
-        now = self.now()
+        now, began = self.now(), self.wall()
         try:
             d = self.state.decide(now)
         except Exception as exc:  # noqa: BLE001 - the node state must never take the daemon down
@@ -455,7 +456,7 @@ class Daemon:
             log.exception("making the partitions failed: the admitted requests run without the daemon")
             admitted = [(self.state.pipelines[a.assignment.pipeline], a.waiting) for a in d.admitted]
             return self._give_up(admitted, f"{type(exc).__name__}: {exc}")
-        self._effect(d, made, now)
+        self._effect(d, made, now, decide_ms=1e3 * (self.wall() - began))
 
     def _give_up(self, requests, why: str) -> None:
         """The scheduler failed: each of these requests is withdrawn and answered (it runs
@@ -466,12 +467,12 @@ class Daemon:
                 self._send(w.owner.ident, pr.Error(code="scheduler", message=f"scheduler failed ({why}); "
                                                    "run it without the daemon", req=w.owner.req))
 
-    def _effect(self, d: Decision, made: grants.Made, now: float) -> None:
+    def _effect(self, d: Decision, made: grants.Made, now: float, decide_ms: float) -> None:
         if d.fallback:
             log.warning("policy %s failed (%s): requests admitted alone by turn", self.config.policy, d.fallback)
         for note in d.notes:
             log.warning("plan at %.3f s: %s", now, note)
-        self._event("plan", "", t_s=now, data=d.record())
+        self._event("plan", "", t_s=now, data={**d.record(), "decide_ms": decide_ms})
         for m in d.plan.migrations:
             self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
         for adm, g in zip(d.admitted, made.admitted):
