@@ -191,6 +191,23 @@ def test_a_failing_policy_falls_back_to_one_request_per_idle_device_alone():
     assert c.sid in q.waiting and all(x.assignment.sm_frac in (0.0, 1.0) for x in d.admitted)
 
 
+def test_the_fallback_starts_a_lockstep_gang_only_whole_and_the_policy_goes_on_after_it():
+    ns = fresh(devices=2)
+    a, b = ns.register("A", (0, 1)), ns.register("B", (1,))
+    theirs = b.request(K.TRAINING, 0, 0, 0.0)
+    ns.decide(0.0)
+    ranks = [a.request(K.TRAINING, r, 0, 0.1) for r in (0, 1)]
+    real, ns.policy.plan = ns.policy.plan, lambda view: 1 / 0
+    d = ns.decide(0.2)
+    assert d.fallback and not d.admitted  # device 1 is B's: rank 0 alone would be half a gang
+    ns.policy.plan = real
+    assert ns.decide(0.3).fallback == "" and ns.failures == 1  # the policy plans on from a sound state
+    ns.finish("B", theirs.sid, 1.0)
+    ns.policy.plan = lambda view: 1 / 0
+    d = ns.decide(1.0)
+    assert {x.running.sid for x in d.admitted} == {w.sid for w in ranks}  # both devices idle: the whole gang
+
+
 def test_bad_requests_say_why():
     ns = fresh(devices=2)
     p = ns.register("A", (0, 1))

@@ -184,25 +184,39 @@ class NodeState:
         return min(waiting, key=lambda w: w.since_s) if waiting else None
 
     def _fallback(self, now_s: float, host: tuple[Admission, ...], why: str) -> Decision:
-        """Per idle device, its oldest request alone on the whole device."""
+        """Per idle device, its oldest request alone on the whole device; a lockstep gang only
+        whole, once every device its replicas need is idle (a part of a gang started beside
+        another pipeline's work is a state no plan can continue)."""
         busy = {r.device for p in self.pipelines.values() for r in p.running.values() if r.on_device}
         order = sorted(((w.since_s, w.sid, p) for p in self.pipelines.values() for w in p.waiting.values()),
                        key=lambda x: (x[0], x[1]))
         admitted = []
         for _, sid, p in order:
-            w = p.waiting[sid]
-            device = p.devices[w.rank]
-            if device in busy:
+            if sid not in p.waiting:  # started with its gang
                 continue
-            busy.add(device)
-            a = Assignment(substage=sid, pipeline=p.name, device=device, sm_frac=1.0, mem_bytes=self.node.mem_bytes,
-                           slowdown=1.0)
-            admitted.append(Admission(waiting=w, running=p.admit(sid, a, self.budget(a), now_s), assignment=a))
+            devices, members = self._needs(p, p.waiting[sid])
+            if devices & busy:
+                continue
+            busy |= devices
+            for w in members:
+                a = Assignment(substage=w.sid, pipeline=p.name, device=p.devices[w.rank], sm_frac=1.0,
+                               mem_bytes=self.node.mem_bytes, slowdown=1.0)
+                admitted.append(Admission(waiting=w, running=p.admit(w.sid, a, self.budget(a), now_s), assignment=a))
         for p in self.pipelines.values():
             p.refresh_rates(balanced=False)
         plan = Plan(time_s=now_s, started=tuple(x.assignment.substage for x in admitted),
                     assignments=tuple(x.assignment for x in admitted))
         return Decision(plan=plan, admitted=host + tuple(admitted), changed=(), fallback=why)
+
+    @staticmethod
+    def _needs(p: LivePipeline, w: Waiting) -> tuple[set[int], list[Waiting]]:
+        """The devices a request needs idle to start alone, and the requests starting with it."""
+        if not w.kind.collective:
+            return {p.devices[w.rank]}, [w]
+        key = p.gang_key(w.sid)
+        on = {r.device for r in p.running.values() if r.kind.collective and p.gang_key(r.sid) == key}
+        members = [m for m in p.waiting.values() if m.kind.collective and p.gang_key(m.sid) == key]
+        return set(p.devices) - on, members
 
     # ------------------------------------------------------------ the applier
 
