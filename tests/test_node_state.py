@@ -242,3 +242,30 @@ def test_collective_replicas_ask_and_finish_one_by_one():
         t += 1.0
         ns.finish("A", second.sid, t)
     assert len(p.history) == 1
+
+
+def test_groups_of_pipelines_sharing_no_device_are_planned_apart_and_fail_apart():
+    ns = fresh(devices=4)
+    a, _, c = ns.register("A", (0, 1)), ns.register("B", (1,)), ns.register("C", (3,))
+    assert sorted(sorted(p.name for p in g) for g in ns.groups()) == [["A", "B"], ["C"]]
+    seen = []
+    real = ns.policy.plan
+
+    def plan(view):
+        names = {ps.graph.pipeline for ps in view.pipelines}
+        seen.append(names)
+        if "C" in names:
+            raise ZeroDivisionError("C's facts broke it")
+        return real(view)
+
+    ns.policy.plan = plan
+    wa, wc = a.request(K.ROLLOUT_DECODE, 0, 0, 0.0, urgent=True), c.request(K.TRAINING, 0, 0, 0.0)
+    d = ns.decide(0.0)
+    assert sorted(map(sorted, seen)) == [["A"], ["C"]]  # B asked for nothing: only live pipelines are in a view
+    assert "ZeroDivisionError" in d.fallback and ns.failures == 1
+    assert {x.running.sid for x in d.admitted} == {wa.sid, wc.sid}
+    assert d.fallback.count("ZeroDivisionError") == 1  # A's group was planned by the policy, C's fell back
+    serial = fresh(devices=4, policy="serial")
+    serial.register("A", (0,))
+    serial.register("C", (3,))
+    assert not serial.policy.separable  # node-wide turns: planned as one

@@ -87,6 +87,7 @@ class Serial:
     """verl: one pipeline holds the node for a whole step, then the next one's turn."""
 
     name: str = "serial"
+    separable: bool = False
     turn: str | None = None
     turn_step: int = -1
 
@@ -123,6 +124,7 @@ class MuxServe:
     """Rollouts share GPUs at a static SM split; reference and training exclusive, serialized."""
 
     name: str = "muxserve"
+    separable: bool = False
     sm_frac: float = 0.5
     """Static SM share of the first rollout on a device (MuxServe fixes the split per group)."""
 
@@ -208,6 +210,7 @@ class RollMux:
     """Disaggregated pools, phase-level round-robin, long-tail consolidation (RollMux §4.3-4.4)."""
 
     name: str = "rollmux"
+    separable: bool = False
     tail_trigger_frac: float = 0.8
     """Share of samples done that makes a rollout tail-bound (RollMux §4.4: 'e.g. 80%')."""
     consolidated: set = field(default_factory=set)
@@ -271,6 +274,7 @@ class HRRS:
     pool, ordered by highest response ratio 1 + wait / estimated time (PlexRL Alg. 1)."""
 
     name: str = "hrrs"
+    separable: bool = False
 
     def placement(self, k: int, gpus: int) -> list[Placement]:
         pool = tuple(range(gpus // 2, gpus)) or (0,)

@@ -107,13 +107,50 @@ class NodeState:
         return view, live
 
     def decide(self, now_s: float) -> Decision | None:
-        """Re-plan the node at `now_s`; None when nothing waits or runs.  All or nothing: a
-        policy or applier that fails leaves the facts as they were and the fallback decides;
-        should even that fail, the facts are restored and the error raised."""
+        """Re-plan the node at `now_s`; None when nothing waits or runs.  Pipelines that share
+        no device are planned group by group when the policy is separable (time grows with
+        the size of a group, not of the node).  All or nothing per group: a policy or
+        applier that fails leaves the group's facts as they were and the fallback decides
+        for that group alone; should even that fail, the facts are restored and the error
+        raised."""
         self.advance(now_s)
         if not any(p.live for p in self.pipelines.values()):
             return None
         self._age(now_s)
+        if not getattr(self.policy, "separable", False):
+            return self._decide_safely(now_s)
+        parts = [self._part(group) for group in self.groups()]
+        decisions = [part._decide_safely(now_s) for part in parts if any(p.live for p in part.pipelines.values())]
+        self.failures += sum(part.failures for part in parts if part is not self)
+        return _merged(decisions, now_s)
+
+    def groups(self) -> list[list[LivePipeline]]:
+        """Pipelines joined by the devices they share (connected components)."""
+        root = {d: d for p in self.pipelines.values() for d in p.devices}
+
+        def find(d: int) -> int:
+            while root[d] != d:
+                root[d] = d = root[root[d]]
+            return d
+
+        for p in self.pipelines.values():
+            for d in p.devices[1:]:
+                root[find(d)] = find(p.devices[0])
+        out: dict[int, list[LivePipeline]] = {}
+        for p in self.pipelines.values():
+            out.setdefault(find(p.devices[0]), []).append(p)
+        return list(out.values())
+
+    def _part(self, group: list[LivePipeline]) -> NodeState:
+        """This node's state seen through one group of pipelines (the same objects)."""
+        if len(group) == len(self.pipelines):
+            return self
+        part = NodeState(self.node, self.grid, self.policy, next_step=self.next_step, max_wait_s=self.max_wait_s,
+                         liveness=self.liveness)
+        part.pipelines = {p.name: p for p in group}
+        return part
+
+    def _decide_safely(self, now_s: float) -> Decision:
         before = _Snapshot(self.pipelines)
         try:
             return self._decide(now_s)
@@ -311,3 +348,17 @@ class _Snapshot:
             p.running = {sid: replace(r) for sid, r in running.items()}
             p.finished, p.first_start_s = dict(finished), dict(first_start_s)
             p.version += 1
+
+
+def _merged(decisions: list[Decision], now_s: float) -> Decision:
+    """The decisions of separately planned groups as one."""
+    if len(decisions) == 1:
+        return decisions[0]
+    plans = [d.plan for d in decisions]
+    plan = Plan(time_s=now_s, started=sum((p.started for p in plans), ()),
+                assignments=sum((p.assignments for p in plans), ()), migrations=sum((p.migrations for p in plans), ()),
+                routing=sum((p.routing for p in plans), ()), cost_s=max(p.cost_s for p in plans),
+                decisions=sum((p.decisions for p in plans), ()))
+    return Decision(plan=plan, admitted=sum((d.admitted for d in decisions), ()),
+                    changed=sum((d.changed for d in decisions), ()), notes=sum((d.notes for d in decisions), ()),
+                    fallback="; ".join(d.fallback for d in decisions if d.fallback))

@@ -41,6 +41,11 @@ class Policy(Protocol):
     """A scheduling policy: the daemon and the simulator call it at every decision point."""
 
     name: str
+    separable: bool
+    """Its plan for pipelines that share no device is the plans of each group on its own
+    (a pure function of the view): the node then plans each group apart, in less time, and
+    a failure of one group's plan leaves the others' alone.  False for policies that keep
+    node-wide turns (serial) or order whole stages across the node."""
 
     def plan(self, view: View) -> Plan: ...
 
@@ -60,6 +65,7 @@ class Jigsaw:
 
     name: str = "jigsaw"
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    separable: bool = True
     cache: object = None
     """The scheduler's tables for this node (jigsaw.graph.problem.SchedulerCache), made on
     first use and owned by this policy instance."""
