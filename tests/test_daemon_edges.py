@@ -2,6 +2,7 @@
 the trace, frames no client sends, and two jobs that want the same pipeline name."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -126,4 +127,31 @@ def test_a_second_job_with_the_same_name_is_refused_and_the_first_keeps_its_gran
         work_done(tmp_path / "a.out", 1)
         assert all(line.split()[-1] == "0" for line in lines)  # every sub-stage under a grant, none exclusive
     finally:
+        n.stop()
+
+
+def test_a_stopped_daemon_that_resumes_keeps_every_client_and_grant(tmp_path):
+    """SIGSTOP for three leases while a worker holds a grant: after SIGCONT nobody's lease
+    expires (the clients kept sending; the daemon was the one not listening)."""
+    n = Node(tmp_path)
+    n.start()
+    pause = tmp_path / "go"
+    try:
+        a = n.run("A", tmp_path / "a.out", "--steps", "1", "--work-ms", "20", "--pause-file", str(pause))
+        deadline = time.monotonic() + 30
+        while not (p := n.pipelines().get("A")) or not p.running:
+            assert time.monotonic() < deadline and a.poll() is None
+            time.sleep(0.05)
+        n.daemon.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        n.daemon.send_signal(signal.SIGCONT)
+        time.sleep(1.5)  # past a lease after it came back: a client it had dropped would be gone
+        assert n.pipelines()["A"].running == p.running
+        pause.touch()
+        assert a.wait(60) == 0
+        work_done(tmp_path / "a.out", 1)
+        drops = [e for e in n.events() if e["event"] == "drop" and e["data"]["reason"] == "lease expired"]
+        assert not drops, drops
+    finally:
+        n.daemon.send_signal(signal.SIGCONT)
         n.stop()
