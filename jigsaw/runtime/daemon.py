@@ -1,19 +1,24 @@
 """`jigsaw daemon`: one per node; owns the node state, the policy, partitions and the trace.
 
-    clients ──ipc (ZeroMQ ROUTER, 0600 socket in a 0700 dir)──► Daemon.serve()
-        │ every frame: peer uid (SO_PEERCRED, via ZeroMQ's Peer-Address) ─► size ─► schema
+    clients ──ipc (ZeroMQ ROUTER, 0600 socket in a 0700 dir; frames > 1 MiB cut by ZeroMQ)──►
+    serve() loop, one turn:
+      read every waiting message, frame by frame ─► peer uid (SO_PEERCRED) ─► one frame, size
+        │    ─► schema with bounded fields  (anything else: an Error reply, nothing changes)
+        ▼    each stamped with its arrival time
+      serve heartbeats and status first, then the rest in arrival order ─► sessions / NodeState
+        │    (register with an owner token, request, finish, drop); a bug in one: `internal`
         ▼
-    sessions ─► NodeState (graph/node.py: the simulator's too): register / request / finish
-        │ after every change; leases judged after the socket is drained
+      tick: one decision for the whole batch (and when a request passes max-wait) ─►
+        │   NodeState.decide() (graph/node.py, the simulator's too; group by group, all or
+        │   nothing) ─► grants.py partitions (pure) ─► Grant replies, budget changes for the
+        │   next heartbeat replies; a decision that fails answers every request it held
         ▼
-    NodeState.decide() ─► Decision ─► grants.py: partitions (pure) ─► Grant replies (deferred
-        │                 Admit answers) and budget changes in heartbeat replies
-        ▼
-    trace (jigsaw/trace.py, the node's inputs and plans too) · Prometheus metrics (optional)
+      leases: a session silent for lease_s since its last arrival expires, but never within a
+        lease of the daemon coming back from a stall (it was the one not listening)
+    trace (jigsaw/trace.py; stops on a write error, the daemon serves on) · Prometheus metrics
 
-A bad message gets an `Error` reply and changes nothing; the loop keeps serving the
-others.  A failing policy falls back to admitting requests alone by turn (a pipeline never
-fails because the daemon did).  The trace holds every input the node state saw, so a run's
+A failing policy falls back to admitting requests alone by turn (a pipeline never fails
+because the daemon did).  The trace holds every input the node state saw, so a run's
 decisions can be replayed offline (`jigsaw.sim.replay.replay_decisions`).
 """
 
