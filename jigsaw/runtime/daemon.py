@@ -24,7 +24,6 @@ decisions can be replayed offline (`jigsaw.sim.replay.replay_decisions`).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import secrets
@@ -41,9 +40,9 @@ from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import NAMES, make
 from jigsaw.graph.substage import SubStageKind
 from jigsaw.mux.prior import node_grid
-from jigsaw.runtime import grants
+from jigsaw.runtime import grants, plumbing
 from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.paths import endpoint, runtime_dir, socket_path
+from jigsaw.runtime.paths import endpoint, runtime_dir
 from jigsaw.trace import TraceEvent, TraceWriter
 
 log = logging.getLogger("jigsaw.daemon")
@@ -151,7 +150,7 @@ class Daemon:
         self._tick_s = self._awake_s = wall()
         """The loop's last turn, and when it last came back from a stall (leases restart then)."""
         self._trace = TraceWriter(config.trace) if config.trace else None
-        self._metrics = _Metrics(config.metrics_port) if config.metrics_port else None
+        self._metrics = plumbing.Metrics(config.metrics_port) if config.metrics_port else None
         self.stopping = False
         self._event("node", "", data={"policy": config.policy, "sched": asdict(config.sched),
                                       "max_wait_s": config.max_wait_s, "devices": config.devices,
@@ -165,13 +164,13 @@ class Daemon:
     # ------------------------------------------------------------ loop
 
     def serve(self) -> None:
-        lock = _lock(self.dir / "daemon.lock")
+        lock = plumbing.lock(self.dir / "daemon.lock")
         if self.config.mps:
             self._check_mps()
         telemetry = self._start_telemetry()
         ctx = zmq.Context()
         try:
-            self.sock = sock = _listen(ctx, endpoint(self.dir))
+            self.sock = sock = plumbing.listen(ctx, endpoint(self.dir))
             while not self.stopping:
                 if sock.poll(timeout=TICK_MS):
                     self._serve(self._read(sock))
@@ -208,7 +207,7 @@ class Daemon:
     def _check(self, ident: bytes, frame, extra: int):
         """The request in `frame`, or None once the sender has its Error."""
         peer = (frame.get("Peer-Address") if frame is not None else "") or ""
-        if not _same_uid(peer):
+        if not plumbing.same_uid(peer):
             self.refused += 1
             log.warning("refused a message from peer %r (uid is not %d)", peer, os.getuid())
             return self._send(ident, pr.Error(code="refused", message=f"peer uid is not {os.getuid()}"))
@@ -515,62 +514,3 @@ class Refusal(ValueError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
-
-
-def _listen(ctx, ep: str):
-    """The ROUTER socket, bound, its file 0600; OSErrors (a path too long, no space, no
-    permission) become one clear error."""
-    path = socket_path(ep)
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.MAXMSGSIZE, pr.HARD_LIMIT_BYTES)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.bind(ep)
-        os.chmod(path, 0o600)
-    except (zmq.ZMQError, OSError) as exc:
-        sock.close(0)
-        raise ValueError(f"the daemon cannot listen on {path}: {exc}") from None
-    log.info("jigsaw daemon %d listening on %s", os.getpid(), ep)
-    return sock
-
-
-def _same_uid(peer: str) -> bool:
-    """ZeroMQ reports an ipc peer as `host:uid:gid:pid` from SO_PEERCRED."""
-    parts = peer.rsplit(":", 3)
-    return len(parts) == 4 and parts[1].isdigit() and int(parts[1]) == os.getuid()
-
-
-def _lock(path: Path):
-    try:
-        f = open(path, "a+")
-    except OSError as exc:
-        raise ValueError(f"the daemon cannot create its lock file {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise RuntimeError(f"another jigsaw daemon holds {path} (pid {f.read().strip() or '?'})") from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
-
-
-class _Metrics:
-    def __init__(self, port: int):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-        self.registry = CollectorRegistry()
-        self.events = Counter("jigsaw_trace_events", "Trace events by kind", ["event"], registry=self.registry)
-        self.pipelines = Gauge("jigsaw_pipelines", "Registered pipelines", registry=self.registry)
-        self.running = Gauge("jigsaw_running_substages", "Granted sub-stages", registry=self.registry)
-        self.pending = Gauge("jigsaw_pending_substages", "Sub-stages waiting for admission", registry=self.registry)
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)
-
-    def count(self, event: str) -> None:
-        self.events.labels(event=event).inc()
-
-    def set(self, state: NodeState) -> None:
-        self.pipelines.set(len(state.pipelines))
-        self.running.set(sum(len(p.running) for p in state.pipelines.values()))
-        self.pending.set(sum(len(p.waiting) for p in state.pipelines.values()))
