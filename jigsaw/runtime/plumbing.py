@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -45,6 +46,8 @@ def same_uid(peer: str) -> bool:
 
 
 def lock(path: Path):
+    """The runtime directory's lock, holding this daemon's pid; a clear error when another
+    daemon holds it or the file cannot be written (no space, no permission)."""
     try:
         f = open(path, "a+")
     except OSError as exc:
@@ -54,10 +57,15 @@ def lock(path: Path):
     except BlockingIOError:
         f.seek(0)
         raise RuntimeError(f"another jigsaw daemon holds {path} (pid {f.read().strip() or '?'})") from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # closing flushes the same write again
+            f.close()
+        raise ValueError(f"the daemon cannot write its lock file {path}: {exc.strerror}") from None
     return f
 
 
