@@ -51,13 +51,13 @@ def fuzz(node: Node, messages: int, seed_: int, health_every: int, console: Cons
         if node.daemon.poll() is not None:
             problems["crash"] += 1
             return
-        cls, frames = data.draw(payloads(prober.session))
+        cls, payload = data.draw(payloads(prober.session))
         seen[cls] += 1
-        problem = prober.exchange(frames)
+        problem = prober.exchange(cls, payload)
         if problem:
             kind = problem.split(":")[0]
             problems[kind] += 1
-            examples.setdefault(kind, f"{cls}: {problem} ({frames[0][:60]!r})")
+            examples.setdefault(kind, f"{cls}: {problem} ({payload[:60]!r})")
         if n % health_every == 0:
             if node.daemon.poll() is not None:
                 problems["crash"] += 1

@@ -11,19 +11,23 @@ Classes covered, each named in `CLASSES`:
                 bytes, 2^64-1 steps, negative ranks, unknown kinds, sub-stage ids of others
     session     the same, but sent with a session the daemon handed out (so what passes the
                 edge reaches the node state); a Grant it earns is released with a Done
-    frames      several frames in one message
+    framing     raw bytes on a connection of their own: length prefixes that lie (past the
+                limit, past the end, zero), messages cut short, several in one write
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from collections import Counter
 
 import msgspec
-import zmq
 from hypothesis import strategies as st
 
 from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.paths import socket_path
+from jigsaw.runtime.wire import Channel, frame
 
 TAGS = ["register", "heartbeat", "unregister", "admit", "done", "opened", "step_end", "status", "ok", "grant", "bogus"]
 KINDS = ["rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training", "reward", "tool", "juggling", ""]
@@ -129,19 +133,29 @@ def _worse(name: str, inside: bool) -> st.SearchStrategy:
     return st.one_of(ABSURD[name], ABSURD[name], edge) if inside and name in ABSURD else edge
 
 
-CLASSES = ("bytes", "values", "typed", "hostile", "session", "frames")
+CLASSES = ("bytes", "values", "typed", "hostile", "session", "framing")
+
+
+def _lying(body: bytes, n: int) -> bytes:
+    return struct.pack("!I", n) + body
+
+
+framing = st.one_of(
+    st.binary(max_size=64),  # a header cut short, or bytes that are no header
+    st.builds(_lying, st.binary(max_size=256), st.integers(pr.MAX_MESSAGE_BYTES + 1, 2**32 - 1)),  # past the limit
+    st.builds(_lying, st.binary(max_size=256), st.integers(0, pr.MAX_MESSAGE_BYTES)),  # past the end, or zero
+    st.lists(typed.map(msgspec.msgpack.encode).map(frame), min_size=2, max_size=4).map(b"".join),  # several
+)
 
 
 def payloads(session: str | None) -> st.SearchStrategy:
-    """(class, frames) of one message."""
+    """(class, bytes): one message's payload, or (framing) raw bytes for a connection."""
     one = {"bytes": st.binary(max_size=512), "values": values.map(msgspec.msgpack.encode),
            "typed": typed.map(msgspec.msgpack.encode), "hostile": hostile().map(encode),
-           "session": hostile(session).map(encode)}
-    single = {k: s.map(lambda b, k=k: (k, [b])) for k, s in one.items()}
-    frames = st.lists(st.one_of(*one.values()), min_size=2, max_size=4).map(lambda fs: ("frames", fs))
+           "session": hostile(session).map(encode), "framing": framing}
+    pick = {k: s.map(lambda b, k=k: (k, b)) for k, s in one.items()}
     # what reaches the node state is where the subtle damage was: drawn most often
-    pick = {**single, "frames": frames}
-    return st.sampled_from(["session"] * 4 + ["hostile", "typed", "values", "bytes", "frames"]).flatmap(pick.get)
+    return st.sampled_from(["session"] * 4 + ["hostile", "typed", "values", "bytes", "framing"]).flatmap(pick.get)
 
 
 class Prober:
@@ -151,66 +165,92 @@ class Prober:
         self.endpoint, self.timeout_s = endpoint, timeout_s
         self.replies: Counter = Counter()
         """What the judged messages got: reply type, and an Error's code."""
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.session = self.ask([pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz", req=1))]).session
+        self.channel = Channel(socket_path(endpoint))
+        self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz", req=1))).session
 
-    def ask(self, frames: list[bytes]):
+    def ask(self, payload: bytes):
         """The reply, or None if none came within the deadline (a hang)."""
-        self.sock.send_multipart(frames)
-        if not self.sock.poll(int(self.timeout_s * 1000)):
+        self.channel.send(payload)
+        if not self.channel.poll(int(self.timeout_s * 1000)):
             return None
-        return pr.decode_reply(self.sock.recv())
+        return pr.decode_reply(self.channel.recv())
 
-    def exchange(self, frames: list[bytes]) -> str:
+    def raw(self, data: bytes) -> str:
+        """`data` on a connection of its own, which then closes: whatever the daemon answers
+        must be whole replies, and it must serve on."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(0.2)
+        got = b""
+        try:
+            s.connect(str(socket_path(self.endpoint)))
+            s.sendall(data)
+            while chunk := s.recv(1 << 16):
+                got += chunk
+        except TimeoutError:
+            pass  # a message cut short: the daemon waits for the rest, as it should
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon closed the door (a length past the limit)
+        finally:
+            s.close()
+        while got:
+            n = struct.unpack_from("!I", got)[0] if len(got) >= 4 else -1
+            if n < 0 or len(got) < 4 + n:
+                return f"wrong reply: {got[:40]!r} is not whole replies"
+            try:
+                pr.decode_reply(got[4:4 + n])
+            except pr.ProtocolError as exc:
+                return f"wrong reply: {exc}"
+            got = got[4 + n:]
+        return ""
+
+    def exchange(self, cls: str, payload: bytes) -> str:
         """'' when the daemon answered as it should, else what went wrong; a Grant earned is
         released at once (so the node stays free for the next message)."""
-        reply = self.ask(frames)
+        if cls == "framing":
+            return self.raw(payload)
+        reply = self.ask(payload)
         if reply is None:
             return "hang: no reply"
         self.replies[type(reply).__name__ + (f" {reply.code}" if isinstance(reply, pr.Error) else "")] += 1
-        expected = _expected_req(frames)
+        expected = _expected_req(payload)
         if isinstance(reply, pr.Error) and reply.req == 0 and reply.code in ("bad-message", "version", "too-large"):
             return ""  # refused at the edge, before its req was known
         if expected is not None and reply.req != expected:
             return f"wrong reply: req {reply.req} to a request with req {expected}"
         if isinstance(reply, pr.Grant):
-            done = self.ask([pr.encode(pr.Done(session=self.session, substage=reply.substage, req=2))])
+            done = self.ask(pr.encode(pr.Done(session=self.session, substage=reply.substage, req=2)))
             if not isinstance(done, pr.Ok):
                 return f"wrong reply: releasing a grant got {done!r}"
         if isinstance(reply, pr.Registered) and reply.session:  # a fuzzed pipeline joined: let it go
-            self.ask([pr.encode(pr.Unregister(session=reply.session, pipeline_done=True, req=3))])
-        if isinstance(reply, pr.Ok) and _unregisters(frames, self.session):  # it was our own session
-            self.session = self.ask([pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz",
-                                                           req=1))]).session
+            self.ask(pr.encode(pr.Unregister(session=reply.session, pipeline_done=True, req=3)))
+        if isinstance(reply, pr.Ok) and _unregisters(payload, self.session):  # it was our own session
+            self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz",
+                                                          req=1))).session
         if isinstance(reply, pr.Error) and reply.code == "internal":
             return f"internal error: {reply.message}"
         return ""
 
     def healthy(self) -> str:
         """'' when the daemon answers a Status and its scheduler never failed, else what is wrong."""
-        st = self.ask([pr.encode(pr.Status(req=4))])
+        st = self.ask(pr.encode(pr.Status(req=4)))
         if not isinstance(st, pr.StatusReply):
             return f"hang: status got {st!r}"
         return f"scheduler failed {st.scheduler_failures} times (see its log)" if st.scheduler_failures else ""
 
     def close(self) -> None:
-        self.sock.close()
+        self.channel.close()
 
 
-def _unregisters(frames: list[bytes], session: str) -> bool:
+def _unregisters(payload: bytes, session: str) -> bool:
     try:
-        msg = pr.decode_request(frames[0])
+        msg = pr.decode_request(payload)
     except pr.ProtocolError:
         return False
     return isinstance(msg, pr.Unregister) and msg.session == session
 
 
-def _expected_req(frames: list[bytes]) -> int | None:
-    if len(frames) != 1:
-        return None
+def _expected_req(payload: bytes) -> int | None:
     try:
-        return pr.decode_request(frames[0]).req
+        return pr.decode_request(payload).req
     except pr.ProtocolError:
         return None

@@ -9,9 +9,24 @@ import time
 from pathlib import Path
 
 from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.paths import socket_path
+from jigsaw.runtime.wire import Channel
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "workers" / "toy_pipeline.py"
+
+
+def ask(ep: str, payload: bytes, timeout_s: float = 2.0):
+    """One request on a connection of its own: the reply, or None (no daemon, or no answer)."""
+    ch = Channel(socket_path(ep))
+    try:
+        ch.send(payload)
+        return pr.decode_reply(ch.recv()) if ch.poll(int(timeout_s * 1000)) else None
+    except OSError:
+        time.sleep(min(timeout_s, 0.05))  # not listening (yet)
+        return None
+    finally:
+        ch.close()
 
 
 class Node:
@@ -37,16 +52,8 @@ class Node:
             assert time.monotonic() < deadline, "the daemon did not answer a status request in 20 s"
 
     def status(self, timeout_s: float = 0.3):
-        import zmq
-
-        s = zmq.Context.instance().socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(self.ep)
-        try:
-            s.send(pr.encode(pr.Status(req=7)))
-            return pr.decode_reply(s.recv()) if s.poll(int(timeout_s * 1000)) else None
-        finally:
-            s.close()
+        """The daemon's StatusReply, or None if it does not answer within `timeout_s`."""
+        return ask(self.ep, pr.encode(pr.Status(req=7)), timeout_s)
 
     def run(self, name: str, out: Path, *extra: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", name, "--",

@@ -29,17 +29,17 @@ class Recorder(Daemon):
     """The daemon, its replies kept instead of sent."""
 
     def __init__(self, tmp: Path, **config):
-        self.sent: list[tuple[bytes, object]] = []
+        self.sent: list[tuple[int, object]] = []
         self.time = Clock()
         super().__init__(DaemonConfig(**config), directory=tmp, clock=self.time, wall=self.time)
 
-    def _send(self, ident, reply) -> None:
-        self.sent.append((ident, reply))
+    def _send(self, conn, reply) -> None:
+        self.sent.append((conn, reply))
 
-    def ask(self, msg, ident: bytes = b"c", tick: bool = True):
+    def ask(self, msg, conn: int = 1, tick: bool = True):
         """Deliver `msg` as if it arrived now; the replies it (and the tick after it) caused."""
         before = len(self.sent)
-        self._serve([Inbound(ident, msg, self.time())])
+        self._serve([Inbound(conn, msg, self.time())])
         if tick:
             self._tick()
         return [r for _, r in self.sent[before:]]
@@ -202,9 +202,9 @@ def test_decisions_are_coalesced_and_heartbeats_served_first(d, monkeypatch):
     decide = d.state.decide
     monkeypatch.setattr(d.state, "decide", lambda now: calls.append(now) or decide(now))
     d.sent.clear()
-    batch = [Inbound(b"c", admit(s, "training", req=i), d.time()) for i, s in enumerate(sessions)]
-    batch.insert(1, Inbound(b"c", pr.StepEnd(session=sessions[0], step=0, req=50), d.time()))
-    batch.insert(3, Inbound(b"h", pr.Heartbeat(session=sessions[0], req=99), d.time()))
+    batch = [Inbound(1, admit(s, "training", req=i), d.time()) for i, s in enumerate(sessions)]
+    batch.insert(1, Inbound(1, pr.StepEnd(session=sessions[0], step=0, req=50), d.time()))
+    batch.insert(3, Inbound(2, pr.Heartbeat(session=sessions[0], req=99), d.time()))
     d._serve(batch)
     assert [r.req for _, r in d.sent] == [99, 50]  # the heartbeat first, though it came later
     d._tick()

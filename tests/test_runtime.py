@@ -14,6 +14,8 @@ from nodes import ROOT, Node
 from jigsaw.mux.partition import Advisory
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.client import connect
+from jigsaw.runtime.paths import socket_path
+from jigsaw.runtime.wire import Channel
 
 KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 
@@ -233,11 +235,7 @@ def test_run_forwards_signals_to_the_command(tmp_path):
 
 
 def test_out_of_order_requests_get_errors_and_change_nothing(node):
-    import zmq
-
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(node.ep)
+    s = Channel(socket_path(node.ep))
 
     def ask(msg):
         s.send(pr.encode(msg))

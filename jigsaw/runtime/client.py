@@ -30,10 +30,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import zmq
-
 from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE, socket_path
+from jigsaw.runtime.wire import Channel
 
 log = logging.getLogger("jigsaw.client")
 
@@ -105,7 +104,7 @@ class Client:
         self._live: dict[str, GrantHandle] = {}
         self._binder = None
         self._stop = threading.Event()
-        self._ctx = zmq.Context() if endpoint else None
+        self._open = bool(endpoint)
         self._sock = self._socket() if endpoint else None
         if endpoint:
             self._register(self._sock, self.connect_timeout_s)
@@ -119,7 +118,7 @@ class Client:
         return self.session is not None and self._reachable()
 
     def _reachable(self) -> bool:
-        return self._ctx is not None and time.monotonic() - self.last_reply < self.dead_after_s
+        return self._open and time.monotonic() - self.last_reply < self.dead_after_s
 
     @contextlib.contextmanager
     def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
@@ -157,11 +156,10 @@ class Client:
         if self.connected:
             self._report_open(self._sock)
             self._send(pr.Unregister(session=self.session or "", pipeline_done=pipeline_done))
-        if self._ctx is not None:
+        if self._open:
             self._hb.join(timeout=2 * self.heartbeat_s + 1)
-            self._sock.close(linger=200)
-            self._ctx.term()
-            self._ctx = None
+            self._sock.close()
+            self._open = False
         if self._binder is not None:
             self._binder.close()
 
@@ -202,7 +200,7 @@ class Client:
             if self.connected:
                 self._report_open(self._sock)
 
-    def _report_open(self, sock: zmq.Socket) -> None:
+    def _report_open(self, sock: Channel) -> None:
         """Tell the daemon (on the calling thread's socket) what ran without it; a record
         counts as reported only once the daemon acknowledged it."""
         if not self._reporting.acquire(blocking=False):
@@ -230,37 +228,35 @@ class Client:
 
     # ------------------------------------------------------------ transport
 
-    def _socket(self) -> zmq.Socket:
-        s = self._ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a daemon that is not there
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(self.endpoint)
-        return s
+    def _socket(self) -> Channel:
+        """A connection per thread; it connects when it first sends, and again after the
+        daemon went away (a message is never queued for a daemon that is not there)."""
+        return Channel(socket_path(self.endpoint))
 
     def _next_req(self) -> int:
         with self._lock:
             self._req += 1
             return self._req
 
-    def _send(self, msg, sock: zmq.Socket | None = None) -> bool:
+    def _send(self, msg, sock: Channel | None = None) -> bool:
         try:
-            (sock or self._sock).send(pr.encode(msg), flags=zmq.NOBLOCK)
+            (sock or self._sock).send(pr.encode(msg))
             return True
-        except zmq.ZMQError:
+        except OSError:
             return False
 
-    def _call(self, sock: zmq.Socket, msg, timeout_s: float | None, give_up=None):
+    def _call(self, sock: Channel, msg, timeout_s: float | None, give_up=None):
         """Send and wait for the reply with msg.req; None on timeout, when `give_up()` is
         true, or when the daemon cannot be reached."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self._send(msg, sock):  # not connected (yet): ZeroMQ connects in the background
+        while not self._send(msg, sock):  # no daemon listening (yet): try again until the deadline
             if (deadline is not None and time.monotonic() >= deadline) or (give_up is not None and give_up()):
                 return None
             time.sleep(0.01)
         while deadline is None or time.monotonic() < deadline:
             if give_up is not None and give_up():
                 return None
-            if not sock.poll(timeout=50):
+            if not sock.poll(50):
                 continue
             try:
                 reply = pr.decode_reply(sock.recv())
@@ -272,7 +268,7 @@ class Client:
                 return reply
         return None
 
-    def _register(self, sock: zmq.Socket, timeout_s: float) -> None:
+    def _register(self, sock: Channel, timeout_s: float) -> None:
         """Join the daemon (on the calling thread's socket); one session at a time, whichever
         thread finds it missing first."""
         with self._registering:
@@ -340,23 +336,19 @@ class Client:
                 elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
                     self._forgotten(beat.session)  # a new daemon, or a lost lease: register again
         finally:
-            sock.close(linger=0)
+            sock.close()
 
 
 def ping(endpoint: str, timeout_s: float) -> bool:
     """Whether a daemon answers a Status request at `endpoint` within `timeout_s`."""
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
+    ch = Channel(socket_path(endpoint))
     try:
-        s.connect(endpoint)
-        s.send(pr.encode(pr.Status(req=1)))
-        if s.poll(timeout=int(timeout_s * 1000)):
-            return isinstance(pr.decode_reply(s.recv()), pr.StatusReply)
-        return False
-    except (zmq.ZMQError, pr.ProtocolError):
+        ch.send(pr.encode(pr.Status(req=1)))
+        return ch.poll(int(timeout_s * 1000)) and isinstance(pr.decode_reply(ch.recv()), pr.StatusReply)
+    except (OSError, pr.ProtocolError):
         return False
     finally:
-        s.close()
+        ch.close()
 
 
 def wait_for_daemon(endpoint: str, timeout_s: float) -> bool:
@@ -365,6 +357,7 @@ def wait_for_daemon(endpoint: str, timeout_s: float) -> bool:
     while time.monotonic() < deadline:
         if ping(endpoint, 0.3):
             return True
+        time.sleep(0.05)  # not listening yet: a refused connection returns at once
     return False
 
 

@@ -1,10 +1,10 @@
 """`jigsaw daemon`: one per node; owns the node state, the policy, partitions and the trace.
 
-    clients ──ipc (ZeroMQ ROUTER, 0600 socket in a 0700 dir; frames > 1 MiB cut by ZeroMQ)──►
+    clients ──Unix socket (wire.py: 0600 in a 0700 dir; length-prefixed, ≤ 64 KiB a message)──►
     serve() loop, one turn:
-      read every waiting message, frame by frame ─► peer uid (SO_PEERCRED) ─► one frame, size
-        │    ─► schema with bounded fields  (anything else: an Error reply, nothing changes)
-        ▼    each stamped with its arrival time
+      read every whole message waiting (the listener already turned away other uids and
+        │    lengths past the limit) ─► schema with bounded fields  (anything else: an Error
+        ▼    reply, nothing changes); each stamped with its arrival time
       serve heartbeats and status first, then the rest in arrival order ─► sessions / NodeState
         │    (register with an owner token, request, finish, drop); a bug in one: `internal`
         ▼
@@ -33,8 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import zmq
-
 from jigsaw.graph.node import Decision, NodeState
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import NAMES, make
@@ -42,7 +40,7 @@ from jigsaw.graph.substage import SubStageKind
 from jigsaw.mux.prior import node_grid
 from jigsaw.runtime import grants, plumbing
 from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.paths import endpoint, runtime_dir
+from jigsaw.runtime.paths import endpoint, runtime_dir, socket_path
 from jigsaw.trace import TraceEvent, TraceWriter
 
 log = logging.getLogger("jigsaw.daemon")
@@ -98,14 +96,14 @@ class Owner(NamedTuple):
     """Who asked for a sub-stage: the session, and where its Grant goes."""
 
     session: str
-    ident: bytes
+    conn: int
     req: int
 
 
 class Inbound(NamedTuple):
     """A valid request as it was read, stamped with when it arrived (leases go by that)."""
 
-    ident: bytes
+    conn: int
     msg: pr.Request
     arrived_s: float
 
@@ -144,7 +142,8 @@ class Daemon:
         self.owners: dict[str, str] = {}
         """Pipeline name -> the owner token it was registered with."""
         self.step_start: dict[str, float] = {}
-        self.refused = self.errors = self.give_ups = 0
+        self.errors = self.give_ups = 0
+        self.listener = None
         self._dirty = False
         """Facts changed since the last decision (decisions are coalesced: one per batch read)."""
         self._tick_s = self._awake_s = wall()
@@ -161,6 +160,11 @@ class Daemon:
     def now(self) -> float:
         return self.clock() - self.t0
 
+    @property
+    def refused(self) -> int:
+        """Connections refused for their peer's uid."""
+        return self.listener.refused if self.listener is not None else 0
+
     # ------------------------------------------------------------ loop
 
     def serve(self) -> None:
@@ -168,70 +172,59 @@ class Daemon:
         if self.config.mps:
             self._check_mps()
         telemetry = self._start_telemetry()
-        ctx = zmq.Context()
         try:
-            self.sock = sock = plumbing.listen(ctx, endpoint(self.dir))
+            self.listener = plumbing.listen(socket_path(endpoint(self.dir)), self._refusal, self._too_large)
             while not self.stopping:
-                if sock.poll(timeout=TICK_MS):
-                    self._serve(self._read(sock))
+                if self.listener.poll(TICK_MS):
+                    self._serve(self._read())
                 self._tick()
         finally:
             if telemetry is not None:
                 telemetry.stop()
             if self._trace is not None:
                 self._trace.close()
-            ctx.destroy(linger=0)
+            if self.listener is not None:
+                self.listener.close()
             lock.close()
 
-    def _read(self, sock, most: int = 512) -> list[Inbound]:
-        """What is waiting (up to `most` messages), frame by frame: a message's extra frames
-        are counted and dropped as they are read, never buffered (each is at most
-        HARD_LIMIT_BYTES, ZeroMQ's own cap), and a stranger's are dropped unread."""
+    def _read(self, most: int = 512) -> list[Inbound]:
+        """Whole messages waiting (up to `most`), each stamped with when it was read; the
+        listener answered on its own a stranger's connection and an oversized header."""
         batch = []
-        for _ in range(most):
-            try:
-                ident = sock.recv(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            arrived = self.wall()
-            first = sock.recv(copy=False) if ident.more else None
-            extra, more = 0, first is not None and first.more
-            while more:
-                more = sock.recv(copy=False).more
-                extra += 1
-            msg = self._check(ident.bytes, first, extra)
+        for conn, data in self.listener.read(most):
+            msg = self._check(conn, data)
             if msg is not None:
-                batch.append(Inbound(ident.bytes, msg, arrived))
+                batch.append(Inbound(conn, msg, self.wall()))
         return batch
 
-    def _check(self, ident: bytes, frame, extra: int):
-        """The request in `frame`, or None once the sender has its Error."""
-        peer = (frame.get("Peer-Address") if frame is not None else "") or ""
-        if not plumbing.same_uid(peer):
-            self.refused += 1
-            log.warning("refused a message from peer %r (uid is not %d)", peer, os.getuid())
-            return self._send(ident, pr.Error(code="refused", message=f"peer uid is not {os.getuid()}"))
-        if frame is None or extra:
-            self.errors += 1
-            got = 0 if frame is None else extra + 1
-            return self._send(ident, pr.Error(code="bad-message", message=f"expected 1 frame, got {got}"))
+    def _check(self, conn: int, data: bytes):
+        """The request in `data`, or None once the sender has its Error."""
         try:
-            return pr.decode_request(frame.bytes)
+            return pr.decode_request(data)
         except pr.ProtocolError as exc:
             self.errors += 1
-            return self._send(ident, pr.Error(code=exc.code, message=str(exc)))
+            return self._send(conn, pr.Error(code=exc.code, message=str(exc)))
+
+    def _refusal(self) -> bytes:
+        log.warning("refused a connection from another uid (not %d)", os.getuid())
+        return pr.encode(pr.Error(code="refused", message=f"peer uid is not {os.getuid()}"))
+
+    def _too_large(self, n: int) -> bytes:
+        self.errors += 1
+        return pr.encode(pr.Error(code="too-large", message=f"message of {n} bytes exceeds {pr.MAX_MESSAGE_BYTES}; "
+                                                            "the connection is closed"))
 
     def _serve(self, batch: list[Inbound]) -> None:
         for item in sorted(batch, key=lambda i: not isinstance(i.msg, FIRST)):  # stable: arrival order kept
             reply = self._answer(item)
             if reply is not None:
-                self._send(item.ident, reply)
+                self._send(item.conn, reply)
             self._dirty |= isinstance(item.msg, DECIDE_AFTER)
 
     def _answer(self, item: Inbound):
         msg = item.msg
         try:
-            return self._handle(msg, item.ident, item.arrived_s)
+            return self._handle(msg, item.conn, item.arrived_s)
         except ValueError as exc:  # a Refusal, or facts out of order (LivePipeline's checks)
             self.errors += 1
             return pr.Error(code=getattr(exc, "code", "out-of-order"), message=str(exc), req=msg.req)
@@ -253,11 +246,8 @@ class Daemon:
             self._awake_s = self._tick_s
         self._expire()
 
-    def _send(self, ident: bytes, reply) -> None:
-        try:
-            self.sock.send_multipart([ident, pr.encode(reply)], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # the peer is gone; it will re-ask
-            pass
+    def _send(self, conn: int, reply) -> None:
+        self.listener.send(conn, pr.encode(reply))  # a peer that is gone will ask again
 
     def _start_telemetry(self):
         if self.config.telemetry_s is None or self._trace is None:
@@ -280,7 +270,7 @@ class Daemon:
 
     # ------------------------------------------------------------ requests
 
-    def _handle(self, msg, ident: bytes, arrived_s: float):
+    def _handle(self, msg, conn: int, arrived_s: float):
         if isinstance(msg, pr.Status):
             return self._status(msg.req)
         if isinstance(msg, pr.Register):
@@ -293,7 +283,7 @@ class Daemon:
                 self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
             return pr.Beat(grants=grants_now, req=msg.req)
         if isinstance(msg, pr.Admit):
-            return self._admit(msg, session, ident, arrived_s)
+            return self._admit(msg, session, conn, arrived_s)
         if isinstance(msg, pr.Done):
             return self._done(msg, session)
         if isinstance(msg, pr.Opened):
@@ -328,7 +318,7 @@ class Daemon:
         return pr.Registered(session=token, heartbeat_s=self.config.heartbeat_s, lease_s=self.config.lease_s,
                              req=msg.req)
 
-    def _admit(self, msg: pr.Admit, session: Session, ident: bytes, arrived_s: float) -> None:
+    def _admit(self, msg: pr.Admit, session: Session, conn: int, arrived_s: float) -> None:
         p = self.state.pipelines[session.pipeline]
         if msg.kind not in KINDS:
             raise Refusal("bad-request", f"unknown sub-stage kind {msg.kind!r}; one of {', '.join(KINDS)}")
@@ -339,7 +329,7 @@ class Daemon:
         if msg.step > p.step + 1 and (p.history or p.finished or p.ordinals):
             raise Refusal("bad-request", f"step {msg.step} of {p.name} jumps ahead of its step {p.step}")
         w = p.request(kind, msg.dp_rank, msg.step, self.now(), urgent=msg.urgent, need_bytes=msg.mem_bytes,
-                      pids=tuple(msg.pids), owner=Owner(msg.session, ident, msg.req))
+                      pids=tuple(msg.pids), owner=Owner(msg.session, conn, msg.req))
         self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
                                                     "urgent": msg.urgent, "need_bytes": msg.mem_bytes,
                                                     "pids": list(msg.pids),
@@ -468,7 +458,7 @@ class Daemon:
         for p, w in requests:
             p.withdraw(w.sid)
             if w.owner is not None:
-                self._send(w.owner.ident, pr.Error(code="scheduler", message=f"scheduler failed ({why}); "
+                self._send(w.owner.conn, pr.Error(code="scheduler", message=f"scheduler failed ({why}); "
                                                    "run it without the daemon", req=w.owner.req))
 
     def _effect(self, d: Decision, made: grants.Made, now: float, decide_ms: float) -> None:
@@ -480,7 +470,7 @@ class Daemon:
         for m in d.plan.migrations:
             self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
         for adm, g in zip(d.admitted, made.admitted):
-            self._send(adm.waiting.owner.ident, g)
+            self._send(adm.waiting.owner.conn, g)
             self._traced_grant(adm.assignment.pipeline, adm.running, g)
         for (r, a), g in zip(d.changed, made.changed):
             if r.owner is not None and r.owner.session in self.sessions:

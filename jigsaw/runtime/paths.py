@@ -1,7 +1,7 @@
 """Where the daemon listens: a per-user 0700 runtime directory.
 
     $JIGSAW_RUNTIME_DIR  or  $XDG_RUNTIME_DIR/jigsaw  or  /tmp/jigsaw-<uid>
-        daemon.sock   ZeroMQ ipc endpoint (0600)
+        daemon.sock   Unix stream socket of the daemon (0600; wire.py frames its messages)
         daemon.lock   flock held by the running daemon (one per directory)
         daemon.log    output of a daemon started on demand by `jigsaw run`
 

@@ -1,7 +1,6 @@
-"""The daemon's plumbing: its socket, its lock, its peers' uids, its Prometheus metrics.
+"""The daemon's plumbing: its listener, its lock, its Prometheus metrics.
 
-    listen(ctx, endpoint) ─► ROUTER socket (0600, frames > HARD_LIMIT_BYTES cut by ZeroMQ)
-    same_uid(Peer-Address) ─► whether a message may be served
+    listen(path) ─► wire.Listener (0600 Unix socket; peers' uids checked as they connect)
     lock(dir/daemon.lock) ─► one daemon per runtime directory
     Metrics(port) ─► counters of trace events, gauges of the node state
 """
@@ -14,35 +13,21 @@ import logging
 import os
 from pathlib import Path
 
-import zmq
-
 from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.paths import socket_path
+from jigsaw.runtime.wire import Listener
 
 log = logging.getLogger("jigsaw.daemon")
 
 
-def listen(ctx, ep: str):
-    """The ROUTER socket, bound, its file 0600; OSErrors (a path too long, no space, no
-    permission) become one clear error."""
-    path = socket_path(ep)
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.MAXMSGSIZE, pr.HARD_LIMIT_BYTES)
-    sock.setsockopt(zmq.LINGER, 0)
+def listen(path: Path, refuse, too_large) -> Listener:
+    """The daemon's listener on `path` (0600); OSErrors (no space, no permission, a path in
+    the way) become one clear error."""
     try:
-        sock.bind(ep)
-        os.chmod(path, 0o600)
-    except (zmq.ZMQError, OSError) as exc:
-        sock.close(0)
-        raise ValueError(f"the daemon cannot listen on {path}: {exc}") from None
-    log.info("jigsaw daemon %d listening on %s", os.getpid(), ep)
-    return sock
-
-
-def same_uid(peer: str) -> bool:
-    """ZeroMQ reports an ipc peer as `host:uid:gid:pid` from SO_PEERCRED."""
-    parts = peer.rsplit(":", 3)
-    return len(parts) == 4 and parts[1].isdigit() and int(parts[1]) == os.getuid()
+        listener = Listener(path, pr.MAX_MESSAGE_BYTES, refuse=refuse, too_large=too_large)
+    except OSError as exc:
+        raise ValueError(f"the daemon cannot listen on {path}: {exc.strerror or exc}") from None
+    log.info("jigsaw daemon %d listening on %s", os.getpid(), path)
+    return listener
 
 
 def lock(path: Path):

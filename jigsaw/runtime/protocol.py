@@ -1,10 +1,11 @@
 """Typed, versioned messages between pipeline clients and the node daemon.
 
-    client (DEALER) ── msgpack(Request) ──► daemon (ROUTER) ── msgpack(Reply) ──► client
-                       one frame, ≤ MAX_MESSAGE_BYTES, field `v` = PROTOCOL_VERSION,
-                       `req` echoed so a client can drop stale replies
+    client ── [length][msgpack(Request)] ──► daemon ── [length][msgpack(Reply)] ──► client
+              one message ≤ MAX_MESSAGE_BYTES, field `v` = PROTOCOL_VERSION,
+              `req` echoed so a client can drop stale replies
 
-Framing is ZeroMQ's; encoding and schema validation are msgspec's.  Decoding never runs
+Framing is wire.py's (a length prefix on a Unix stream socket); encoding and schema
+validation are msgspec's.  Decoding never runs
 code from the peer: msgpack carries data only, and a message that does not match the
 schema (unknown type tag, wrong field type, unknown field, other version) becomes a
 `ProtocolError` that the daemon answers with an `Error` reply.
@@ -25,12 +26,7 @@ PROTOCOL_VERSION = 3
 3: pipelines owned by a token; the trace's state in status replies."""
 MAX_MESSAGE_BYTES = 64 << 10
 """Largest request the daemon reads (the largest real one, an Admit naming 4,096 processes,
-is about 20 KiB); larger ones get an `Error`."""
-HARD_LIMIT_BYTES = 1 << 20
-"""Largest frame ZeroMQ accepts: a peer sending a larger one is disconnected as the frame's
-header arrives, before its bytes are buffered.  ZeroMQ assembles a multipart message before
-delivering it, so a many-frame message is held up to frames x this; the daemon then counts
-and drops its frames one by one."""
+is about 20 KiB): a longer one is refused from its length prefix, before its body is read."""
 HEARTBEAT_S = 0.25
 """How often a client renews its lease (the daemon says so at registration; this is the
 value until it does)."""

@@ -1,0 +1,272 @@
+"""Length-prefixed messages over a Unix stream socket: the daemon's listener, a client's channel.
+
+    client Channel ── [4-byte big-endian length][msgpack request] ──► Listener (daemon)
+                   ◄─ [4-byte big-endian length][msgpack reply]  ───
+    Listener: accept ─► SO_PEERCRED uid (a stranger's first message, never decoded, gets a
+              `refused` reply, then the door) ─► per connection, bytes buffered only up to
+              one message: a header that announces more than MAX_MESSAGE_BYTES gets a
+              `too-large` reply and the connection is closed before any of its body is read
+
+Why not ZeroMQ: a ZeroMQ socket assembles a whole multipart message before it hands over the
+first frame, so a peer can make the daemon hold any number of frames before a check runs.
+Here the daemon never holds more than one message per connection, and a message is one
+frame by construction.  Connections are the routing identity of replies (an int).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import socket
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HEADER = struct.Struct("!I")
+MAX_CONNECTIONS = 1024
+"""Connections beyond this are closed at once (each holds at most one message)."""
+SEND_TIMEOUT_S = 5.0
+"""A client's send blocks at most this long (the daemon not reading counts as unreachable)."""
+MAX_OUTBOX_BYTES = 1 << 20
+"""Replies queued for a peer that does not read; past this the peer is dropped."""
+
+
+class ChannelError(OSError):
+    """The daemon cannot be reached (not there, went away, or refused the connection)."""
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class _Conn:
+    __slots__ = ("sock", "inbox", "outbox", "closing", "stranger")
+
+    def __init__(self, sock: socket.socket, stranger: bool):
+        self.sock, self.inbox, self.outbox, self.closing = sock, bytearray(), bytearray(), False
+        self.stranger = stranger
+        """Another uid: its first message is answered with the refusal, then the door."""
+
+
+class Listener:
+    """The daemon's end: bind, accept, read whole messages, send replies by connection id.
+
+    `poll` waits for activity; `read` returns `(conn, payload)` for every complete message
+    (up to `most`), answering on its own what never becomes a message: a stranger's
+    connection (`refuse(conn)` builds its reply) and an oversized header (`too_large(n)`)."""
+
+    def __init__(self, path: Path, max_bytes: int, refuse: Callable[[], bytes], too_large: Callable[[int], bytes]):
+        self.path, self.max_bytes, self.refuse, self.too_large = path, max_bytes, refuse, too_large
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if path.is_socket():
+                path.unlink()  # a dead daemon's (the lock says no live daemon holds this directory)
+            self.sock.bind(str(path))
+            os.chmod(path, 0o600)
+            self.sock.listen(128)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.sock, selectors.EVENT_READ, None)
+        self.conns: dict[int, _Conn] = {}
+        self.refused = 0
+        self._ready: list[tuple[int, bytes]] = []
+
+    def poll(self, timeout_ms: int) -> bool:
+        """Whether a message is ready, waiting up to `timeout_ms` for one."""
+        deadline = time.monotonic() + timeout_ms / 1e3
+        while not self._ready:
+            for key, events in self.sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._io(key.data, events)
+            if time.monotonic() >= deadline:
+                break
+        return bool(self._ready)
+
+    def read(self, most: int) -> list[tuple[int, bytes]]:
+        self.poll(0)
+        out, self._ready = self._ready[:most], self._ready[most:]
+        return out
+
+    def send(self, conn: int, payload: bytes) -> bool:
+        c = self.conns.get(conn)
+        if c is None:
+            return False  # it went away; it will ask again
+        c.outbox += frame(payload)
+        self._flush(conn, c)
+        return True
+
+    def close(self) -> None:
+        for conn in list(self.conns):
+            self._drop(conn)
+        self.sel.close()
+        self.sock.close()
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------ inside
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                s, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: the peer waits in the backlog
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    return
+                raise
+            s.setblocking(False)
+            conn = s.fileno()
+            self.conns[conn] = _Conn(s, stranger=peer_uid(s) != os.getuid())
+            self.sel.register(s, selectors.EVENT_READ, conn)
+            if len(self.conns) > MAX_CONNECTIONS:
+                self._drop(conn)
+
+    def _io(self, conn: int, events: int) -> None:
+        c = self.conns.get(conn)
+        if c is None:
+            return
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn, c)
+        if events & selectors.EVENT_READ and conn in self.conns and not c.closing:
+            self._receive(conn, c)
+
+    def _receive(self, conn: int, c: _Conn, most: int = 64) -> None:
+        """Read what fits in the current message (never past it) and cut out whole ones; at
+        most `most` per turn, so one busy peer cannot starve the others."""
+        for _ in range(most * 2):
+            if len(c.inbox) >= HEADER.size:
+                n = HEADER.unpack_from(c.inbox)[0]
+                if n > self.max_bytes:
+                    return self._say_and_close(conn, c, self.too_large(n))
+                if len(c.inbox) == HEADER.size + n and c.stranger:  # never decoded, never served
+                    self.refused += 1
+                    return self._say_and_close(conn, c, self.refuse())
+                if len(c.inbox) == HEADER.size + n:
+                    self._ready.append((conn, bytes(c.inbox[HEADER.size:])))
+                    c.inbox.clear()
+                    continue
+                need = HEADER.size + n - len(c.inbox)
+            else:
+                need = HEADER.size - len(c.inbox)
+            try:
+                chunk = c.sock.recv(need)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return self._drop(conn)
+            if not chunk:
+                return self._drop(conn)
+            c.inbox += chunk
+
+    def _flush(self, conn: int, c: _Conn) -> None:
+        try:
+            while c.outbox:
+                n = c.sock.send(c.outbox)
+                del c.outbox[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            return self._drop(conn)
+        if len(c.outbox) > MAX_OUTBOX_BYTES:
+            return self._drop(conn)
+        if c.closing and not c.outbox:
+            return self._drop(conn)
+        self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbox else 0), conn)
+
+    def _say_and_close(self, conn: int, c: _Conn, payload: bytes) -> None:
+        c.closing = True
+        c.outbox += frame(payload)
+        self._flush(conn, c)
+
+    def _drop(self, conn: int) -> None:
+        c = self.conns.pop(conn, None)
+        if c is not None:
+            self.sel.unregister(c.sock)
+            c.sock.close()
+
+
+class Channel:
+    """A client's end: connects when it first sends (and again after the daemon went away);
+    `send` raises ChannelError when the daemon cannot be reached, `poll` says whether a whole
+    reply is there, `recv` returns it.  One thread per channel."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.sock: socket.socket | None = None
+        self.inbox = bytearray()
+
+    def send(self, payload: bytes) -> None:
+        if self.sock is None:
+            self._connect()
+        try:
+            self.sock.settimeout(SEND_TIMEOUT_S)
+            self.sock.sendall(frame(payload))
+        except OSError as exc:
+            self.close()
+            raise ChannelError(exc.errno, f"jigsaw daemon at {self.path}: {exc.strerror or exc}") from None
+
+    def poll(self, timeout_ms: int) -> bool:
+        """Whether a whole reply is here, waiting up to `timeout_ms` for one."""
+        deadline = time.monotonic() + timeout_ms / 1e3
+        while not self._whole():
+            left = deadline - time.monotonic()
+            if self.sock is None:  # gone: nothing will come; wait out the caller's timeout
+                time.sleep(max(0.0, left))
+                return False
+            if left <= 0:
+                return False
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except TimeoutError:
+                return False
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.close()
+                return False
+            self.inbox += chunk
+        return True
+
+    def recv(self) -> bytes:
+        """The next reply (after `poll` said it is here; otherwise waits up to a minute)."""
+        if not self._whole() and not self.poll(60_000):
+            raise ChannelError(errno.ETIMEDOUT, "no reply from the jigsaw daemon")
+        n = HEADER.unpack_from(self.inbox)[0]
+        payload = bytes(self.inbox[HEADER.size:HEADER.size + n])
+        del self.inbox[:HEADER.size + n]
+        return payload
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.inbox.clear()
+
+    def _connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.path)
+        except OSError as exc:
+            s.close()
+            raise ChannelError(exc.errno, f"jigsaw daemon at {self.path}: {exc.strerror}") from None
+        self.sock = s
+
+    def _whole(self) -> bool:
+        return len(self.inbox) >= HEADER.size and len(self.inbox) >= HEADER.size + HEADER.unpack_from(self.inbox)[0]
