@@ -16,6 +16,7 @@ frame by construction.  Connections are the routing identity of replies (an int)
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import selectors
 import socket
@@ -81,6 +82,7 @@ class Listener:
         self.conns: dict[int, _Conn] = {}
         self.refused = 0
         self._ready: list[tuple[int, bytes]] = []
+        self._ids = itertools.count(1)
 
     def poll(self, timeout_ms: int) -> bool:
         """Whether a message is ready, waiting up to `timeout_ms` for one."""
@@ -131,7 +133,7 @@ class Listener:
                     return
                 raise
             s.setblocking(False)
-            conn = s.fileno()
+            conn = next(self._ids)  # never reused: a late reply cannot reach a newer peer on the same fd
             self.conns[conn] = _Conn(s, stranger=peer_uid(s) != os.getuid())
             self.sel.register(s, selectors.EVENT_READ, conn)
             if len(self.conns) > MAX_CONNECTIONS:
