@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from collections import Counter
 
 import msgspec
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import socket_path
-from jigsaw.runtime.wire import Channel, frame
+from jigsaw.runtime.wire import Channel, ChannelError, frame
 
 TAGS = ["register", "heartbeat", "unregister", "admit", "done", "opened", "step_end", "status", "ok", "grant", "bogus"]
 KINDS = ["rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training", "reward", "tool", "juggling", ""]
@@ -166,11 +167,19 @@ class Prober:
         self.replies: Counter = Counter()
         """What the judged messages got: reply type, and an Error's code."""
         self.channel = Channel(socket_path(endpoint))
+        self.beaten = time.monotonic()
         self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz", req=1))).session
 
     def ask(self, payload: bytes):
-        """The reply, or None if none came within the deadline (a hang)."""
-        self.channel.send(payload)
+        """The reply, or None if none came within the deadline (a hang).  A connection the
+        daemon closed (after a message past the size limit) is opened again once."""
+        try:
+            self.channel.send(payload)
+        except ChannelError:
+            try:
+                self.channel.send(payload)
+            except ChannelError:
+                return None
         if not self.channel.poll(int(self.timeout_s * 1000)):
             return None
         return pr.decode_reply(self.channel.recv())
@@ -179,7 +188,7 @@ class Prober:
         """`data` on a connection of its own, which then closes: whatever the daemon answers
         must be whole replies, and it must serve on."""
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(0.2)
+        s.settimeout(0.05)
         got = b""
         try:
             s.connect(str(socket_path(self.endpoint)))
@@ -206,6 +215,7 @@ class Prober:
     def exchange(self, cls: str, payload: bytes) -> str:
         """'' when the daemon answered as it should, else what went wrong; a Grant earned is
         released at once (so the node stays free for the next message)."""
+        self._beat()
         if cls == "framing":
             return self.raw(payload)
         reply = self.ask(payload)
@@ -229,6 +239,16 @@ class Prober:
         if isinstance(reply, pr.Error) and reply.code == "internal":
             return f"internal error: {reply.message}"
         return ""
+
+    def _beat(self) -> None:
+        """Keep the session's lease, as a client's heartbeat thread does (a session lost all
+        the same, e.g. to a fuzzed Unregister, is replaced)."""
+        if time.monotonic() - self.beaten < 0.25:
+            return
+        self.beaten = time.monotonic()
+        if not isinstance(self.ask(pr.encode(pr.Heartbeat(session=self.session, req=5))), pr.Beat):
+            self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz",
+                                                          req=1))).session
 
     def healthy(self) -> str:
         """'' when the daemon answers a Status and its scheduler never failed, else what is wrong."""
