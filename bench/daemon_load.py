@@ -118,7 +118,11 @@ def run_load(n: int, args) -> dict:
         events = [json.loads(x) for x in trace.read_text().splitlines()]
     latency, decide = decision_latency_ms(events)
     waits = [1e3 * w for r in results for w in r["waits_s"]]
-    lost = sum(1 for e in events if e["event"] == "drop" and e["data"].get("reason") == "lease expired")
+    drops = [e for e in events if e["event"] == "drop" and e["data"].get("reason") == "lease expired"]
+    for e in drops:  # what a lost lease took: the pipeline, when, the grants it withdrew
+        print(f"    lease lost: {e['pipeline']} at {e['t_s']:.3f} s, withdrew {e['data'].get('withdrawn')}",
+              file=sys.stderr)
+    lost = len(drops)
     return {"n": n, "pipelines_done": len(results), "substages": len(waits), "elapsed_s": elapsed,
             "latency_ms": latency, "decide_ms": decide, "waits_ms": waits, "daemon_alive": alive,
             "fell_open": sum(r["fell_open"] for r in results), "leases_lost": lost}
