@@ -36,19 +36,23 @@ class Node:
         self.dir = tmp / "rt"
         self.dir.mkdir(mode=0o700)
         self.trace = tmp / "trace.jsonl"
+        self.log = tmp / "daemon.log"
+        """The daemon's output: a file, never a pipe nobody drains (a full pipe stops a
+        daemon in its next log line)."""
         self.env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(self.dir))
         self.env.pop("JIGSAW_ENDPOINT", None)
         self.ep = f"ipc://{self.dir / 'daemon.sock'}"
         self.daemon = None
 
     def start(self, *extra: str) -> None:
-        self.daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--trace", str(self.trace),
-                                        *extra],
-                                       env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+        with open(self.log, "ab") as log:
+            self.daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--trace",
+                                            str(self.trace), *extra],
+                                           env=self.env, stdout=log, stderr=log, cwd=ROOT)
         deadline = time.monotonic() + 20
         while self.status() is None:
-            if self.daemon.poll() is not None:  # its stderr ends only once it exited
-                raise AssertionError(f"the daemon exited: {self.daemon.stderr.read().decode(errors='replace')}")
+            if self.daemon.poll() is not None:
+                raise AssertionError(f"the daemon exited: {self.log.read_text(errors='replace')}")
             assert time.monotonic() < deadline, "the daemon did not answer a status request in 20 s"
 
     def status(self, timeout_s: float = 0.3):

@@ -268,7 +268,7 @@ def test_gpu_options_without_a_gpu_leave_the_daemon_serving(tmp_path):
         c.close()
     finally:
         n.stop()
-    log = n.daemon.stderr.read().decode()
+    log = n.log.read_text()
     assert "MPS:" in log and "telemetry off" in log and "green partitioner unavailable" in log
 
 

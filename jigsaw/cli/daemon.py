@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ def run(args: Args) -> int:
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` writes every thread's stack to the log
     d = Daemon(args.daemon)
 
     def stop(signum, frame):
