@@ -62,7 +62,7 @@ class Listener:
 
     `poll` waits for activity; `read` returns `(conn, payload)` for every complete message
     (up to `most`), answering on its own what never becomes a message: a stranger's
-    connection (`refuse(conn)` builds its reply) and an oversized header (`too_large(n)`)."""
+    connection (`refuse()` builds its reply) and an oversized header (`too_large(n)`)."""
 
     def __init__(self, path: Path, max_bytes: int, refuse: Callable[[], bytes], too_large: Callable[[int], bytes]):
         self.path, self.max_bytes, self.refuse, self.too_large = path, max_bytes, refuse, too_large
