@@ -76,6 +76,16 @@ class Node:
             assert time.monotonic() < deadline, "the daemon did not answer a status request"
         return {p.name: p for p in st.pipelines}
 
+    def running(self, name: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> pr.PipelineInfo:
+        """Pipeline `name` once the daemon has admitted one of its sub-stages (its process
+        `proc` must not exit first)."""
+        deadline = time.monotonic() + timeout_s
+        while not (p := self.pipelines().get(name)) or not p.running:
+            assert proc.poll() is None, f"{name} exited before it was admitted"
+            assert time.monotonic() < deadline, f"{name} was never admitted"
+            time.sleep(0.05)
+        return p
+
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.trace.read_text().splitlines()] if self.trace.exists() else []
 

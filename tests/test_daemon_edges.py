@@ -117,11 +117,7 @@ def test_a_second_job_with_the_same_name_is_refused_and_the_first_keeps_its_gran
     pause = tmp_path / "go"
     try:
         first = n.run("same", tmp_path / "a.out", "--steps", "1", "--work-ms", "20", "--pause-file", str(pause))
-        deadline = time.monotonic() + 30
-        while not (p := n.pipelines().get("same")) or not p.running:
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.05)
-        held = p.running
+        held = n.running("same", first).running
         out = jigsaw("run", "--name", "same", "--", sys.executable, "-c", "print('second')", env=n.env)
         refused_cleanly(out, "belongs to another job", "--name")
         assert "second" not in out.stdout
@@ -143,10 +139,7 @@ def test_a_stopped_daemon_that_resumes_keeps_every_client_and_grant(tmp_path):
     pause = tmp_path / "go"
     try:
         a = n.run("A", tmp_path / "a.out", "--steps", "1", "--work-ms", "20", "--pause-file", str(pause))
-        deadline = time.monotonic() + 30
-        while not (p := n.pipelines().get("A")) or not p.running:
-            assert time.monotonic() < deadline and a.poll() is None
-            time.sleep(0.05)
+        p = n.running("A", a)
         n.daemon.send_signal(signal.SIGSTOP)
         time.sleep(3.0)
         n.daemon.send_signal(signal.SIGCONT)

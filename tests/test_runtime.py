@@ -75,10 +75,7 @@ def _overlap(events: list[dict], p: str, q: str) -> bool:
 def admitted_worker(node, tmp_path):
     """Worker A, one step, paused inside its first sub-stage once the daemon admitted it."""
     a = node.worker("A", tmp_path / "a.out", "--steps", "1", "--pause-file", str(tmp_path / "go"))
-    deadline = time.monotonic() + 20
-    while not ((got := node.pipelines().get("A")) is not None and got.running):
-        assert time.monotonic() < deadline, "A was never admitted"
-        time.sleep(0.05)
+    node.running("A", a, timeout_s=20)
     return a
 
 
