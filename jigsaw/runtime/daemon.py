@@ -225,7 +225,7 @@ class Daemon:
         msg = item.msg
         try:
             return self._handle(msg, item.conn, item.arrived_s)
-        except ValueError as exc:  # a Refusal, or facts out of order (LivePipeline's checks)
+        except ValueError as exc:  # a refusal (ProtocolError with its code), or facts out of order
             self.errors += 1
             return pr.Error(code=getattr(exc, "code", "out-of-order"), message=str(exc), req=msg.req)
         except Exception as exc:  # noqa: BLE001 - a bug in one request must not take the node down
@@ -298,13 +298,14 @@ class Daemon:
     def _session(self, token: str) -> Session:
         s = self.sessions.get(token)
         if s is None:
-            raise Refusal("unknown-session", f"unknown session {token[:16]!r} (the daemon restarted?): register again")
+            raise pr.ProtocolError("unknown-session",
+                                   f"unknown session {token[:16]!r} (the daemon restarted?): register again")
         return s
 
     def _register(self, msg: pr.Register, arrived_s: float) -> pr.Registered:
         name = msg.pipeline
         if name in self.state.pipelines and not secrets.compare_digest(self.owners.get(name, ""), msg.owner):
-            raise Refusal("name-taken", f"pipeline {name!r} belongs to another job on this node: "
+            raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
                                         "choose another name (jigsaw run --name)")
         if name not in self.state.pipelines:
             p = self.state.register(name, tuple(msg.devices))
@@ -321,13 +322,13 @@ class Daemon:
     def _admit(self, msg: pr.Admit, session: Session, conn: int, arrived_s: float) -> None:
         p = self.state.pipelines[session.pipeline]
         if msg.kind not in KINDS:
-            raise Refusal("bad-request", f"unknown sub-stage kind {msg.kind!r}; one of {', '.join(KINDS)}")
+            raise pr.ProtocolError("bad-request", f"unknown sub-stage kind {msg.kind!r}; one of {', '.join(KINDS)}")
         kind = SubStageKind(msg.kind)
         if msg.mem_bytes > self.state.node.mem_bytes:
-            raise Refusal("bad-request", f"{kind.value} needs {msg.mem_bytes} bytes; a device of this node has "
-                                         f"{self.state.node.mem_bytes}")
+            raise pr.ProtocolError("bad-request", f"{kind.value} needs {msg.mem_bytes} bytes; a device of this "
+                                                  f"node has {self.state.node.mem_bytes}")
         if msg.step > p.step + 1 and (p.history or p.finished or p.ordinals):
-            raise Refusal("bad-request", f"step {msg.step} of {p.name} jumps ahead of its step {p.step}")
+            raise pr.ProtocolError("bad-request", f"step {msg.step} of {p.name} jumps ahead of its step {p.step}")
         w = p.request(kind, msg.dp_rank, msg.step, self.now(), urgent=msg.urgent, need_bytes=msg.mem_bytes,
                       pids=tuple(msg.pids), owner=Owner(msg.session, conn, msg.req))
         self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
@@ -496,11 +497,3 @@ class Daemon:
     def _gauge(self) -> None:
         if self._metrics is not None:
             self._metrics.set(self.state)
-
-
-class Refusal(ValueError):
-    """A valid request this node will not serve (answered with `code`)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code

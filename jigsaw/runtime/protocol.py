@@ -232,6 +232,9 @@ def safe_name(text: str) -> str:
 
 
 class ProtocolError(ValueError):
+    """A message answered with an `Error` of `code`: invalid, or valid but refused by the
+    daemon (another job's name, more memory than a device has, an unknown session)."""
+
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
