@@ -306,7 +306,7 @@ class Daemon:
         name = msg.pipeline
         if name in self.state.pipelines and not secrets.compare_digest(self.owners.get(name, ""), msg.owner):
             raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
-                                        "choose another name (jigsaw run --name)")
+                                                 "choose another name (jigsaw run --name)")
         if name not in self.state.pipelines:
             p = self.state.register(name, tuple(msg.devices))
             self.owners[name], self.step_start[name] = msg.owner, self.now()
