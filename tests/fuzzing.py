@@ -39,7 +39,8 @@ class Raw(bytes):
     """Already-encoded msgpack (a value msgspec would refuse to write, e.g. invalid UTF-8)."""
 
 
-def _str8(raw: bytes) -> Raw:
+def str8(raw: bytes) -> Raw:
+    """A msgpack str whose bytes are `raw` (msgspec's encoder only writes valid UTF-8)."""
     return Raw(b"\xd9" + bytes([len(raw)]) + raw)
 
 
@@ -63,7 +64,7 @@ ints = st.sampled_from([0, 1, 2, 3, -1, 1 << 16, (1 << 16) + 1, 10**9, 10**9 + 1
                         2**64 - 1]) | st.integers(-2**63, 2**64 - 1)
 floats = st.sampled_from([0.0, 1.0, 512.0, 1e9, 1e30, -1.0, float("nan"), float("inf"), float("-inf"), -0.0])
 names = st.sampled_from(["fz", "fz-2", "a/b", "", "-x", "x" * 65, "ü", "fz/0/r0/training/0"]) | st.text(max_size=8)
-bad_utf8 = st.sampled_from([b"\xff\xfe", b"\xc3", b"a\xed\xa0\x80"]).map(_str8)
+bad_utf8 = st.sampled_from([b"\xff\xfe", b"\xc3", b"a\xed\xa0\x80"]).map(str8)
 deep = st.integers(900, 60_000).map(lambda n: Raw(b"\x91" * n + b"\xc0"))
 hostile_value = ints | floats | names | bad_utf8 | deep | st.booleans() | values
 

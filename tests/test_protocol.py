@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from fuzzing import CLASSES, Prober, payloads
+from fuzzing import CLASSES, Prober, Raw, encode, payloads, str8
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nodes import ask
@@ -135,27 +135,14 @@ def test_a_peer_of_another_uid_is_refused(daemon):
     _still_serving(daemon)
 
 
-def _str8(raw: bytes) -> bytes:
-    """A msgpack str whose bytes are `raw` (msgspec's encoder only writes valid UTF-8)."""
-    return b"\xd9" + bytes([len(raw)]) + raw
-
-
-def _map(**fields: bytes) -> bytes:
-    """A msgpack map of already-encoded values."""
-    out = bytes([0x80 | len(fields)])
-    for k, v in fields.items():
-        out += msgspec.msgpack.encode(k) + v
-    return out
-
-
 def _enc(value) -> bytes:
     return msgspec.msgpack.encode(value)
 
 
-V = _enc(pr.PROTOCOL_VERSION)
+V = pr.PROTOCOL_VERSION
 HOSTILE = {  # one message per class that used to kill the daemon or poison its state
-    "invalid utf-8 in a string": _map(type=_enc("register"), v=V, pipeline=_str8(b"\xff\xfe"), pid=_enc(1)),
-    "nested past the recursion limit": _map(type=_enc("status"), v=V, extra=b"\x91" * 60_000 + b"\xc0"),
+    "invalid utf-8 in a string": encode({"type": "register", "v": V, "pipeline": str8(b"\xff\xfe"), "pid": 1}),
+    "nested past the recursion limit": encode({"type": "status", "v": V, "extra": Raw(b"\x91" * 60_000 + b"\xc0")}),
     "a name holding the id separator": _enc({"type": "register", "v": pr.PROTOCOL_VERSION, "pipeline": "a/b",
                                              "pid": 1}),
     "a step past any counter": _enc({"type": "admit", "v": pr.PROTOCOL_VERSION, "session": "s", "kind": "training",
