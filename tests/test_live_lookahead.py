@@ -86,8 +86,14 @@ class ScriptedNode:
         self.thread.join(10)
 
 
+SCENARIO = SchedulerConfig(window=3, bound_weight=0.0)
+"""The paper's look-ahead (W = 3, critical-path leaf), whose decision in this scenario turns on
+the next step; the default (W = 2, bound blended in) picks 25% whether it sees past the
+barrier or not."""
+
+
 def _training_share(tmp, next_step: bool) -> tuple[float, ScriptedNode]:
-    node = ScriptedNode(tmp, replace(SchedulerConfig(), next_step=next_step))
+    node = ScriptedNode(tmp, replace(SCENARIO, next_step=next_step))
     try:
         a, b = node.client("A"), node.client("B")
         node.run("A", 0, A_S)
@@ -117,7 +123,7 @@ def test_the_live_plan_looks_past_the_step_barrier_and_replays_to_the_same_decis
     assert [g.sm_frac for g in grants] == [0.75]  # what the worker was told is what was traced
     replayed = replay_decisions(trace)
     assert replayed.plans >= 12 and replayed.mismatches == ()
-    blind = replay_decisions(trace, sched=replace(SchedulerConfig(), next_step=False))
+    blind = replay_decisions(trace, sched=replace(SCENARIO, next_step=False))
     assert blind.differ and any("A/1/r0/training/0@0.25" in m for m in blind.mismatches)  # replays tell them apart
     # What a user runs: the daemon's decisions re-made offline; the re-packing with another grid
     cli = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "sim", "--replay", str(node.trace), "--profile",

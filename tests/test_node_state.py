@@ -194,9 +194,9 @@ def test_a_failing_policy_falls_back_to_one_request_per_idle_device_alone():
 def test_the_fallback_starts_a_lockstep_gang_only_whole_and_the_policy_goes_on_after_it():
     ns = fresh(devices=2)
     a, b = ns.register("A", (0, 1)), ns.register("B", (1,))
-    theirs = b.request(K.TRAINING, 0, 0, 0.0)
+    theirs = b.request(K.TRAINING, 0, 0, 0.0, need_bytes=50 << 30)
     ns.decide(0.0)
-    ranks = [a.request(K.TRAINING, r, 0, 0.1) for r in (0, 1)]
+    ranks = [a.request(K.TRAINING, r, 0, 0.1, need_bytes=50 << 30) for r in (0, 1)]  # two do not fit on a device
     real, ns.policy.plan = ns.policy.plan, lambda view: 1 / 0
     d = ns.decide(0.2)
     assert d.fallback and not d.admitted  # device 1 is B's: rank 0 alone would be half a gang

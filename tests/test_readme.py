@@ -22,8 +22,8 @@ def test_readme_example_runs(monkeypatch):
     assert shown and printed == shown.group(1)  # the README shows what the example prints today
     spans = {int(w): float(s) for w, s in re.findall(r"W=(\d): both steps done in ([\d.]+) s", printed)}
     serial = float(re.search(r"serial: ([\d.]+) s", printed).group(1))
-    assert set(spans) == {1, 3}
-    assert spans[3] <= spans[1] < serial
+    assert set(spans) == {1, 2, 3}
+    assert spans[3] <= spans[1] < serial and spans[2] < spans[1]
     assert re.search(r"GPU0 A/3/r0/\S+\s+\d+% SMs", printed)
 
 

@@ -1,53 +1,26 @@
-"""Look-ahead scheduler: plan invariants, paper Fig. 11, gap to the optimum, merging, balancing."""
+"""Look-ahead scheduler: plan invariants, paper Fig. 11, gap to the exact optimum, merging, balancing."""
 
 from __future__ import annotations
 
 import random
+import statistics
 from pathlib import Path
 
 import pytest
+from exact import Replay, grpo, instances, solve
 from factories import GIB, NODE, chain, states, sub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from optimum import optimal_makespan
 
 from jigsaw.graph.execute import execute
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
+from jigsaw.graph.policy import make
 from jigsaw.graph.schedule import schedule
 from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.mux.slowdown import load_grid
 
 PRIOR = load_grid(Path(__file__).parent.parent / "profiles" / "h100" / "qwen3-4b.prior.json")
-ROLLOUT = [K.ROLLOUT_PREFILL, K.ROLLOUT_DECODE, K.ROLLOUT_TAIL, K.TOOL]
-MEM_GIB = {K.ROLLOUT_PREFILL: (10, 30), K.ROLLOUT_DECODE: (10, 30), K.ROLLOUT_TAIL: (5, 20),
-           K.REFERENCE: (10, 40), K.TRAINING: (30, 55), K.TOOL: (0, 0)}
-
-
-def grpo(rng: random.Random, name: str, ranks: int, num_rollout: int, step: int = 0) -> SubStageGraph:
-    """One GRPO step: a rollout chain per worker, then reference and training in lockstep."""
-    nodes, deps, sinks = [], {}, []
-    for r in range(ranks):
-        prev = None
-        for i in range(num_rollout):
-            kind = ROLLOUT[0] if i == 0 else rng.choice(ROLLOUT)
-            s = sub(name, f"roll{i}", kind, round(rng.uniform(1, 10), 2), rank=r, step=step,
-                    mem_gib=rng.uniform(*MEM_GIB[kind]))
-            nodes.append(s)
-            deps[s.id] = (prev,) if prev else ()
-            prev = s.id
-        sinks.append(prev)
-    layer = sinks
-    for kind in (K.REFERENCE, K.TRAINING):
-        dur, mem = round(rng.uniform(1, 8), 2), rng.uniform(*MEM_GIB[kind])
-        nxt = []
-        for r in range(ranks):
-            s = sub(name, kind.value, kind, dur, rank=r, step=step, mem_gib=mem)
-            nodes.append(s)
-            deps[s.id] = tuple(layer)
-            nxt.append(s.id)
-        layer = nxt
-    return SubStageGraph(nodes, deps)
 
 
 # ---------------------------------------------------------------- invariants
@@ -69,7 +42,7 @@ def check_plan(plan, pipelines, node):
 
 
 @st.composite
-def instances(draw):
+def random_instances(draw):
     num_devices = draw(st.integers(1, 3))
     pipelines = []
     for p in range(draw(st.integers(2, 3))):
@@ -85,7 +58,7 @@ def instances(draw):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(instances())
+@given(random_instances())
 def test_every_plan_fits_every_device(inst):
     pipelines, node, window = inst
     ex = execute(pipelines, node, PRIOR, SchedulerConfig(window=window))
@@ -145,31 +118,103 @@ def test_fig11_greedy_gives_a_more_sms_and_loses_the_later_colocation():
     assert _overlap(l_a_train, _intervals(look, "B/0/r0/tool")) > 0.9 * 2.0  # tool time hidden
     assert _overlap(l_a_train, _intervals(look, "B/0/r0/roll2")) > 0
     assert look.makespan_s < 0.9 * greedy.makespan_s
-    assert look.makespan_s == pytest.approx(optimal_makespan(fig11(), NODE, PRIOR), rel=1e-9)
+    # Within 1% of the true optimum (21.88 s; the look-ahead measured 22.03 s).
+    assert look.makespan_s <= 1.01 * solve(fig11(), NODE, PRIOR).makespan_s
 
 
-# ---------------------------------------------------------------- gap to the optimum
+def test_a_joining_task_gets_a_split_no_other_point_beats():
+    """Fig. 11's tie: A's training has 6 s left, B's 1 s decode joins at 25% SMs.  Every
+    memory split leaves the training at the same slowdown, so the later end ties; the
+    decode must still get the split where it runs fastest (32 GiB at s = 2.99, not 16 GiB
+    at s = 5.17, which the first-point-wins rule picked)."""
+    a = chain("A", [("train", K.TRAINING, 8.0, 45)])
+    b = chain("B", [("roll", K.ROLLOUT_DECODE, 1.0, 15)])
+    pipes = [PipelineState(graph=a, devices=(0,), running={"A/0/r0/train": Budget(sm_frac=1.0, mem_frac=1.0)},
+                           remaining_s={"A/0/r0/train": 6.0}),
+             PipelineState(graph=b, devices=(0,))]
+    plan = schedule(pipes, NODE, PRIOR, SchedulerConfig(window=1))
+    got = {a.substage: a for a in plan.assignments}
+    decode, train = got["B/0/r0/roll"], got["A/0/r0/train"]
+    assert decode.sm_frac < 1.0, "the decode was expected to join the training"
+    for sm, mem, s_decode, s_train in PRIOR.pair_options("rollout_decode", "training"):
+        fits = 15 * GIB <= mem * NODE.mem_bytes + 0.5 and 45 * GIB <= (1 - mem) * NODE.mem_bytes + 0.5
+        if fits and abs(sm - decode.sm_frac) < 1e-9:
+            assert not (s_decode <= decode.slowdown and s_train <= train.slowdown
+                        and (s_decode, s_train) != (decode.slowdown, train.slowdown)), (mem, s_decode, s_train)
 
-def test_lookahead_stays_close_to_the_exhaustive_optimum():
-    """Average gap on random GRPO-shaped instances (2 pipelines, one GPU, shipped prior).
 
-    Bound: 4%.  The optimum is over the scheduler's own action space (kind-level,
-    non-delay, grid budgets).  The slowdown prior it optimises is only calibrated to
-    the paper's figures within about ±10%, so a scheduler within 4% of the model's
-    optimum is not what limits the prediction; and the bound sits well below the
-    greedy variant's gap on the same instances (4.0–7.1% on seeds 2–4 when measured),
-    so it catches a look-ahead that degrades to greedy.  Measured: 1.2–2.1%."""
-    rng = random.Random(2)
-    gaps = {1: [], 3: []}
-    for _ in range(12):
-        pipes = [PipelineState(graph=grpo(rng, n, 1, rng.randint(2, 3)), devices=(0,)) for n in "AB"]
-        opt = optimal_makespan(pipes, NODE, PRIOR, node_limit=200_000)
-        for w in gaps:
-            gaps[w].append(execute(pipes, NODE, PRIOR, SchedulerConfig(window=w)).makespan_s / opt - 1)
-    assert min(min(g) for g in gaps.values()) >= -1e-9  # nothing beats the optimum
-    mean = {w: sum(g) / len(g) for w, g in gaps.items()}
-    assert mean[3] < 0.04
-    assert mean[3] < 0.7 * mean[1]
+# ---------------------------------------------------------------- the exact optimum
+
+@pytest.mark.parametrize("family", ["one-gpu", "multi-turn", "gangs", "mixed-dp", "two-steps"])
+def test_exact_optimum_replays_through_the_executor_and_nothing_beats_it(family):
+    """The search's own cost model is the executor's: its schedule, granted by a replay
+    policy, ends exactly when it says; no policy, the bound or the look-ahead beats it."""
+    for pipes, node in instances(family, 3):
+        ex = {name: execute(pipes, node, PRIOR, policy=make(name)).makespan_s for name in ("greedy", "jigsaw")}
+        opt = solve(pipes, node, PRIOR, upper_s=min(ex.values()))
+        assert execute(pipes, node, PRIOR, policy=Replay(opt)).makespan_s == pytest.approx(opt.makespan_s, rel=1e-9)
+        assert min(ex.values()) >= opt.makespan_s * (1 - 1e-9)
+        assert execute(pipes, node, PRIOR, policy=make("serial")).makespan_s >= opt.makespan_s * (1 - 1e-9)
+
+
+def test_exact_search_finds_what_the_scheduler_cannot():
+    """Independent of the scheduler's action space: on Fig. 11 the optimum is below what the
+    look-ahead reaches with the first-point-wins split (22.31 s) and below every window."""
+    opt = solve(fig11(), NODE, PRIOR)
+    assert opt.makespan_s == pytest.approx(21.879, abs=1e-3)
+    for w in (1, 2, 3, 5):
+        assert execute(fig11(), NODE, PRIOR, SchedulerConfig(window=w)).makespan_s >= opt.makespan_s - 1e-9
+
+
+QUALITY = [(f, k) for f, n in (("one-gpu", 10), ("multi-turn", 6), ("two-steps", 6), ("mixed-dp", 4)) for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def optima():
+    out = {}
+    for family in {f for f, _ in QUALITY}:
+        n = max(k for f, k in QUALITY if f == family) + 1
+        for k, (pipes, node) in enumerate(instances(family, n, seed=7)):
+            upper = execute(pipes, node, PRIOR).makespan_s
+            out[(family, k)] = pipes, node, solve(pipes, node, PRIOR, upper_s=upper).makespan_s
+    return out
+
+
+def _mean_gap(optima, config):
+    return statistics.mean(execute(p, n, PRIOR, config).makespan_s / best - 1 for p, n, best in optima.values())
+
+
+def test_default_lookahead_stays_close_to_the_exact_optimum(optima):
+    """Mean gap on a fixed set (26 instances, 4 families, not the bench's): the default is
+    measured at 1.5% here; the paper's setting (W = 3, pair filter 1.25, critical-path leaf)
+    at 8.2% and greedy at 6.0%.  Bounds between catch a regression to either."""
+    default = _mean_gap(optima, SchedulerConfig())
+    paper = _mean_gap(optima, SchedulerConfig(window=3, min_pack_efficiency=1.25, bound_weight=0.0))
+    greedy = _mean_gap(optima, SchedulerConfig(window=1))
+    assert default < 0.03
+    assert default < 0.5 * min(paper, greedy)
+
+
+def test_a_start_that_starts_nothing_is_not_reported_as_a_start():
+    """An urgent decode beside a training that leaves it no memory cannot start; the plan
+    said "start" with nothing started."""
+    a = chain("A", [("train", K.TRAINING, 8.0, 70)])
+    b = chain("B", [("roll", K.ROLLOUT_DECODE, 1.0, 30)])
+    pipes = [PipelineState(graph=a, devices=(0,), running={"A/0/r0/train": Budget(sm_frac=1.0, mem_frac=1.0)}),
+             PipelineState(graph=b, devices=(0,), urgent=frozenset({"B/0/r0/roll"}))]
+    plan = schedule(pipes, NODE, PRIOR)
+    assert plan.started == ()
+    assert plan.decisions == ("B:rollout_decode×1 cannot start: no grid split fits beside the partner",)
+
+
+def test_continuing_rollouts_always_find_room():
+    """With `continuous`, a rollout that continues (after a regime or a tool call) starts at
+    once; a plan that put a partner on its device that leaves it no room stalled it (a
+    54.5 GiB training beside a tool wait whose 25.2 GiB continuation could not join)."""
+    for family, k in (("multi-turn", 0), ("one-gpu", 23)):
+        pipes, node = instances(family, k + 1)[k]
+        for w in (1, 2, 3):
+            execute(pipes, node, PRIOR, SchedulerConfig(window=w), continuous=True)
 
 
 # ---------------------------------------------------------------- merging and balancing

@@ -54,6 +54,7 @@ class Verb(enum.Enum):
     DEFER = "defer"
     MERGE = "merge"
     KEEP = "keep"
+    NO_ROOM = "cannot start: no grid split fits beside the partner"
 
 
 class Option(NamedTuple):
@@ -65,6 +66,8 @@ class Option(NamedTuple):
 
 
 START_IDLE, SOLO, DEFER, KEEP = Option(Verb.START), Option(Verb.SOLO), Option(Verb.DEFER), Option(Verb.KEEP)
+NO_ROOM = Option(Verb.NO_ROOM)
+"""Logged (never offered) when a start left every replica of its group waiting."""
 _START, _SOLO, _DEFER, _MERGE = Verb.START, Verb.SOLO, Verb.DEFER, Verb.MERGE  # bound once: the search is hot
 _new = tuple.__new__
 """Builds a NamedTuple without its Python-level __new__: the search makes thousands per decision."""
@@ -88,13 +91,17 @@ class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
-                 "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs")
+                 "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
+                 "bound_weight", "min_slowdown", "pack")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = ()):
         self.config, self.balanced, self.model = config, config.balance, model
         self.mem_bytes, self.sm_budgets_frac = node.mem_bytes, config.budgets(model)
         self.min_pack_efficiency = config.min_pack_efficiency
+        self.bound_weight = config.bound_weight
+        self.pack: Packing | None = None
+        """`packing()` of the call's initial state (set by `initial`)."""
         # Per pipeline, what its history says (PipelineState): decode fit, prefill work, multi-turn.
         self.decode = tuple(ps.decode_fit for ps in pipelines)
         self.prefill_work = tuple(ps.prefill_work for ps in pipelines)
@@ -104,6 +111,7 @@ class Context:
         self._table = cache.tables_for(model)
         self._feasible: dict[tuple, list] = {}
         self._merge_configs: dict[tuple[float, float], MergeConfig] = {}
+        self.min_slowdown = self._min_slowdown()
         missing = [b for b in self.sm_budgets_frac if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
             raise ValueError(f"SM budgets {missing} are not levels of the slowdown grid {model.sm_levels}")
@@ -117,6 +125,57 @@ class Context:
             for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
                 table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
         return table.get(round(sm_a, 9), [])
+
+    def _min_slowdown(self) -> float:
+        got = self._table.get("min_slowdown")
+        if got is None:
+            m = self.model
+            got = self._table["min_slowdown"] = min(
+                [1.0] + [v for a in m.kinds for b in m.kinds for _, _, x, y in m.pair_options(a, b) for v in (x, y)])
+        return got
+
+    def clearing(self, a: tuple[str, bool], b: tuple[str, bool]) -> float:
+        """Most exclusive seconds per second one device clears running (kind, is a gang) a
+        beside b: 1/s_a + 1/s_b at the grid's best point, a gang counting up to 1 (see
+        `packing`); at least 1.0 (either alone)."""
+        key = ("clearing", a, b)
+        got = self._table.get(key)
+        if got is None:
+            (ka, gang_a), (kb, gang_b) = a, b
+            got = self._table[key] = max([1.0] + [(1.0 if gang_a else 1 / x) + (1.0 if gang_b else 1 / y)
+                                                  for _, _, x, y in self.model.pair_options(ka, kb)])
+        return got
+
+    def continuations(self, P: Problem, h: int, d: int) -> tuple[int, ...]:
+        """The rollout pieces on device d that go on from task h (a rollout piece or a tool
+        wait of that worker); none for any other kind."""
+        key = ("continues", h, d)  # per call (one Problem): the tables of `feasible`
+        got = self._feasible.get(key)
+        if got is None:
+            if P.kinds[h] != "tool" and not P.kinds[h].startswith("rollout"):
+                got = ()
+            else:
+                got = tuple(c for c in P.tasks[h].succs if P.kinds[c].startswith("rollout") and d in P.tasks[c].devices)
+            self._feasible[key] = got
+        return got
+
+    def room(self, P: Problem, i: int, c: int) -> bool:
+        """Can task i and task c share a device at some offered SM share?"""
+        key = ("room", i, c)
+        got = self._feasible.get(key)
+        if got is None:
+            got = self._feasible[key] = any(self.feasible(P, i, c, b) for b in self.sm_budgets_frac)
+        return got
+
+    def clearing_of(self, kinds: frozenset[tuple[str, bool]]) -> tuple[float, float]:
+        """(with gangs as gangs, every replica on its own) best `clearing` among `kinds`."""
+        key = ("clearing_of", kinds)
+        got = self._table.get(key)
+        if got is None:
+            got = self._table[key] = (
+                max([1.0] + [self.clearing(a, b) for a in kinds for b in kinds]),
+                max([1.0] + [self.clearing((a, False), (b, False)) for a, _ in kinds for b, _ in kinds]))
+        return got
 
     def merge_config(self, prefill_flops: float, prefill_s: float) -> MergeConfig:
         """The merge pricing, with the pipeline's own measured prefill MFU where it is known
@@ -177,27 +236,57 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
             S.split[(tasks[0], d)] = st.SOLO  # the partner is gone: whole device back
     for i in S.running:
         st.refresh_rate(P, S, i, ctx.balanced)
+    ctx.pack = packing(P, S, ctx)
     return S
 
 
 # ---------------------------------------------------------------- decisions
 
 def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
-    groups: dict[tuple[int, str], list[int]] = {}
+    found: dict[tuple[int, str], list[int]] = {}
+    deferred, closed, held, dev = S.deferred, S.closed, S.held, S.dev
     for i in sorted(S.ready):
         devs = P.tasks[i].devices
-        if i in S.deferred or not devs:
+        if i in deferred or not devs:
             continue
-        if all(st.places_taken(P, S, i, d) < 2 and d not in S.closed for d in devs):
-            groups.setdefault((P.tasks[i].pipe, P.kinds[i]), []).append(i)
+        for d in devs:  # written out: this runs for every ready task at every search node
+            if d in closed or (st.places_taken(P, S, i, d) if held[d] else len(dev[d])) >= 2:
+                break
+        else:
+            found.setdefault((P.tasks[i].pipe, P.kinds[i]), []).append(i)
+    groups = _Groups(P, S, ctx, found)
     # Urgent groups first: they are already on their devices, nothing may take them.
-    for key in sorted(groups, key=lambda k: (not any(i in S.urgent for i in groups[k]), k)):
-        opts = _group_options(P, S, ctx, key, groups)
-        if opts:
-            return _new(Group, (key[0], key[1], tuple(groups[key]))), opts
+    for key in sorted(found, key=lambda k: (not any(i in S.urgent for i in found[k]), k)):
+        if groups[key]:
+            opts = _group_options(P, S, ctx, key, groups)
+            if opts:
+                return _new(Group, (key[0], key[1], tuple(groups[key]))), opts
     if ctx.config.merge:
         return _merge_decision(P, S, ctx)
     return None
+
+
+class _Groups:
+    """Ready tasks by (pipeline, kind) that have places on their devices, less those that
+    would leave a continuing rollout no room (`leaves_room`), checked only for the groups a
+    decision looks at: most searches stop at the first group with options."""
+
+    __slots__ = ("P", "S", "ctx", "found", "done")
+
+    def __init__(self, P: Problem, S: State, ctx: Context, found: dict[tuple[int, str], list[int]]):
+        self.P, self.S, self.ctx, self.found, self.done = P, S, ctx, found, {}
+
+    def __getitem__(self, key: tuple[int, str]) -> list[int]:
+        got = self.done.get(key)
+        if got is None:
+            P, S, ctx = self.P, self.S, self.ctx
+            got = self.done[key] = [i for i in self.found[key] if i in S.urgent or all(
+                leaves_room(P, S, ctx, i, d) for d in P.tasks[i].devices)]
+        return got
+
+    def items(self):
+        for key in self.found:
+            yield key, self[key]
 
 
 def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], groups) -> list[Option]:
@@ -224,6 +313,23 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
     return opts
 
 
+def leaves_room(P: Problem, S: State, ctx: Context, i: int, d: int) -> bool:
+    """May task i take a place on device d, given the rollouts of other pipelines there
+    that continue?  A worker waiting on a tool, or running a rollout piece with more to
+    come, keeps its engine and its requests' KV cache on d and goes on the moment it can:
+    i must leave room for its next rollout piece to run beside i (a grid split fits both)."""
+    held, on = S.held[d], S.dev[d]
+    if not held and not on:
+        return True
+    pipe = P.tasks[i].pipe
+    for h in held + on:
+        if P.tasks[h].pipe != pipe:
+            for c in ctx.continuations(P, h, d):
+                if not ctx.room(P, i, c):
+                    return False
+    return True
+
+
 def _joinable(P: Problem, S: State, ctx: Context, i: int) -> bool:
     """May ready task i start beside what runs on its devices? (complementary, or urgent)"""
     if i in S.urgent:
@@ -236,14 +342,22 @@ def _fits(P: Problem, S: State, ctx: Context, i: int, sm: float) -> bool:
 
 
 def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float) -> PairPoint | None:
-    """Memory split for X (share sm_x) beside Y minimising the later of their ends."""
+    """Memory split for X (share sm_x) beside Y minimising the later of their ends; on a
+    tie, the earlier other end (a point no other point beats on both slowdowns)."""
     rx, ry = S.rem_s[x], S.rem_s[y]
     best, best_key = None, None
     for pt in ctx.feasible(P, x, y, sm_x):
-        key = max(pt[1] * rx, pt[2] * ry)  # pt.slowdown, pt.partner_slowdown (indexed: hot)
-        if best_key is None or key < best_key - 1e-12:
+        ex, ey = pt[1] * rx, pt[2] * ry  # pt.slowdown, pt.partner_slowdown (indexed: hot)
+        key = (ex, ey) if ex >= ey else (ey, ex)
+        if best_key is None or _earlier(key, best_key):
             best, best_key = pt, key
     return best
+
+
+def _earlier(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """(later end, other end) pairs: is `a` strictly better, ties within 1e-9 relative?"""
+    tol = 1e-9 * max(1.0, b[0])
+    return a[0] < b[0] - tol or (a[0] <= b[0] + tol and a[1] < b[1] - tol)
 
 
 def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Option]) -> list[Option]:
@@ -255,16 +369,17 @@ def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Op
         return options
     best, best_key = None, None
     for opt in shares:
-        key = 0.0
+        late, total = 0.0, 0.0
         for i in item.tasks:
             for d in P.tasks[i].devices:
                 if S.dev[d]:
                     y = S.dev[d][0]
                     pt = _best_split(P, S, ctx, i, y, opt[1])
                     if pt is not None:
-                        key = max(key, pt[1] * S.rem_s[i], pt[2] * S.rem_s[y])
-        if best_key is None or key < best_key - 1e-12:
-            best, best_key = opt, key
+                        ex, ey = pt[1] * S.rem_s[i], pt[2] * S.rem_s[y]
+                        late, total = max(late, ex, ey), total + ex + ey
+        if best_key is None or _earlier((late, total), best_key):
+            best, best_key = opt, (late, total)
     return [o for o in options if o is best or not (o.verb is _START and o.sm_frac is not None)]
 
 
@@ -323,19 +438,21 @@ def _tail_worker(P: Problem, S: State, i: int, decode: DecodeFit | None) -> Tail
 # ---------------------------------------------------------------- effects
 
 def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
-    S.log.append(_new(Logged, (S.now_s, item, opt)))
     if type(item) is Tails:
+        S.log.append(_new(Logged, (S.now_s, item, opt)))
         if opt.verb is _MERGE:
             _apply_merge(P, S, ctx, opt.merge, opt.tails)
         else:
             S.deferred.add(item)
         return
     verb, sm = opt[0], opt[1]  # opt.verb, opt.sm_frac (indexed: hot)
+    started = False
     for i in item.tasks:
         devs = P.tasks[i].devices
         if any(S.dev[d] for d in devs):  # would share a device with a running partner
             if sm is not None and _joinable(P, S, ctx, i) and _fits(P, S, ctx, i, sm):
                 _start_beside(P, S, ctx, i, sm)
+                started = True
             else:
                 S.deferred.add(i)
         elif verb is _DEFER:
@@ -343,8 +460,11 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
         else:
             st.start(P, S, i)
             st.refresh_rate(P, S, i, ctx.balanced)
+            started = True
             if verb is _SOLO:
                 S.closed.update(devs)
+    # The log is what the plan says it did: a start none of whose replicas could start is not one.
+    S.log.append(_new(Logged, (S.now_s, item, opt if started or verb is _DEFER else NO_ROOM)))
 
 
 def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None:
@@ -438,11 +558,52 @@ def _running_end(P: Problem, S: State, i: int) -> float:
     return t + theirs + (rem[i] - rate[i] * theirs)
 
 
-def lower_bound(P: Problem, S: State, min_slowdown: float, max_pack: float) -> float:
-    """Makespan no schedule from S can beat (branch-and-bound in exact searches): no task
-    runs faster than `1/min_slowdown`, no device clears more than `max_pack` exclusive
-    seconds of work per second (the grid's best co-location)."""
+class Packing(NamedTuple):
+    """How fast devices can clear the work left on them (exclusive seconds per second)."""
+
+    device: tuple[float, ...]
+    """Per device, a bound for that device alone: a lockstep gang with balanced micro-batches
+    advances at the mean of its replicas' rates, up to 1 even where its replica is slowed,
+    so beside a gang a device clears up to 1 + the partner's rate."""
+    node: float
+    """Bound for all devices together: summed over a gang's devices, its progress is the
+    sum of its replicas' 1/s, so every device counts at its best pair's 1/s_a + 1/s_b."""
+
+
+def packing(P: Problem, S: State, ctx: Context) -> Packing:
+    """The best pairs among the kinds each device has left (once per call: work only ends,
+    so it bounds every later state of the search too)."""
+    left: list[set[tuple[str, bool]]] = [set() for _ in range(P.num_devices)]
+    for i, status in enumerate(S.status):
+        if status != st.DONE:
+            devs = P.tasks[i].devices
+            for d in devs:
+                left[d].add((P.kinds[i], len(devs) > 1))
+    rates = [ctx.clearing_of(frozenset(kinds)) for kinds in left]
+    return Packing(device=tuple(r[0] for r in rates), node=sum(r[1] for r in rates))
+
+
+def lower_bound(P: Problem, S: State, min_slowdown: float, pack: Packing) -> float:
+    """Makespan no schedule from S can beat: no task runs faster than `1/min_slowdown`,
+    no device (and not the node) clears work faster than `pack` says."""
     t, best = S.now_s, max(S.end_s)
+    rem, tasks = S.rem_s, P.tasks
     for i in S.running | S.ready:
-        best = max(best, t + (S.rem_s[i] + P.tasks[i].tail_s) * min_slowdown)
-    return max(best, t + max(S.load_s) / max_pack)
+        v = t + (rem[i] + tasks[i].tail_s) * min_slowdown
+        if v > best:
+            best = v
+    for d, load in enumerate(S.load_s):
+        v = t + load / pack.device[d]
+        if v > best:
+            best = v
+    return max(best, t + sum(S.load_s) / pack.node)
+
+
+def score(P: Problem, S: State, ctx: Context) -> tuple[float, ...]:
+    """A leaf's value in the look-ahead: the critical path (`cost`) blended with the lower
+    bound (SchedulerConfig.bound_weight), then the critical path's own tie-breakers."""
+    c = cost(P, S)
+    w = ctx.bound_weight
+    if w <= 0.0:
+        return c
+    return (w * lower_bound(P, S, ctx.min_slowdown, ctx.pack) + (1.0 - w) * c[0], *c)

@@ -61,7 +61,7 @@ def colocated(k: int, devices: int) -> list[Placement]:
 
 @dataclass
 class Jigsaw:
-    """The look-ahead scheduler (W = 3 by default, merging, balancing); W = 1 is `greedy`."""
+    """The look-ahead scheduler (W = 2 by default, merging, balancing); W = 1 is `greedy`."""
 
     name: str = "jigsaw"
     config: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -57,12 +57,14 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     return _plan(P, S, ctx, before)
 
 
-def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
-           root: bool = True) -> tuple[tuple[float, ...], tuple]:
+def search(P: Problem, S: State, ctx: act.Context, depth: int, dec, root: bool = True,
+           cutoff: float = float("inf")) -> tuple[tuple[float, ...] | None, tuple]:
     """Best option of the open choice `dec` with `depth` choices of look-ahead.
 
     Every option of the root choice is tried; inside the window the SM share of a
-    co-location is fixed by `local_split` and only the kind of move branches."""
+    co-location is fixed by `local_split` and only the kind of move branches.  A branch
+    whose lower bound already exceeds the best value found (here or above: `cutoff`) is
+    not searched: no leaf under it scores below its bound, so the choice is the same."""
     item, options = dec
     if not root:
         options = act.local_split(P, S, ctx, item, options)
@@ -71,8 +73,14 @@ def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
         branch = S.copy()
         act.apply(P, branch, ctx, item, opt)
         nxt = act.settle(P, branch, ctx, advance_time=True) if depth > 1 else None
-        c = search(P, branch, ctx, depth - 1, nxt, False)[0] if nxt is not None else act.cost(P, branch)
-        if best_cost is None or _better(c, best_cost):
+        if nxt is None:
+            c = act.score(P, branch, ctx)
+        else:
+            bar = cutoff if best_cost is None else min(cutoff, best_cost[0])
+            if act.lower_bound(P, branch, ctx.min_slowdown, ctx.pack) > bar + _TIE * max(1.0, abs(bar)):
+                continue
+            c = search(P, branch, ctx, depth - 1, nxt, False, bar)[0]
+        if c is not None and (best_cost is None or _better(c, best_cost)):
             best_cost, best_opt = c, opt
     return best_cost, best_opt
 
@@ -94,12 +102,16 @@ def _plan(P: Problem, S: State, ctx: act.Context, before: set[int]) -> Plan:
     # A tail merged away in the same plan never runs: its requests go to the target.
     started = tuple(sid for i in S.started if i not in before and S.status[i] == st.RUNNING
                     for sid in P.tasks[i].ids)
-    assignments = tuple(a for d in range(P.num_devices) for i in S.dev[d] for a in _assign(P, S, ctx, i, d))
     return Plan(
-        time_s=S.now_s, started=started, assignments=assignments,
+        time_s=S.now_s, started=started, assignments=assignments(P, S, ctx),
         migrations=_migrations(P, S), routing=_routing(P, S, ctx),
         cost_s=act.cost(P, S)[0], decisions=tuple(_describe(P, item, opt) for _, item, opt in S.log),
     )
+
+
+def assignments(P: Problem, S: State, ctx: act.Context) -> tuple[Assignment, ...]:
+    """Every replica on a device in S as the Plan grants it (also replays exact schedules)."""
+    return tuple(a for d in range(P.num_devices) for i in S.dev[d] for a in _assign(P, S, ctx, i, d))
 
 
 def _assign(P: Problem, S: State, ctx: act.Context, i: int, d: int) -> tuple[Assignment, ...]:
