@@ -409,6 +409,9 @@ def _best_merge(P: Problem, S: State, ctx: Context, tails: list[int]):
     pipe = P.tasks[tails[0]].pipe
     known = ctx.prefill_work[pipe] if pipe < len(ctx.prefill_work) else None
     cfg = ctx.merge_config(*(known if known is not None else P.prefill_work[pipe]))
+    merged = S.merged
+    if sum(merged[i][0] if i in merged else P.tasks[i].batch_size for i in tails) > cfg.max_merged_batch:
+        return None  # best_merge's own first test, before the workers are priced (hot in the window)
     decode = _decode(P, ctx, pipe)
     workers = [_tail_worker(P, S, i, decode) for i in tails]
     return best_merge(workers, flops_per_token=fpt, peak_flops=ctx.peak_flops, config=cfg, decode=decode)
@@ -446,12 +449,12 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
             S.deferred.add(item)
         return
     verb, sm = opt[0], opt[1]  # opt.verb, opt.sm_frac (indexed: hot)
-    started = False
+    started, stale = False, set()
     for i in item.tasks:
         devs = P.tasks[i].devices
         if any(S.dev[d] for d in devs):  # would share a device with a running partner
             if sm is not None and _joinable(P, S, ctx, i) and _fits(P, S, ctx, i, sm):
-                _start_beside(P, S, ctx, i, sm)
+                stale |= _start_beside(P, S, ctx, i, sm)
                 started = True
             else:
                 S.deferred.add(i)
@@ -463,11 +466,14 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
             started = True
             if verb is _SOLO:
                 S.closed.update(devs)
+    for j in stale:  # once, after all joined: a gang beside many joiners is one rate to recompute
+        st.refresh_rate(P, S, j, ctx.balanced)
     # The log is what the plan says it did: a start none of whose replicas could start is not one.
     S.log.append(_new(Logged, (S.now_s, item, opt if started or verb is _DEFER else NO_ROOM)))
 
 
-def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None:
+def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> set[int]:
+    """Start i beside its partners; the tasks whose rates must be refreshed."""
     partners = {d: S.dev[d][0] for d in P.tasks[i].devices if S.dev[d]}
     splits = {d: _best_split(P, S, ctx, i, y, sm) for d, y in partners.items()}
     st.start(P, S, i)
@@ -475,8 +481,7 @@ def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> None
         mem, slowdown, partner_slowdown = splits[d]
         S.split[(i, d)] = _new(Split, (sm, mem, slowdown))
         S.split[(y, d)] = _new(Split, (1.0 - sm, 1.0 - mem, partner_slowdown))
-    for y in set(partners.values()) | {i}:
-        st.refresh_rate(P, S, y, ctx.balanced)
+    return set(partners.values()) | {i}
 
 
 def _apply_merge(P: Problem, S: State, ctx: Context, decision: MergeDecision, tails: tuple[int, ...]) -> None:

@@ -111,20 +111,31 @@ def _plan(P: Problem, S: State, ctx: act.Context, before: set[int]) -> Plan:
 
 def assignments(P: Problem, S: State, ctx: act.Context) -> tuple[Assignment, ...]:
     """Every replica on a device in S as the Plan grants it (also replays exact schedules)."""
-    return tuple(a for d in range(P.num_devices) for i in S.dev[d] for a in _assign(P, S, ctx, i, d))
+    micro: dict[int, tuple[int, ...] | None] = {}  # per gang, balanced once: not once per replica
+    out = []
+    for d in range(P.num_devices):
+        for i in S.dev[d]:
+            task = P.tasks[i]
+            if i not in micro:
+                micro[i] = _balanced(P, S, ctx, i)
+            k = task.devices.index(d) if len(task.devices) > 1 else 0
+            sm, mem, s = S.split[(i, d)]
+            out.append(Assignment(substage=task.ids[k], pipeline=P.names[task.pipe], device=d, sm_frac=sm,
+                                  mem_bytes=int(mem * P.mem_bytes), slowdown=s,
+                                  micro_batch=None if micro[i] is None else micro[i][k]))
+    return tuple(out)
 
 
-def _assign(P: Problem, S: State, ctx: act.Context, i: int, d: int) -> tuple[Assignment, ...]:
+def _balanced(P: Problem, S: State, ctx: act.Context, i: int) -> tuple[int, ...] | None:
+    """Per replica of a lockstep gang, its micro-batch skewed towards the faster replicas
+    (None: a single replica, or uniform slowdowns, which keep the pipeline's own split)."""
     task = P.tasks[i]
-    k = task.devices.index(d)
-    sm, mem, s = S.split[(i, d)]
-    micro = None
-    if len(task.devices) > 1 and ctx.balanced and task.batch_size > 0:
-        slow = [S.split[(i, dd)].slowdown for dd in task.devices]
-        if max(slow) > min(slow):  # uniform slowdowns keep the pipeline's own split
-            micro = balance(round(task.batch_size), slow).batch_sizes[k]
-    return (Assignment(substage=task.ids[k], pipeline=P.names[task.pipe], device=d, sm_frac=sm,
-                       mem_bytes=int(mem * P.mem_bytes), slowdown=s, micro_batch=micro),)
+    if len(task.devices) < 2 or not ctx.balanced or task.batch_size <= 0:
+        return None
+    slow = [S.split[(i, dd)].slowdown for dd in task.devices]
+    if max(slow) <= min(slow):
+        return None
+    return tuple(balance(round(task.batch_size), slow).batch_sizes)
 
 
 def _migrations(P: Problem, S: State) -> tuple[Migration, ...]:
