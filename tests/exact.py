@@ -179,8 +179,7 @@ class _Search:
             if choice is None:
                 continue
             sm, pt = choice
-            S.split[(i, d)] = st.Split(sm, pt.mem_frac, pt.slowdown)
-            S.split[(partners[d], d)] = st.Split(1.0 - sm, 1.0 - pt.mem_frac, pt.partner_slowdown)
+            st.place_pair(S, i, partners[d], d, (sm, *pt))
         for j in {*partners.values(), i}:
             st.refresh_rate(self.P, S, j, True)
 

@@ -236,7 +236,8 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
             S.split[(tasks[0], d)] = st.SOLO  # the partner is gone: whole device back
     for i in S.running:
         st.refresh_rate(P, S, i, ctx.balanced)
-    ctx.pack = packing(P, S, ctx)
+    if ctx.bound_weight > 0.0:  # only the leaf's bound reads it
+        ctx.pack = packing(P, S, ctx)
     return S
 
 
@@ -478,9 +479,7 @@ def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> set[
     splits = {d: _best_split(P, S, ctx, i, y, sm) for d, y in partners.items()}
     st.start(P, S, i)
     for d, y in partners.items():
-        mem, slowdown, partner_slowdown = splits[d]
-        S.split[(i, d)] = _new(Split, (sm, mem, slowdown))
-        S.split[(y, d)] = _new(Split, (1.0 - sm, 1.0 - mem, partner_slowdown))
+        st.place_pair(S, i, y, d, (sm, *splits[d]))
     return set(partners.values()) | {i}
 
 

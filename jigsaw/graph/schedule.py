@@ -57,14 +57,12 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     return _plan(P, S, ctx, before)
 
 
-def search(P: Problem, S: State, ctx: act.Context, depth: int, dec, root: bool = True,
-           cutoff: float = float("inf")) -> tuple[tuple[float, ...] | None, tuple]:
+def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
+           root: bool = True) -> tuple[tuple[float, ...], tuple]:
     """Best option of the open choice `dec` with `depth` choices of look-ahead.
 
     Every option of the root choice is tried; inside the window the SM share of a
-    co-location is fixed by `local_split` and only the kind of move branches.  A branch
-    whose lower bound already exceeds the best value found (here or above: `cutoff`) is
-    not searched: no leaf under it scores below its bound, so the choice is the same."""
+    co-location is fixed by `local_split` and only the kind of move branches."""
     item, options = dec
     if not root:
         options = act.local_split(P, S, ctx, item, options)
@@ -73,14 +71,8 @@ def search(P: Problem, S: State, ctx: act.Context, depth: int, dec, root: bool =
         branch = S.copy()
         act.apply(P, branch, ctx, item, opt)
         nxt = act.settle(P, branch, ctx, advance_time=True) if depth > 1 else None
-        if nxt is None:
-            c = act.score(P, branch, ctx)
-        else:
-            bar = cutoff if best_cost is None else min(cutoff, best_cost[0])
-            if act.lower_bound(P, branch, ctx.min_slowdown, ctx.pack) > bar + _TIE * max(1.0, abs(bar)):
-                continue
-            c = search(P, branch, ctx, depth - 1, nxt, False, bar)[0]
-        if c is not None and (best_cost is None or _better(c, best_cost)):
+        c = search(P, branch, ctx, depth - 1, nxt, False)[0] if nxt is not None else act.score(P, branch, ctx)
+        if best_cost is None or _better(c, best_cost):
             best_cost, best_opt = c, opt
     return best_cost, best_opt
 

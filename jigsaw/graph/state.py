@@ -169,6 +169,15 @@ def start(P: Problem, S: State, i: int) -> None:
         S.touched.add(d)
 
 
+def place_pair(S: State, i: int, y: int, d: int, point: tuple[float, float, float, float]) -> None:
+    """Task i, just started, shares device d with running task y at `point` = (i's SM share,
+    i's memory share, i's slowdown, y's slowdown); y keeps the rest.  Rates are the caller's
+    to refresh, once all of a start's pairs are placed."""
+    sm, mem, s_i, s_y = point
+    S.split[(i, d)] = tuple.__new__(Split, (sm, mem, s_i))  # without Split's Python __new__: hot in the search
+    S.split[(y, d)] = tuple.__new__(Split, (1.0 - sm, 1.0 - mem, s_y))
+
+
 def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
     task = P.tasks[i]
     for d in task.devices:
