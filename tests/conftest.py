@@ -1,4 +1,5 @@
-"""Suite-wide rules: `gpu`-marked tests run only where CUDA is usable (one rule, here)."""
+"""Suite-wide rules: `gpu`-marked tests run only where CUDA is usable; no test reads or writes the
+user's own profiles or runtime directory (grids measured on this machine must not change results)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
         for item in gpu:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _private_user_dirs(tmp_path_factory, monkeypatch) -> None:
+    monkeypatch.setenv("JIGSAW_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))

@@ -9,9 +9,10 @@ import pytest
 
 from jigsaw.cli.main import COMMANDS, main
 from jigsaw.mux.slowdown import load_grid
+from jigsaw.profiles import SHIPPED_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-PRIOR = ROOT / "profiles" / "h100" / "qwen3-4b.prior.json"
+PRIOR = SHIPPED_DIR / "h100" / "qwen3-4b.prior.json"
 
 
 def _run(*args):

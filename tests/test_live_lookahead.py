@@ -127,7 +127,7 @@ def test_the_live_plan_looks_past_the_step_barrier_and_replays_to_the_same_decis
     assert blind.differ and any("A/1/r0/training/0@0.25" in m for m in blind.mismatches)  # replays tell them apart
     # What a user runs: the daemon's decisions re-made offline; the re-packing with another grid
     cli = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "sim", "--replay", str(node.trace), "--profile",
-                          "profiles/cpu/tiny-qwen3.json", "--policy", "jigsaw"], cwd=ROOT, capture_output=True,
+                          "cpu/tiny-qwen3", "--policy", "jigsaw"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert cli.returncode == 0, cli.stderr
     assert f"jigsaw's {replayed.plans} live plans re-made" in cli.stdout and "all identical" in cli.stdout

@@ -1,6 +1,5 @@
 """The node state both the daemon and the simulator decide with: facts, the view, the applier."""
 
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +10,7 @@ from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.graph.view import pipeline_state
 from jigsaw.mux.slowdown import load_grid
 
-PRIOR = load_grid(Path(__file__).resolve().parents[1] / "profiles" / "h100" / "qwen3-4b.prior.json")
+PRIOR = load_grid("h100/qwen3-4b")
 KINDS = (K.ROLLOUT_DECODE, K.ROLLOUT_TAIL, K.TRAINING)
 
 

@@ -24,8 +24,9 @@ from jigsaw.mux.prior import (
     shipped_path,
 )
 from jigsaw.mux.slowdown import SlowdownGrid, load_grid
+from jigsaw.profiles import SHIPPED_DIR
 
-PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES = SHIPPED_DIR
 COMPUTE_BOUND = ("training", "reference", "rollout_prefill", "rollout_decode")
 
 

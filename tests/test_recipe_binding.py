@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 import pytest
 from nodes import ROOT, Node
 
+from jigsaw.profiles import SHIPPED_DIR
+
 SAMPLE_S = 0.01
 HEARTBEAT_S = 0.05
 """The test's daemon has its clients beat often, so budget changes reach them within a
@@ -141,7 +143,7 @@ def run_recipe_beside_a_toy(tmp) -> tuple[list[dict], list]:
     daemon's trace and the affinity samples of every granted pid."""
     tmp.mkdir()
     node = Node(tmp)
-    grid = ROOT / "profiles" / "cpu" / "tiny-qwen3.json"
+    grid = SHIPPED_DIR / "cpu" / "tiny-qwen3.json"
     node.start("--partitioner", "cpu", "--heartbeat-s", str(HEARTBEAT_S), "--profile", str(grid))
     sampler, procs = Sampler(node), []
     sampler.start()

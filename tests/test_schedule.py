@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 from exact import Replay, grpo, instances, solve
@@ -20,7 +19,7 @@ from jigsaw.graph.schedule import schedule
 from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.mux.slowdown import load_grid
 
-PRIOR = load_grid(Path(__file__).parent.parent / "profiles" / "h100" / "qwen3-4b.prior.json")
+PRIOR = load_grid("h100/qwen3-4b")
 
 
 # ---------------------------------------------------------------- invariants

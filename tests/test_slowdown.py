@@ -22,8 +22,9 @@ from jigsaw.mux.slowdown import (
     SlowdownGrid,
     load_grid,
 )
+from jigsaw.profiles import SHIPPED_DIR
 
-PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES = SHIPPED_DIR
 SHIPPED = sorted(PROFILES.glob("*/*.json"))
 SM, MEM = DEFAULT_SM_LEVELS, DEFAULT_MEM_LEVELS
 

@@ -1,7 +1,7 @@
 """`jigsaw prior`: write an analytic roofline prior slowdown grid.
 
     --device, --model, --prior.* ─► mux.prior.analytic_prior ─► SlowdownGrid.save ─► path
-    --shipped ─► every prior listed in mux.prior.SHIPPED, into --profiles-dir
+    --shipped ─► every prior listed in mux.prior.SHIPPED, into jigsaw/profiles (or --profiles-dir)
 
 A prior is a labelled stand-in until `jigsaw profile` measures the device; the file's
 `source` says so and records every constant used.
@@ -27,21 +27,24 @@ class Args:
     model: ModelName = "qwen3-4b"
     """Model whose sub-stages are modelled (architecture from its public config.json)."""
     out: Path | None = None
-    """Output file; default <profiles-dir>/<device>/<model>.prior.json."""
-    profiles_dir: Path = Path("profiles")
-    """Profiles directory (layout <device>/<model>.prior.json)."""
+    """Output file; default <your profile dir>/<device>/<model>.prior.json (never a shipped file),
+    where the name "<device>/<model>" finds it."""
+    profiles_dir: Path | None = None
+    """With --shipped: where to write (default: the installed package's profiles, jigsaw/profiles)."""
     shipped: bool = False
-    """Regenerate every prior shipped with jigsaw into --profiles-dir (ignores the others)."""
+    """Regenerate every prior shipped with jigsaw (a developer's command; ignores --out)."""
     prior: PriorConfig = PriorConfig()
     """Deployment (TP / FSDP degree), representative shapes and calibration constants."""
 
 
 def run(args: Args) -> int:
     from jigsaw.mux.prior import DEVICES, SHIPPED, analytic_prior, shipped_path
+    from jigsaw.profiles import SHIPPED_DIR, user_dir
 
     jobs = SHIPPED if args.shipped else ((args.device, args.model, args.prior),)
+    root = (args.profiles_dir or SHIPPED_DIR) if args.shipped else user_dir()
     for device, model, config in jobs:
-        path = args.out if (args.out and not args.shipped) else Path(shipped_path(args.profiles_dir, device, model))
+        path = args.out if (args.out and not args.shipped) else Path(shipped_path(root, device, model))
         path.parent.mkdir(parents=True, exist_ok=True)
         analytic_prior(DEVICES[device], model, config).save(path)
         print(path)

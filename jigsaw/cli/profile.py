@@ -2,20 +2,17 @@
 
     ProfileConfig ─► CudaBench (green-context pairs, kernels from the model config)
                    | CpuBench (core-set pairs, the recipe's model and sub-stage kinds)
-                  ─► measure_grid() with a progress line per point ─► profiles/<sku>/<model>.json
+                  ─► measure_grid() with a progress line per point ─► <user profile dir>/<sku>/<model>.json
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 import tyro
 
 from jigsaw.mux.profiler import ProfileConfig
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,7 +42,7 @@ def run(args: Args) -> int:
             grid = measure_grid(bench, name, sm_levels=levels, progress=progress, note=note, repeats=cfg.repeats)
     finally:
         bench.close()
-    out = cfg.out or default_out(ROOT, grid.device, name)
+    out = cfg.out or default_out(grid.device, name)
     out.parent.mkdir(parents=True, exist_ok=True)
     grid.save(out)
     low = grid.sm_levels[0]

@@ -54,14 +54,15 @@ class ProfileConfig:
 
     device: str = "cuda"
     """cuda (green-context partitions on one GPU) | cpu (core sets of this machine, the recipe's
-    model; writes profiles/cpu/)."""
+    model; writes <user profile dir>/cpu/)."""
     gpu: int = 0
     """CUDA device index."""
     model: str | None = None
     """cuda: a name in jigsaw.mux.prior.MODELS or the path of an HF config.json (default
     qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""
     out: Path | None = None
-    """Output file (default: profiles/<sku>/<model>.json)."""
+    """Output file (default: <user profile dir>/<sku>/<model>.json, never a shipped grid; see
+    jigsaw.profiles.user_dir: $JIGSAW_PROFILE_DIR, else $XDG_DATA_HOME/jigsaw/profiles)."""
     layers: int = 4
     """Decoder layers instantiated: slowdowns are ratios of time per token and every layer has
     the same shape, so a few stand for the model while bounding memory and time."""
@@ -188,6 +189,9 @@ def _device_dict(d: DeviceInfo) -> dict:
             "mem_bw_bytes_per_s": d.mem_bw_bytes_per_s}
 
 
-def default_out(root: Path, device_info: DeviceInfo, model: str) -> Path:
-    """profiles/h100/<model>.json for an H100-..., profiles/cpu/<model>.json for a CPU."""
-    return root / "profiles" / device_info.sku.split("-")[0].lower() / f"{model}.json"
+def default_out(device_info: DeviceInfo, model: str) -> Path:
+    """<user profile dir>/h100/<model>.json for an H100-..., .../cpu/<model>.json for a CPU: never
+    a shipped grid, and the name "<sku>/<model>" finds it first afterwards."""
+    from jigsaw.profiles import user_dir
+
+    return user_dir() / device_info.sku.split("-")[0].lower() / f"{model}.json"

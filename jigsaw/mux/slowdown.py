@@ -1,6 +1,6 @@
 """Slowdown grid: file format v1, validation and interpolation (paper §4.2 "Slowdown Modeling").
 
-    profiles/<sku>/<model>.prior.json ─json─► from_dict (validate) ─► SlowdownGrid
+    jigsaw/profiles/<sku>/<model>.prior.json ─json─► from_dict (validate) ─► SlowdownGrid
           ▲                                                             │ _Table per (kind) and
           └──────────── save ◄── to_dict ◄─────────────────────────────┤ per (kind, partner)
                                                                         ▼
@@ -35,7 +35,7 @@ DEFAULT_MEM_LEVELS = (0.2, 0.4, 0.6, 0.8)
 SOURCE_KINDS = ("analytic-prior", "measured")
 NOISE_FLOOR = 0.5
 """Smallest slowdown a file may hold.  Under 1.0 is noise, or real: a small decode batch runs
-faster on one CPU core than on two threads that synchronise (profiles/cpu/ holds 0.83); far
+faster on one CPU core than on two threads that synchronise (the shipped cpu/tiny-qwen3 holds 0.83); far
 below is a bug."""
 NORM_TOL = 0.02
 """Allowed distance of the normalisation point (alone, σ=1.0, top memory level) from 1.0."""
@@ -333,7 +333,10 @@ class SlowdownGrid:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SlowdownGrid:
-        path_str = os.fspath(path)
+        """Load and validate a grid file, or a grid by name ("h100/qwen3-4b", see jigsaw.profiles)."""
+        from jigsaw.profiles import resolve
+
+        path_str = os.fspath(resolve(path))
         try:
             with open(path_str, encoding="utf-8") as f:
                 data = json.load(f)
@@ -495,5 +498,5 @@ def _parse(data: Any, path: str) -> dict[str, Any]:
 
 
 def load_grid(path: str | os.PathLike) -> SlowdownGrid:
-    """Load and validate a grid file (shorthand for SlowdownGrid.load)."""
+    """Load and validate a grid file or a named grid (shorthand for SlowdownGrid.load)."""
     return SlowdownGrid.load(path)

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from jigsaw import profiles
+
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("serial", "naive", "naive-fair", "jigsaw")
 
@@ -43,8 +45,9 @@ class DemoConfig:
     """Which of serial, naive, naive-fair, jigsaw to run."""
     out_dir: Path = Path("jigsaw-demo")
     """Trace, timeline PNG and per-pipeline results go here."""
-    profile: Path | None = None
-    """CPU slowdown grid for the daemon (default: profiles/cpu/tiny-qwen3.json)."""
+    profile: str | None = None
+    """CPU slowdown grid for the daemon, a file or a name (default: cpu/tiny-qwen3, measured by
+    `jigsaw profile --device cpu` if you ran it, else the shipped one)."""
     prompts: int = 8
     """Prompts per step of each pipeline."""
     group: int = 4
@@ -123,9 +126,7 @@ def _run_jigsaw(cfg: DemoConfig, results: list[Path], env: dict) -> None:
     env = dict(env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
     trace = cfg.out_dir / "jigsaw-trace.jsonl"
     trace.unlink(missing_ok=True)
-    grid = cfg.profile or ROOT / "profiles" / "cpu" / "tiny-qwen3.json"
-    if not grid.exists():
-        raise ValueError(f"no CPU slowdown grid at {grid}: run `jigsaw profile --device cpu` first")
+    grid = profiles.resolve(cfg.profile or profiles.CPU_DEFAULT)
     from jigsaw.runtime.client import wait_for_daemon
 
     with open(cfg.out_dir / "daemon.log", "w") as log:
