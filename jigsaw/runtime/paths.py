@@ -4,6 +4,7 @@
         daemon.sock   Unix stream socket of the daemon (0600; wire.py frames its messages)
         daemon.lock   flock held by the running daemon (one per directory)
         daemon.log    output of a daemon started on demand by `jigsaw run`
+        traces/daemon-<YYYYmmdd-HHMMSS>-<pid>.jsonl   a daemon's trace, unless told otherwise
 
 Clients find the endpoint in $JIGSAW_ENDPOINT (set by `jigsaw run` for its child) or
 derive it from the directory.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 ENV_DIR = "JIGSAW_RUNTIME_DIR"
@@ -69,3 +71,24 @@ def socket_path(ep: str) -> Path:
         raise ValueError(f"socket path {path} is {n} bytes; a Unix socket path holds at most "
                          f"{MAX_SOCKET_PATH_BYTES} (set {ENV_DIR} to a shorter directory)")
     return path
+
+
+def traces_dir(directory: Path | None = None) -> Path:
+    """Where daemons write their traces by default (created 0700 on demand)."""
+    return (directory or runtime_dir()) / "traces"
+
+
+def new_trace_path(directory: Path | None = None) -> Path:
+    """A fresh trace file name for a daemon starting now."""
+    path = traces_dir(directory)
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path / f"daemon-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+
+
+def latest_trace(directory: Path | None = None) -> Path | None:
+    """The most recently written daemon trace in the runtime directory, or None."""
+    try:
+        traces = list(traces_dir(directory or runtime_dir(create=False)).glob("daemon-*.jsonl"))
+    except (OSError, ValueError):
+        return None
+    return max(traces, key=lambda p: p.stat().st_mtime, default=None)
