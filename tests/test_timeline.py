@@ -1,10 +1,14 @@
 """`jigsaw timeline`: intervals from grants/releases, utilisation and MFU numbers, the three
-outputs (PNG, Chrome trace, HTML) from a simulated trace, and clean errors."""
+outputs (PNG, Chrome trace, HTML) from a simulated trace, what the PNG draws (colour by kind,
+CPU labels, start-up cropped), the HTML tables, the latest daemon trace by default, and clean
+errors."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,10 +244,205 @@ def test_bad_suffix_and_malformed_traces_fail_cleanly(sim_trace, tmp_path, capsy
         tlm.load(typed)
 
 
+@pytest.mark.timeout(120)
 def test_help_does_not_import_matplotlib():
     probe = ("import sys\nfrom jigsaw.cli.main import main\n"
-             "try:\n    main(['timeline', '--help'])\nexcept SystemExit:\n    pass\n"
+             "for argv in (['--help'], ['timeline', '--help']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
              "print('LOADED', 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--peak-tflops" in out.stdout and "LOADED False" in out.stdout
+
+
+# ------------------------------------------------------------------ what the PNG draws
+
+
+def _two_kinds_trace(*, first_grant_s: float = 0.0, a: str = A) -> Trace:
+    """Device 0 from first_grant_s: `a` rolls out (2 s) then trains (2 s) at 0.5; B trains 4 s at 0.5."""
+    t = first_grant_s
+    return Trace([
+        _meta(a, devices=[0]), _meta(B, devices=[0]),
+        _ev(t, "grant", a, f"{a}/0/r0/rollout_prefill/0", 0, 0.5),
+        _ev(t, "grant", B, f"{B}/0/r0/training/0", 0, 0.5),
+        _ev(t + 2, "release", a, f"{a}/0/r0/rollout_prefill/0", 0),
+        _ev(t + 2, "grant", a, f"{a}/0/r0/training/0", 0, 0.5),
+        _ev(t + 4, "release", a, f"{a}/0/r0/training/0", 0),
+        _ev(t + 4, "release", B, f"{B}/0/r0/training/0", 0),
+    ])
+
+
+def _bands(fig) -> dict[str, object]:
+    """gid "pipeline|kind" -> the artist drawing it."""
+    return {a.get_gid(): a for a in fig.findobj() if isinstance(a.get_gid(), str) and "|" in a.get_gid()}
+
+
+def _texts(fig) -> str:
+    from matplotlib.text import Text
+
+    fig.canvas.draw()  # tick labels exist once drawn
+    return "\n".join(t.get_text() for t in fig.findobj(Text))
+
+
+def test_bar_colour_follows_the_kind_and_the_hatch_the_pipeline():
+    import matplotlib.pyplot as plt
+
+    tl = tlm.build(_two_kinds_trace())
+    assert tl.series[0].kind_share_frac[A, "training"] == pytest.approx((0.0, 0.5, 0.0))
+    fig = tlm.figure(tl)
+    try:
+        bands = _bands(fig)
+        assert set(bands) == {f"{A}|rollout_prefill", f"{A}|training", f"{B}|training"}
+        color = {gid: tuple(b.get_facecolor()[0]) for gid, b in bands.items()}
+        assert color[f"{A}|training"] == color[f"{B}|training"]  # one kind, two pipelines: one colour
+        assert color[f"{A}|rollout_prefill"] != color[f"{A}|training"]  # one pipeline, two kinds: two colours
+        assert bands[f"{A}|training"].get_hatch() != bands[f"{B}|training"].get_hatch()  # the pipeline channel
+        kinds, pipes = ([t.get_text() for t in legend.get_texts()] for legend in fig.legends)
+        assert {"rollout_prefill", "training"} <= set(kinds) and {A, B} <= set(pipes)
+    finally:
+        plt.close(fig)
+
+
+def _cpu_trace(signal: str) -> Trace:
+    """_two_kinds_trace as a CPU daemon writes it, marked as CPU by one `signal` only."""
+    trace = _two_kinds_trace(first_grant_s=5.0)
+    node = TraceEvent(t_s=0.0, event="node", pipeline="", data={"partitioner": "cpu" if signal == "node" else "sm"})
+    events = [node]
+    for e in trace.events:
+        if e.event == "pipeline" and signal == "sku":
+            e = TraceEvent(t_s=e.t_s, event="pipeline", pipeline=e.pipeline,
+                           data={**e.data, "device": "CPU-x86_64-2c", "peak_flops": 1e11})
+        if e.event == "grant" and signal == "partition":
+            e = TraceEvent(t_s=e.t_s, event="grant", pipeline=e.pipeline, substage=e.substage, device=e.device,
+                           sm_frac=e.sm_frac, data={"partition": {"kind": "cpu", "cores": [0, 1], "threads": 2}})
+        events.append(e)
+    return Trace(events)
+
+
+@pytest.mark.parametrize("signal", ["node", "partition", "sku"])
+def test_a_cpu_trace_says_cpu_and_cores_never_gpu_or_sm(signal):
+    import matplotlib.pyplot as plt
+
+    tl = tlm.build(_cpu_trace(signal))
+    assert tl.hardware.device == "CPU" and tl.hardware.share == "core share"
+    fig = tlm.figure(tl)
+    try:
+        drawn = _texts(fig)
+    finally:
+        plt.close(fig)
+    page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", tlm.html_page(tl))
+    names = [e["args"]["name"] for e in tlm.chrome_trace(tl)["traceEvents"] if e["name"] == "process_name"]
+    counters = {e["name"] for e in tlm.chrome_trace(tl)["traceEvents"] if e["ph"] == "C"}
+    for text in (drawn, page, tlm.describe(tl), " ".join(names + sorted(counters))):
+        assert "CPU" in text and "core share" in text, text
+        assert not re.search(r"GPU|\bSM\b", text), text
+    assert "CPU 0" in drawn and "CPU 0" in names and "1 CPU" in tlm.describe(tl)
+    if signal != "node":  # the sku or the partitions count the cores
+        assert "1 CPU (2 cores)" in tlm.describe(tl) and "(2 cores)" in drawn
+
+
+def test_a_gpu_trace_keeps_gpu_and_sm_share():
+    import matplotlib.pyplot as plt
+
+    tl = tlm.build(_two_kinds_trace())
+    fig = tlm.figure(tl)
+    try:
+        drawn = _texts(fig)
+    finally:
+        plt.close(fig)
+    assert "GPU 0" in drawn and "SM share" in drawn and "CPU" not in drawn
+    assert tlm.describe(tl).startswith("1 GPU, ") and "SM share granted" in tlm.describe(tl)
+
+
+def test_start_up_is_cropped_off_the_axis_and_its_length_stated():
+    import matplotlib.pyplot as plt
+
+    trace = _two_kinds_trace(first_grant_s=20.0)  # first event at 0 s, first grant at 20 s, end at 24 s
+    tl = tlm.build(trace)
+    assert tl.startup_s == 20.0 and tl.window_s == 4.0
+    assert tl.mean_util_frac == pytest.approx(1.0)  # the start-up counts in no mean
+    fig = tlm.figure(tl)
+    try:
+        x0, x1 = fig.axes[0].get_xlim()
+        assert 20.0 - 0.1 * tl.window_s <= x0 < 20.0 and x1 == pytest.approx(24.0)
+        assert f"start-up {x0:.1f} s not shown" in _texts(fig)
+    finally:
+        plt.close(fig)
+    assert "20.0 s start-up" in tlm.describe(tl)
+    at_zero = tlm.build(_two_kinds_trace())  # a simulator trace: it starts with a grant
+    fig = tlm.figure(at_zero)
+    try:
+        assert fig.axes[0].get_xlim()[0] == 0.0 and "start-up" not in _texts(fig)
+    finally:
+        plt.close(fig)
+    assert at_zero.cropped_s == 0.0 and "start-up" not in tlm.describe(at_zero)
+
+
+def _table(page: str, cls: str) -> str:
+    m = re.search(rf"<table class={cls}>(.*?)</table>", page, re.S)
+    assert m, f"no {cls} table"
+    return m.group(1)
+
+
+def test_html_has_tables_per_pipeline_and_kind_the_fell_open_and_escapes_the_trace():
+    hostile = "<script>alert('$x$')"
+    trace = _two_kinds_trace(a=hostile)
+    trace.add(_ev(1.0, "host", B, f"{B}/0/r0/reward/0", end_s=1.5))
+    trace.add(_ev(3.0, "step", hostile, latency_s=3.0, tokens=42, flops=2e12))
+    trace.add(_ev(3.5, "open", B, "pb/0/r0/training/0</td><script>", reason="<img src=x onerror=alert(1)>",
+                  kind="training", rank=0, step=0))
+    page = tlm.html_page(tlm.build(trace))
+    assert "<script" not in page and "<img src=x" not in page  # nothing from the trace is markup
+    pipes = _table(page, "pipelines")
+    assert "<tr><td>&lt;script&gt;alert(&#x27;$x$&#x27;)</td>" in pipes and f"<tr><td>{B}</td>" in pipes
+    assert "rollout_prefill s</th>" in pipes and "training s</th>" in pipes and "reward s</th>" in pipes
+    assert re.search(r"<td>42</td><td>1</td>", pipes)  # tokens, steps of the hostile pipeline
+    kinds = _table(page, "kinds")
+    for kind, share in [("rollout_prefill", "25.0%"), ("training", "75.0%")]:  # of 4 device-s, 1 and 3
+        assert re.search(rf"{kind}</td><td>\d+</td><td>[\d.]+</td><td>{share}</td><td>1.00×</td><td>50.0%</td>", kinds)
+    assert "reward</td>" not in kinds and "reward (host)</td>" in kinds
+    fell = _table(page, "fell-open")
+    assert f"<td>{B}</td>" in fell and "&lt;img src=x onerror=alert(1)&gt;" in fell
+    assert "&lt;/td&gt;&lt;script&gt;" in fell and "No sub-stage fell open" not in page
+    assert "No sub-stage fell open" in tlm.html_page(tlm.build(_two_kinds_trace()))
+
+
+# ------------------------------------------------------------------ the latest daemon trace by default
+
+
+@pytest.fixture
+def runtime_dir(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "rt"
+    path.mkdir(mode=0o700)
+    path.chmod(0o700)
+    monkeypatch.setenv("JIGSAW_RUNTIME_DIR", str(path))
+    return path
+
+
+def test_no_trace_draws_the_newest_daemon_trace(runtime_dir, tmp_path, capsys):
+    from jigsaw.cli.timeline import Args, run
+
+    traces = runtime_dir / "traces"
+    traces.mkdir(mode=0o700)
+    old, new = traces / "daemon-20250101-000000-1.jsonl", traces / "daemon-20240101-000000-2.jsonl"
+    _two_kinds_trace(a="old-pipeline").write(old)
+    _two_kinds_trace(a="new-pipeline").write(new)
+    os.utime(old, (1_000_000, 1_000_000))  # the newest by time, not by name
+    os.utime(new, (2_000_000, 2_000_000))
+    out = tmp_path / "t.html"
+    assert run(Args(out=out)) == 0
+    assert f"using the latest daemon trace: {new}" in capsys.readouterr().out
+    page = out.read_text()
+    assert "new-pipeline" in page and "old-pipeline" not in page
+    assert main(["timeline", "--out", str(tmp_path / "t.png")]) == 0  # TRACE may be left out on the command line
+
+
+def test_no_trace_and_none_in_the_runtime_dir_is_a_clear_error(runtime_dir, tmp_path, capsys):
+    from jigsaw.cli.timeline import Args, run
+
+    with pytest.raises(ValueError, match="no daemon trace") as err:
+        run(Args(out=tmp_path / "t.png"))
+    assert str(runtime_dir / "traces") in str(err.value)
+    assert all(how in str(err.value) for how in ("jigsaw sim --out", "jigsaw daemon --trace", "jigsaw run"))
+    assert main(["timeline", "--out", str(tmp_path / "t.png")]) == 2
+    assert "no daemon trace" in capsys.readouterr().err and not (tmp_path / "t.png").exists()

@@ -11,12 +11,14 @@ HOST_TID = 1000
 
 
 def chrome_trace(tl: Timeline) -> dict:
-    """Trace Event Format: X per interval, M names, C utilisation/MFU per device, i per migration."""
+    """Trace Event Format: X per interval, M names ("GPU 0" / "CPU 0"), C share ("SM share" /
+    "core share") and MFU per device, i per migration."""
     us = lambda t: round((t - tl.start_s) * 1e6, 3)  # noqa: E731
     tid = {p: i for i, p in enumerate(tl.pipelines)}
     ev: list[dict] = []
     for d in tl.devices:
-        ev.append({"ph": "M", "name": "process_name", "pid": d, "tid": 0, "args": {"name": f"GPU {d}"}})
+        name = f"{tl.hardware.device} {d}"
+        ev.append({"ph": "M", "name": "process_name", "pid": d, "tid": 0, "args": {"name": name}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": d, "tid": 0, "args": {"sort_index": d}})
         for p in tl.pipelines:
             ev.append({"ph": "M", "name": "thread_name", "pid": d, "tid": tid[p], "args": {"name": p}})
@@ -28,7 +30,7 @@ def chrome_trace(tl: Timeline) -> dict:
     ev.extend(_host_events(tl, tid, us))
     for s in tl.series.values():
         for i, t in enumerate(s.times_s):
-            ev.append({"ph": "C", "name": "SM share", "pid": s.device, "ts": us(t),
+            ev.append({"ph": "C", "name": tl.hardware.share, "pid": s.device, "ts": us(t),
                        "args": {p: round(v[i], 6) for p, v in s.share_frac.items()}})
             if s.mfu_frac is not None:
                 ev.append({"ph": "C", "name": "MFU", "pid": s.device, "ts": us(t),

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from jigsaw.graph.ids import SubStageId
+from jigsaw.graph.substage import SubStageKind
+from jigsaw.timeline.hardware import Hardware, hardware
 from jigsaw.trace import Trace, TraceEvent
 
 FORMATS = (".png", ".json", ".html")
+KIND_ORDER = tuple(k.value for k in SubStageKind)
+"""Sub-stage kinds in pipeline order (rollout_prefill … training, then the host kinds)."""
+CROP_MARGIN_FRAC = 0.02
+"""Drawn time before the first grant, as a fraction of the time from it to the trace's end."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +53,12 @@ def substage_kind(substage: str) -> str:
     """`rollout_tail` of an id `pipeline/step/rRANK/kind/n`; the id itself otherwise."""
     sid = SubStageId.try_parse(substage)
     return sid.kind.value if sid is not None else (substage or "substage")
+
+
+def ordered_kinds(kinds) -> tuple[str, ...]:
+    """Kinds in KIND_ORDER, then any other name in order of appearance."""
+    seen = tuple(dict.fromkeys(kinds))
+    return tuple(k for k in KIND_ORDER if k in seen) + tuple(k for k in seen if k not in KIND_ORDER)
 
 
 # ------------------------------------------------------------------ reconstruction
@@ -226,6 +238,10 @@ class DeviceSeries:
     times_s: tuple[float, ...]
     share_frac: dict[str, tuple[float, ...]]
     """SM share per pipeline, scaled so that the stack never exceeds 1."""
+    kind_share_frac: dict[tuple[str, str], tuple[float, ...]]
+    """The same per (pipeline, kind), pipelines in order, each one's kinds in KIND_ORDER; only
+    the pairs that held this device.  A pipeline holds one kind at a time, so per pipeline
+    these sum to share_frac."""
     util_frac: tuple[float, ...]
     mfu_frac: tuple[float, ...] | None
     """None when the device's peak is unknown."""
@@ -241,8 +257,11 @@ def device_series(device: int, ivs: Sequence[Interval], pipelines: Sequence[str]
             opens[iv.start_s].append(iv)
             closes[iv.end_s].append(iv)
     times = sorted(set(opens) | set(closes))
+    kinds = ordered_kinds(iv.kind for iv in ivs if iv.duration_s > 0)
+    pairs = [(p, k) for p in pipelines for k in kinds
+             if any(iv.pipeline == p and iv.kind == k and iv.duration_s > 0 for iv in ivs)]
     live: dict[int, Interval] = {}
-    share: dict[str, list[float]] = {p: [] for p in pipelines}
+    share: dict[tuple[str, str], list[float]] = {pk: [] for pk in pairs}
     util, mfu = [], []
     for t in times:
         for iv in closes[t]:
@@ -251,12 +270,15 @@ def device_series(device: int, ivs: Sequence[Interval], pipelines: Sequence[str]
             live[id(iv)] = iv
         total = sum(iv.sm_frac for iv in live.values())
         scale = 1.0 / max(1.0, total)
-        for p in pipelines:
-            share[p].append(scale * sum(iv.sm_frac for iv in live.values() if iv.pipeline == p))
+        for p, k in pairs:
+            share[p, k].append(scale * sum(iv.sm_frac for iv in live.values() if iv.pipeline == p and iv.kind == k))
         util.append(min(1.0, total))
         rate = sum(iv.flops / iv.duration_s for iv in live.values())
         mfu.append(rate / peak_flops if peak_flops else 0.0)
-    return DeviceSeries(device=device, times_s=tuple(times), share_frac={p: tuple(v) for p, v in share.items()},
+    by_pipeline = {p: tuple(map(sum, zip(*(v for (q, _), v in share.items() if q == p)))) or (0.0,) * len(times)
+                   for p in pipelines}
+    return DeviceSeries(device=device, times_s=tuple(times), share_frac=by_pipeline,
+                        kind_share_frac={pk: tuple(v) for pk, v in share.items()},
                         util_frac=tuple(util), mfu_frac=tuple(mfu) if peak_flops else None)
 
 
@@ -278,35 +300,29 @@ def binned(times_s: Sequence[float], values: Sequence[float], edges_s: Sequence[
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PipelineSummary:
-    name: str
-    busy_device_s: float
-    """Device-seconds it held some device."""
-    sm_device_s: float
-    """Σ SM share × seconds."""
-    tokens: int
-    flops: float
-    flops_source: str
-    """'release', 'step' or 'none'."""
-    mfu_frac: float | None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Timeline:
     name: str
     start_s: float
+    """The trace's first event (the origin of the drawn seconds)."""
+    first_grant_s: float
+    """Before it: start-up (daemon up, pipelines loading), drawn only as a small margin."""
     end_s: float
     pipelines: tuple[str, ...]
     devices: tuple[int, ...]
+    hardware: Hardware
     intervals: tuple[Interval, ...]
     series: dict[int, DeviceSeries]
     peak_flops: dict[int, float]
     """Devices whose peak is known."""
     tokens: dict[str, int]
+    steps: dict[str, int]
+    """Step events per pipeline."""
     flops_source: dict[str, str]
     unattributed_flops: float
     migrations: tuple[TraceEvent, ...]
     hosts: tuple[TraceEvent, ...]
+    opens: tuple[TraceEvent, ...]
+    """Sub-stages that ran without the daemon (fell open; data: reason, kind, rank, step)."""
     placement: dict[str, list[int]]
     """Pipeline -> its devices by DP rank (pipeline data "devices")."""
     where: dict[str, tuple[tuple[float, int], ...]]
@@ -317,34 +333,59 @@ class Timeline:
         return self.end_s - self.start_s
 
     @property
+    def window_s(self) -> float:
+        """From the first grant to the last event: what the means run over."""
+        return self.end_s - self.first_grant_s
+
+    @property
+    def startup_s(self) -> float:
+        return self.first_grant_s - self.start_s
+
+    @property
+    def view_start_s(self) -> float:
+        """Where the drawn time axis starts: CROP_MARGIN_FRAC of the window before the first grant,
+        or the trace's start when the start-up is no longer than twice that."""
+        margin_s = CROP_MARGIN_FRAC * self.window_s
+        return self.first_grant_s - margin_s if self.startup_s > 2 * margin_s else self.start_s
+
+    @property
+    def cropped_s(self) -> float:
+        """Start-up time left off the drawn axis (0 for a trace whose first grant is at its start)."""
+        return self.view_start_s - self.start_s
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Kinds that held a device, in KIND_ORDER."""
+        return ordered_kinds(iv.kind for iv in self.intervals)
+
+    @property
+    def host_kinds(self) -> tuple[str, ...]:
+        return ordered_kinds(substage_kind(h.substage) for h in self.hosts)
+
+    @property
     def flops(self) -> float:
         return sum(iv.flops for iv in self.intervals)
 
+    def mean_util(self, s: DeviceSeries) -> float:
+        """A device's mean utilisation over the window."""
+        return integral(s.times_s, s.util_frac, self.first_grant_s, self.end_s) / self.window_s
+
     @property
     def mean_util_frac(self) -> float:
-        total = sum(integral(s.times_s, s.util_frac, self.start_s, self.end_s) for s in self.series.values())
-        return total / (len(self.devices) * self.span_s) if self.devices and self.span_s > 0 else 0.0
+        return sum(map(self.mean_util, self.series.values())) / len(self.devices) if self.devices else 0.0
 
     @property
     def mean_mfu_frac(self) -> float | None:
         """None without a peak for every device, or without any FLOPs."""
-        if not self.devices or self.span_s <= 0 or len(self.peak_flops) < len(self.devices) or not self.flops:
+        if not self.devices or len(self.peak_flops) < len(self.devices) or not self.flops:
             return None
-        return sum(iv.flops / self.peak_flops[iv.device] for iv in self.intervals) / (len(self.devices) * self.span_s)
+        return sum(iv.flops / self.peak_flops[iv.device] for iv in self.intervals) / (len(self.devices) * self.window_s)
 
-    def pipeline_summary(self) -> list[PipelineSummary]:
-        out = []
-        for p in self.pipelines:
-            mine = [iv for iv in self.intervals if iv.pipeline == p]
-            busy = _union_s(mine)
-            flops = sum(iv.flops for iv in mine)
-            peak_s = sum(self.peak_flops.get(d, math.nan) * s for d, s in _busy_by_device(mine).items())
-            mfu = flops / peak_s if flops and peak_s > 0 and not math.isnan(peak_s) else None
-            sm_s = sum(iv.sm_frac * iv.duration_s for iv in mine)
-            out.append(PipelineSummary(name=p, busy_device_s=busy, sm_device_s=sm_s,
-                                       tokens=self.tokens.get(p, 0), flops=flops,
-                                       flops_source=self.flops_source.get(p, "none"), mfu_frac=mfu))
-        return out
+    def pipeline_summary(self) -> list:
+        """summary.pipeline_summary(self)."""
+        from jigsaw.timeline.summary import pipeline_summary
+
+        return pipeline_summary(self)
 
     def device_of(self, substage: str, t_s: float) -> int | None:
         """Where `substage` was (last granted at or before t_s), else its DP rank's placed device."""
@@ -359,26 +400,6 @@ class Timeline:
         return None
 
 
-def _busy_by_device(ivs: Sequence[Interval]) -> dict[int, float]:
-    by: dict[int, list[Interval]] = defaultdict(list)
-    for iv in ivs:
-        by[iv.device].append(iv)
-    return {d: _union_len([(iv.start_s, iv.end_s) for iv in group]) for d, group in by.items()}
-
-
-def _union_s(ivs: Sequence[Interval]) -> float:
-    return sum(_busy_by_device(ivs).values())
-
-
-def _union_len(spans: list[tuple[float, float]]) -> float:
-    total, hi = 0.0, -math.inf
-    for a, b in sorted(spans):
-        if b > hi:
-            total += b - max(a, hi)
-            hi = b
-    return total
-
-
 def build(trace: Trace, *, name: str = "trace", peak_flops: float | None = None,
           devices: Sequence[int] | None = None) -> Timeline:
     """Everything the outputs draw (see the module docstring)."""
@@ -389,8 +410,9 @@ def build(trace: Trace, *, name: str = "trace", peak_flops: float | None = None,
     if not ivs:
         raise ValueError(f"{name}: no grant events, nothing to draw")
     start, end = span_s(trace)
-    if end <= start:
-        raise ValueError(f"{name}: every event is at t={start}s, the trace spans no time")
+    first_grant = min(iv.start_s for iv in ivs)
+    if end <= first_grant:
+        raise ValueError(f"{name}: every grant is at the trace's end (t={end}s), the trace spans no time")
     if devices:
         missing = sorted(set(devices) - set(known))
         if missing:
@@ -400,12 +422,15 @@ def build(trace: Trace, *, name: str = "trace", peak_flops: float | None = None,
     pipelines = tuple(dict.fromkeys([*meta, *(iv.pipeline for iv in ivs)]))
     peaks = device_peaks(trace, known, peak_flops)
     series = {d: device_series(d, [iv for iv in ivs if iv.device == d], pipelines, peaks.get(d)) for d in known}
-    return Timeline(name=name, start_s=start, end_s=end, pipelines=pipelines, devices=tuple(known),
-                    intervals=tuple(ivs), series=series, peak_flops=peaks, tokens=_tokens(trace),
+    events = defaultdict(list)
+    for e in trace.events:
+        events[e.event].append(e)
+    return Timeline(name=name, start_s=start, first_grant_s=first_grant, end_s=end, pipelines=pipelines,
+                    devices=tuple(known), hardware=hardware(trace), intervals=tuple(ivs), series=series,
+                    peak_flops=peaks, tokens=_tokens(trace), steps=dict(Counter(e.pipeline for e in events["step"])),
                     flops_source=_flops_sources(trace, pipelines), unattributed_flops=lost,
-                    migrations=tuple(e for e in trace.events if e.event == "migration"),
-                    hosts=tuple(e for e in trace.events if e.event == "host"), placement=placement,
-                    where=_where(ivs))
+                    migrations=tuple(events["migration"]), hosts=tuple(events["host"]), opens=tuple(events["open"]),
+                    placement=placement, where=_where(ivs))
 
 
 def _where(ivs: Sequence[Interval]) -> dict[str, tuple[tuple[float, int], ...]]:
@@ -445,6 +470,7 @@ def load(path: str | Path, *, peak_flops: float | None = None, devices: Sequence
 
 
 def describe(tl: Timeline) -> str:
+    """One line: devices, pipelines, the window (and the start-up left out), mean share and MFU."""
     mfu = tl.mean_mfu_frac
     if mfu is not None:
         mfu_s = f"mean MFU {mfu:.2%}"
@@ -452,5 +478,6 @@ def describe(tl: Timeline) -> str:
         mfu_s = "MFU unknown (no FLOPs in the trace)"
     else:
         mfu_s = "MFU unknown (no peak FLOP/s for every device: pass --peak-tflops)"
-    return (f"{len(tl.devices)} devices, {len(tl.pipelines)} pipelines, {tl.span_s:,.1f} s; "
-            f"mean utilisation {tl.mean_util_frac:.1%}, {mfu_s}")
+    startup = f" after a {tl.startup_s:,.1f} s start-up (not counted)" if tl.startup_s >= 0.05 else ""
+    return (f"{tl.hardware.count(len(tl.devices))}, {len(tl.pipelines)} pipelines, {tl.window_s:,.1f} s{startup}; "
+            f"mean utilisation {tl.mean_util_frac:.1%} ({tl.hardware.share} granted), {mfu_s}")
