@@ -1,7 +1,9 @@
-"""`jigsaw profile`: grid assembly from measurements, kernels from a model config, CLI errors."""
+"""`jigsaw profile`: grid assembly from measurements, kernels from a model config, where the CLI
+writes (never over a shipped grid unless asked; a degenerate grid beside it), CLI errors."""
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -9,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from jigsaw.cli.main import main
 from jigsaw.mux.kernels import KINDS, build_kernels, model_spec
 from jigsaw.mux.prior import H100, ModelSpec, PriorConfig
 from jigsaw.mux.profiler import MeasurementError, ProfileConfig, measure_grid
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.slowdown import DeviceInfo, load_grid
+from jigsaw.profiles import SHIPPED_DIR, resolve, user_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +46,7 @@ class FakeBench:
         return (self.t(a, sm_frac_a, mem_frac_a) * 1.05, self.t(b, 1 - sm_frac_a, 1 - mem_frac_a) * 1.05)
 
 
+@pytest.mark.timeout(60)
 def test_measured_grid_is_valid_and_both_views_come_from_one_run(tmp_path):
     bench = FakeBench()
     lines = []
@@ -59,7 +64,8 @@ def test_measured_grid_is_valid_and_both_views_come_from_one_run(tmp_path):
     # bench without noise never makes a point repeat
     assert bench.calls == 5 * 3 + 5 * 16 - 5 + n_pairs
     assert grid.source["noise"] == {"repeats": 3, "repeated_values": 5, "max_spread_frac": 0.0,
-                                    "median_spread_frac": 0.0, "kept_below_1": 0}
+                                    "median_spread_frac": 0.0, "kept_below_1": 0,
+                                    "max_spread_frac_by_kind": dict.fromkeys(FakeBench.BASE, 0.0)}
     out = tmp_path / "g.json"
     grid.save(out)
     assert load_grid(out) == grid
@@ -83,6 +89,7 @@ class NoisyBench(FakeBench):
         return t_a, t_b
 
 
+@pytest.mark.timeout(60)
 def test_noisy_points_are_measured_again_and_kept_unclamped_with_their_spread():
     bench = NoisyBench()
     grid = measure_grid(bench, "qwen3-0.6b", repeats=3)
@@ -94,6 +101,9 @@ def test_noisy_points_are_measured_again_and_kept_unclamped_with_their_spread():
     noise = grid.source["noise"]
     assert noise["kept_below_1"] == 4 * 2  # the decode self-pair at 4 memory levels, both views
     assert noise["max_spread_frac"] > 0.0 and noise["repeated_values"] > 5
+    # the spread is the noisy kind's: the first run of rollout_tail beside training was 20% fast
+    by_kind = noise["max_spread_frac_by_kind"]
+    assert by_kind.pop("rollout_tail") == noise["max_spread_frac"] and set(by_kind.values()) == {0.0}
     # a noisy point: 3 runs in all, the 2 repeats each after a fresh measurement of both bases
     assert bench.calls == 5 * 3 + 5 * 16 - 5 + 240 + (16 + 4) * 2 * 3
 
@@ -114,6 +124,7 @@ class SpikedBench(FakeBench):
         return t
 
 
+@pytest.mark.timeout(60)
 def test_a_point_still_under_the_noise_floor_is_refused_by_name():
     class Busy(FakeBench):  # both cores shared with other jobs: one core alone is 10x faster
         def alone(self, kind, sm_frac, mem_frac):
@@ -124,6 +135,7 @@ def test_a_point_still_under_the_noise_floor_is_refused_by_name():
         measure_grid(Busy(), "qwen3-0.6b", repeats=3)
 
 
+@pytest.mark.timeout(60)
 def test_a_base_measured_under_a_load_spike_does_not_make_its_kind_look_faster():
     # Against the inflated base every point of the kind comes out at 1/8 (under the noise
     # floor: the grid would not even load); the paired repeats divide by a fresh base instead.
@@ -183,6 +195,7 @@ def test_datasheet_peaks_come_from_the_prior_devices():
     assert datasheet_peaks("Tesla T4") == (1.0, 1.0)
 
 
+@pytest.mark.timeout(300)
 def test_profile_without_a_gpu_says_why():
     r = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "profile", "--model", "qwen3-0.6b"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -193,6 +206,7 @@ def test_profile_without_a_gpu_says_why():
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(300)
 def test_profile_smoke_on_a_gpu(tmp_path):
     from jigsaw.mux.profile_cuda import CudaBench
 
@@ -207,6 +221,7 @@ def test_profile_smoke_on_a_gpu(tmp_path):
     assert load_grid(tmp_path / "g.json") == grid
 
 
+@pytest.mark.timeout(300)
 def test_cpu_profile_measures_a_valid_grid_on_this_machine(tmp_path):
     """Real measurement (short): the recipe's model on core sets; the grid loads and holds
     what was measured, or, on a machine too busy to measure, the profiler says which point."""
@@ -240,3 +255,84 @@ def test_cpu_profile_measures_a_valid_grid_on_this_machine(tmp_path):
     grid.save(tmp_path / "cpu.json")
     assert load_grid(tmp_path / "cpu.json") == grid
     assert not any(p.is_alive() for p in bench.procs)
+
+
+# ---------------------------------------------------------------- where `jigsaw profile` writes
+
+CPU_2C = DeviceInfo(sku="CPU-x86_64-2c", num_sms=2, mem_bytes=2**34, peak_flops=1e11, mem_bw_bytes_per_s=1.0)
+
+
+class CpuFakeBench(FakeBench):
+    """FakeBench as `jigsaw profile --device cpu` sees it on 2 cores: default output cpu/tiny-qwen3."""
+
+    device_info = CPU_2C
+
+    def close(self):
+        pass
+
+
+class FlatBench(CpuFakeBench):
+    """A loaded machine: half the cores are as fast as both, and a partner on the other half costs
+    nothing (the degenerate grid a user once got)."""
+
+    def t(self, kind, sm_frac, mem_frac):
+        return super().t(kind, 1.0, mem_frac)
+
+
+@pytest.fixture
+def fake_cli(monkeypatch, tmp_path):
+    """`jigsaw profile --device cpu` on a fake bench, with a copy of the shipped grids standing for
+    the installed ones (a broken refusal overwrites the copy, never the checkout's files)."""
+    shipped = tmp_path / "installed"
+    shutil.copytree(SHIPPED_DIR, shipped)
+    monkeypatch.setattr("jigsaw.profiles.SHIPPED_DIR", shipped)
+    benches = []
+
+    def profile(*flags, bench=CpuFakeBench):
+        benches.append(bench())
+        monkeypatch.setattr("jigsaw.cli.profile._bench", lambda cfg: (benches[-1], "tiny-qwen3", (0.5, 1.0), "fake"))
+        return main(["profile", "--device", "cpu", *flags])
+
+    profile.shipped = shipped / "cpu" / "tiny-qwen3.json"
+    profile.benches = benches
+    return profile
+
+
+@pytest.mark.timeout(60)
+def test_the_default_output_is_the_user_profile_dir_and_the_name_finds_it(fake_cli, capsys):
+    real = (SHIPPED_DIR / "cpu" / "tiny-qwen3.json").read_bytes()
+    assert fake_cli() == 0
+    out = user_dir() / "cpu" / "tiny-qwen3.json"  # JIGSAW_PROFILE_DIR: a tmp dir per test (conftest)
+    assert load_grid(out).source["note"] == "fake" and resolve("cpu/tiny-qwen3") == out
+    err = capsys.readouterr().err
+    assert f"wrote {out}; the name cpu/tiny-qwen3 now resolves to it (it shadows the shipped {fake_cli.shipped})" in err
+    assert "[120/120] training + training at σ=1 mem=0.8" in err  # progress lines are kept
+    assert (SHIPPED_DIR / "cpu" / "tiny-qwen3.json").read_bytes() == real
+
+
+@pytest.mark.timeout(60)
+def test_a_shipped_grid_is_overwritten_only_when_out_names_it(fake_cli, monkeypatch, capsys):
+    before = fake_cli.shipped.read_bytes()
+    monkeypatch.setenv("JIGSAW_PROFILE_DIR", str(fake_cli.shipped.parents[1]))  # user dir = the installed grids
+    assert fake_cli() == 2
+    assert f"jigsaw: error: refusing to write {fake_cli.shipped}: it is inside the grids installed" in \
+        capsys.readouterr().err
+    assert fake_cli.benches[-1].calls == 0  # refused before measuring
+    assert fake_cli.shipped.read_bytes() == before
+    assert sorted(p.name for p in fake_cli.shipped.parent.iterdir()) == ["tiny-qwen3.json"]
+    assert fake_cli("--out", str(fake_cli.shipped)) == 0  # asked for by name: written
+    assert load_grid(fake_cli.shipped).source["note"] == "fake"
+    assert "over the shipped grid (asked with --out)" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_a_degenerate_measurement_is_kept_beside_the_output_where_the_name_does_not_find_it(fake_cli, capsys):
+    assert fake_cli(bench=FlatBench) == 1
+    out = user_dir() / "cpu" / "tiny-qwen3.json"
+    rejected = out.with_name("tiny-qwen3.rejected.json")
+    assert not out.exists() and load_grid(rejected).source["note"] == "fake"
+    assert resolve("cpu/tiny-qwen3") == fake_cli.shipped  # the name still means the shipped grid
+    err = capsys.readouterr().err
+    assert "DEGENERATE (flat): every kind alone at σ=0.5 (memory 0.8) is within 3%" in err
+    assert f"NOT written to {out}" in err and f"It is at {rejected} for inspection" in err
+    assert f"the name cpu/tiny-qwen3 still resolves to {fake_cli.shipped}" in err

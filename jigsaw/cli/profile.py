@@ -2,24 +2,38 @@
 
     ProfileConfig ─► CudaBench (green-context pairs, kernels from the model config)
                    | CpuBench (core-set pairs, the recipe's model and sub-stage kinds)
-                  ─► measure_grid() with a progress line per point ─► <user profile dir>/<sku>/<model>.json
+                  ─► out = --out or <user profile dir>/<sku>/<model>.json
+                     (inside the shipped grids only when --out names it, else refused before measuring)
+                  ─► measure_grid() with a progress line per point
+                  ─► jigsaw.mux.validate.check_grid() ─► findings and spread printed
+                        degenerate ─► <out stem>.rejected.json, exit 1 (the name keeps its old grid)
+                        otherwise  ─► out, exit 0: the name <sku>/<model> now resolves to it
+    --check FILE_OR_NAME ─► check_grid() on an existing grid, nothing measured: exit 1 if degenerate
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import tyro
 
 from jigsaw.mux.profiler import ProfileConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from jigsaw.mux.slowdown import DeviceInfo, SlowdownGrid
+    from jigsaw.mux.validate import Finding
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Args:
     """Measure the slowdown grid of this machine's device for a model: every sub-stage kind
     alone under each SM (or core) and memory budget, and every pair side by side on disjoint
-    partitions.  Writes the core library's grid format (see `jigsaw inspect`)."""
+    partitions.  Writes the core library's grid format (see `jigsaw inspect`) after checking
+    that it describes the device rather than the load on it (`--check` checks an existing grid)."""
 
     profile: Annotated[ProfileConfig, tyro.conf.OmitArgPrefixes] = ProfileConfig()
 
@@ -27,32 +41,131 @@ class Args:
 def run(args: Args) -> int:
     from rich.console import Console
 
-    from jigsaw.mux.profiler import default_out, measure_grid
-
     cfg = args.profile
-    console = Console(stderr=True)
+    if cfg.check is not None:
+        return _check(Console(soft_wrap=True), cfg.check)
+    return _measure(Console(stderr=True, soft_wrap=True), cfg)
+
+
+def _check(console: Console, ref: str) -> int:
+    from jigsaw.mux.slowdown import SlowdownGrid
+    from jigsaw.mux.validate import check_grid, is_degenerate
+
+    grid = SlowdownGrid.load(ref)
+    findings = check_grid(grid)
+    _report(console, grid, findings)
+    if is_degenerate(findings):
+        console.print(f"{grid.path} is degenerate: it describes the load on the machine it was measured on, "
+                      "not the device; measure it again on an idle machine", markup=False)
+        return 1
+    console.print(f"ok: {grid.path} is usable ({len(findings)} warning{'s' * (len(findings) != 1)})", markup=False)
+    return 0
+
+
+def _measure(console: Console, cfg: ProfileConfig) -> int:
+    from jigsaw.mux.validate import check_grid
+
     bench, name, levels, note = _bench(cfg)
     try:
-        with console.status("profiling ...") as status:
-            def progress(line: str) -> None:
-                status.update(line)
-                if not console.is_terminal:  # logs and CI see the progress too
-                    console.print(line)
-
-            grid = measure_grid(bench, name, sm_levels=levels, progress=progress, note=note, repeats=cfg.repeats)
+        out, ref = _target(cfg, bench.device_info, name)
+        grid = _measure_grid(console, bench, name, levels, note, cfg.repeats)
     finally:
         bench.close()
-    out = cfg.out or default_out(grid.device, name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(out)
+    findings = check_grid(grid)
+    _report(console, grid, findings)
+    return _save(console, grid, findings, out, ref)
+
+
+def _target(cfg: ProfileConfig, device_info: DeviceInfo, model: str) -> tuple[Path, str]:
+    """Where the grid goes and the name ("cpu/tiny-qwen3") that finds it; refuses a shipped file
+    that --out did not name."""
+    from jigsaw.mux.profiler import default_out
+    from jigsaw.profiles import SHIPPED_DIR, is_shipped, user_dir
+
+    default = default_out(device_info, model)
+    out = cfg.out or default
+    if cfg.out is None and is_shipped(out):
+        raise ValueError(f"refusing to write {out}: it is inside the grids installed with jigsaw ({SHIPPED_DIR}) "
+                         f"because the user profile dir {user_dir()} is; point JIGSAW_PROFILE_DIR elsewhere, or pass "
+                         f"--out {out} to overwrite the shipped grid on purpose")
+    return out, f"{default.parent.name}/{default.stem}"
+
+
+def _measure_grid(console: Console, bench, model: str, levels, note: str, repeats: int) -> SlowdownGrid:
+    from jigsaw.mux.profiler import measure_grid
+
+    with console.status("profiling ...") as status:
+        def progress(line: str) -> None:
+            status.update(line)
+            if not console.is_terminal:  # logs and CI see the progress too
+                console.print(line, markup=False)
+
+        return measure_grid(bench, model, sm_levels=levels, progress=progress, note=note, repeats=repeats)
+
+
+def _report(console: Console, grid: SlowdownGrid, findings: list[Finding]) -> None:
+    """The grid's spread per kind, its noise and packing, then every finding."""
+    from jigsaw.mux.validate import kind_spreads, packing
+
     low = grid.sm_levels[0]
-    slow = grid.alone("training", low, grid.mem_levels[-1])
-    noise = grid.source["noise"]
-    console.print(f"wrote {out}: training at {low:.0%} of the device x{slow:.2f}, "
-                  f"best packing {grid.max_pack_efficiency():.2f}; {noise['repeated_values']} noisy values "
-                  f"measured {noise['repeats']}x (spread up to {noise['max_spread_frac']:.0%}), "
-                  f"{noise['kept_below_1']} still under 1.0")
+    say = _printer(console)
+    say(f"{grid.path or 'this measurement'}: {grid.source['kind']} grid of {grid.model} on {grid.device.sku}")
+    say(f"  {'kind':<16} {'repeat spread':>13}   alone at σ={low:g}, min-max over memory")
+    for row in kind_spreads(grid):
+        spread = f"{row.repeat_spread_frac:.0%}" if row.repeat_spread_frac is not None else \
+            "not recorded" if grid.source["kind"] == "measured" else "(a prior)"
+        say(f"  {row.kind:<16} {spread:>13}   {row.low_share_min:.2f}-{row.low_share_max:.2f}")
+    if noise := grid.source.get("noise"):
+        say(f"  noise: {noise['repeated_values']} values measured {noise['repeats']}x, spread median "
+            f"{noise['median_spread_frac']:.0%}, max {noise['max_spread_frac']:.0%}; "
+            f"{noise['kept_below_1']} kept under 1.0")
+    if best := packing(grid):
+        (a, b), top = max(best.items(), key=lambda item: item[1])
+        (c, d), bottom = min(best.items(), key=lambda item: item[1])
+        say(f"  packing (1/s_a + 1/s_b, 2.00 if pairs cost nothing): best {top:.2f} ({a} + {b}), "
+            f"least packable pair {bottom:.2f} ({c} + {d})")
+    for f in findings:
+        say(f"{'warning' if f.severity == 'warning' else 'DEGENERATE'} ({f.rule}): {f.message}")
+
+
+def _save(console: Console, grid: SlowdownGrid, findings: list[Finding], out: Path, ref: str) -> int:
+    """Write a usable grid to `out`; a degenerate one next to it, where its name does not find it."""
+    from jigsaw.mux.validate import is_degenerate
+    from jigsaw.profiles import is_shipped
+
+    say = _printer(console)
+    if is_degenerate(findings):
+        rejected = out.with_name(f"{out.stem}.rejected.json")
+        grid.save(rejected)
+        say(f"NOT written to {out}: the measured grid is degenerate (above); {_name_note(ref, None)}. "
+            f"It is at {rejected} for inspection; stop other jobs and run `jigsaw profile` again.")
+        return 1
+    shipped = is_shipped(out)
+    grid.save(out)
+    say(f"wrote {out}{' over the shipped grid (asked with --out)' if shipped else ''}; {_name_note(ref, out)}")
     return 0
+
+
+def _printer(console: Console):
+    """Plain lines: no rich markup (a message may hold brackets) and no wrapping (soft_wrap)."""
+    return lambda text: console.print(text, markup=False, highlight=False)
+
+
+def _name_note(ref: str, out: Path | None) -> str:
+    """What the name `ref` finds now, said against the grid just written to `out` (None: none was)."""
+    from jigsaw.profiles import SHIPPED_DIR, resolve
+
+    try:
+        found = resolve(ref)
+    except FileNotFoundError:
+        return f"the name {ref} finds no grid" + ("; load this one by its path" if out else "")
+    if out is None:
+        return f"the name {ref} still resolves to {found}"
+    if found.resolve() != out.resolve():
+        return f"the name {ref} resolves to {found}, not to this grid: load it by its path"
+    shipped = [p for p in (SHIPPED_DIR / f"{ref}.json", SHIPPED_DIR / f"{ref}.prior.json")
+               if p.is_file() and p.resolve() != out.resolve()]
+    return f"the name {ref} now resolves to it" + (f" (it shadows the shipped {shipped[0]})" if shipped else "")
 
 
 def _bench(cfg: ProfileConfig):

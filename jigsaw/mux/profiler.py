@@ -17,7 +17,8 @@ noise, so such a point is measured again (`repeats` in all) and the median kept;
 times are medians of `repeats` runs.  A repeat is paired: the base is measured again right
 before it and the point divided by that, so a load spike that inflated the first base (and
 made every point of its kind look faster) cancels instead of being kept.  The grid's source
-says how many points were repeated, their relative spread, and how many stayed under 1.0.
+says how many points were repeated, their relative spread (overall and per kind), and how
+many stayed under 1.0; jigsaw.mux.validate reads it.
 A point that stays under the noise floor even so was not measured but disturbed (a CPU
 "device" shared with other jobs runs a one-core split many times faster than the whole,
 whose threads wait for each other): `MeasurementError` says which and why, and no grid
@@ -62,7 +63,11 @@ class ProfileConfig:
     qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""
     out: Path | None = None
     """Output file (default: <user profile dir>/<sku>/<model>.json, never a shipped grid; see
-    jigsaw.profiles.user_dir: $JIGSAW_PROFILE_DIR, else $XDG_DATA_HOME/jigsaw/profiles)."""
+    jigsaw.profiles.user_dir: $JIGSAW_PROFILE_DIR, else $XDG_DATA_HOME/jigsaw/profiles).  A
+    shipped grid is overwritten only when named here."""
+    check: str | None = None
+    """Measure nothing: validate an existing grid (a file, or a name like cpu/tiny-qwen3) and
+    exit 1 if it is degenerate, 0 otherwise (see jigsaw.mux.validate)."""
     layers: int = 4
     """Decoder layers instantiated: slowdowns are ratios of time per token and every layer has
     the same shape, so a few stand for the model while bounding memory and time."""
@@ -131,12 +136,14 @@ class _Noise:
     """Each kind's base time: the median of `repeats` runs."""
     spreads: list[float] = field(default_factory=list)
     """(max − min) / median of every repeated measurement."""
+    kind_spread: dict[str, float] = field(default_factory=dict)
+    """The largest of those spreads per kind (a pair's two values count for their own kinds)."""
     below_one: int = 0
     """Kept slowdowns still under 1.0 after the repeats."""
 
     def measure_bases(self, kinds) -> None:
         for k in kinds:
-            self.base[k] = self._keep([(self.alone(k),) for _ in range(self.repeats)])[0]
+            self.base[k] = self._keep([(self.alone(k),) for _ in range(self.repeats)], (k,))[0]
 
     def ratio(self, run: Callable[[], tuple[float, ...]], kinds: tuple[str, ...], what: str) -> tuple[float, ...]:
         """Slowdowns of one measurement of `kinds` against their base times; when one is under
@@ -146,7 +153,7 @@ class _Noise:
             for _ in range(self.repeats - 1):
                 fresh = [self.alone(k) for k in kinds]
                 runs.append(tuple(t / b for t, b in zip(run(), fresh, strict=True)))
-        kept = self._keep(runs)
+        kept = self._keep(runs, kinds)
         if min(kept) < NOISE_FLOOR:
             raise MeasurementError(
                 f"{what}: {min(kept):.3g} of the time alone on the whole device after {len(runs)} paired "
@@ -155,18 +162,21 @@ class _Noise:
         self.below_one += sum(v < 1.0 for v in kept)
         return kept
 
-    def _keep(self, runs: list[tuple[float, ...]]) -> tuple[float, ...]:
+    def _keep(self, runs: list[tuple[float, ...]], kinds: tuple[str, ...]) -> tuple[float, ...]:
         kept = tuple(statistics.median(col) for col in zip(*runs, strict=True))
         if len(runs) > 1:
-            self.spreads.extend((max(col) - min(col)) / med for col, med in zip(zip(*runs, strict=True), kept,
-                                                                                 strict=True))
+            for col, med, k in zip(zip(*runs, strict=True), kept, kinds, strict=True):
+                spread = (max(col) - min(col)) / med
+                self.spreads.append(spread)
+                self.kind_spread[k] = max(spread, self.kind_spread.get(k, 0.0))
         return kept
 
     def summary(self) -> dict:
         return {"repeats": self.repeats, "repeated_values": len(self.spreads),
                 "max_spread_frac": round(max(self.spreads, default=0.0), 4),
                 "median_spread_frac": round(statistics.median(self.spreads), 4) if self.spreads else 0.0,
-                "kept_below_1": self.below_one}
+                "kept_below_1": self.below_one,
+                "max_spread_frac_by_kind": {k: round(v, 4) for k, v in self.kind_spread.items()}}
 
 
 def _partner_index(sm_levels, i: int) -> int:

@@ -50,7 +50,7 @@ def available() -> list[str]:
     for root in (user_dir(), SHIPPED_DIR):
         if root.is_dir():
             names.update(str(p.relative_to(root)).removesuffix(".json").removesuffix(".prior")
-                         for p in root.glob("*/*.json"))
+                         for p in root.glob("*/*.json") if not p.name.endswith(".rejected.json"))
     return sorted(names)
 
 
