@@ -1,11 +1,13 @@
-"""Serial vs naive concurrent vs jigsaw: two real GRPO pipelines on this CPU, in one run.
+"""Serial vs naive concurrent vs jigsaw: two real GRPO pipelines on this CPU, repeated, in one run.
 
-    python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256]
+    python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3]
 
 The same runs as `jigsaw demo` (jigsaw.recipes.demo): each mode runs both pipelines with the
-same seeds; tokens/s is over the time the pipelines spend in their steps (start-up, the same
-in every mode, is left out; the whole-run wall time is printed next to it).  Goal: jigsaw
-≥ 1.3× serial and above naive.  Needs profiles/cpu/tiny-qwen3.json (`jigsaw profile --device cpu`).
+same seeds, the modes interleaved and repeated; tokens/s is over the measured steps (start-up
+and the warm-up step left out; the whole-run wall time is printed next to it), as the median
+and the spread over the repeats, with the ratio to serial paired by repeat.  The verdict line
+says whether the machine was quiet and the repeats agree.  Goal: jigsaw ≥ 1.3× serial and
+above naive.  Uses the CPU grid cpu/tiny-qwen3 (yours if `jigsaw profile --device cpu` measured one).
 """
 
 from __future__ import annotations
@@ -15,19 +17,24 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jigsaw.recipes.demo import DemoConfig, run_demo, table
+from jigsaw.recipes.demo import DemoConfig, run_demo
+from jigsaw.recipes.demo_report import summarise, table, verdict
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=DemoConfig().steps)
     ap.add_argument("--max-new-tokens", type=int, default=DemoConfig().max_new_tokens)
+    ap.add_argument("--repeats", type=int, default=DemoConfig().repeats)
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/jigsaw-cpu-demo"))
     args = ap.parse_args()
-    console = Console()
-    results = run_demo(DemoConfig(steps=args.steps, max_new_tokens=args.max_new_tokens, out_dir=args.out_dir),
-                       say=console.print)
-    console.print(table(results))
+    console = Console(width=110)
+    runs = run_demo(DemoConfig(steps=args.steps, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                               out_dir=args.out_dir), say=console.print)
+    summaries = summarise(runs)
+    console.print(table(summaries))
+    for line in verdict(runs, summaries):
+        console.print(line, highlight=False)
 
 
 if __name__ == "__main__":

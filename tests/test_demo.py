@@ -1,11 +1,16 @@
-"""The GRPO recipe and `jigsaw demo` end to end on this CPU (real processes, real engines)."""
+"""The GRPO recipe and `jigsaw demo` end to end on this CPU (real processes, real engines), and
+the demo's report: medians, spread, pairing by repeat, and when it calls itself unreliable."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from jigsaw.cli.main import main
+from jigsaw.recipes import demo
+from jigsaw.recipes.demo import DemoConfig, Run, _summarise
+from jigsaw.recipes.demo_report import MAX_BUSY_FRAC, doubts, summarise, table, verdict
 from jigsaw.recipes.grpo import RecipeConfig, _caps
 
 
@@ -23,12 +28,13 @@ def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path)  # a user's directory, not the repository: the default is relative
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "24",
-                 "--out-dir", "demo"]) == 0
+                 "--repeats", "1", "--out-dir", "demo"]) == 0
     printed = capsys.readouterr().out
     for mode in ("serial", "naive", "naive-fair", "jigsaw"):
         docs = [json.loads(p.read_text()) for p in sorted(out.glob(f"{mode}-seed*.json"))]
         assert len(docs) == 2 and all(len(d["steps"]) == 2 and d["tokens"] > 0 for d in docs), mode
-        assert mode in printed
+        assert mode in printed and (out / "logs" / f"{mode}-r1.log").stat().st_size > 0
+    assert "one run per mode" in printed  # a single repeat is never called reliable
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon
@@ -37,26 +43,87 @@ def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys, monkeypa
     releases = [e for e in events if e["event"] == "release" and e["data"].get("flops")]
     assert releases  # FLOPs reach the trace, so the timeline has an MFU
     png = out / "jigsaw-timeline.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "jigsaw-timeline.html").exists()
     assert Path(out / "daemon.log").exists()
 
 
-def test_the_demo_table_counts_every_sub_stage_that_fell_open(tmp_path):
+def _result(tmp_path: Path, name: str, latencies: list[float], tokens: list[int], fell: int = 0) -> Path:
+    steps, t = [], 100.0
+    for lat, tok in zip(latencies, tokens):
+        steps.append({"latency_s": lat, "tokens": tok, "start_s": t, "end_s": t + lat})
+        t += lat
+    doc = {"name": name, "tokens": sum(tokens), "steps": steps,
+           "fell_open": [{"kind": "training", "dp_rank": 0, "step": i, "substage": "", "reason": "unreachable"}
+                         for i in range(fell)]}
+    (path := tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    return path
+
+
+def test_warm_up_steps_are_left_out_of_time_and_tokens(tmp_path):
+    a = _result(tmp_path, "a", [100.0, 2.0, 2.0], [7, 10, 10])  # a 100 s warm-up must not count
+    b = _result(tmp_path, "b", [50.0, 1.0, 3.0], [5, 20, 20])
+    serial = _summarise("serial", 0, 200.0, [a, b], warmup_steps=1)
+    assert serial.steps_s == pytest.approx(4.0 + 4.0) and serial.tokens == 60
+    concurrent = _summarise("naive", 0, 200.0, [a, b], warmup_steps=1)
+    assert concurrent.steps_s == pytest.approx(104.0 - 50.0)  # earliest measured start to latest end
+    assert concurrent.step_latency_s == {"a": 2.0, "b": 2.0}
+    assert concurrent.step_tokens == ((7, 10, 10), (5, 20, 20))
+
+
+def test_sub_stages_that_fell_open_are_counted_for_the_jigsaw_run_only(tmp_path):
+    paths = [_result(tmp_path, "a", [1, 1], [5, 5], fell=2), _result(tmp_path, "b", [1, 1], [5, 5], fell=1)]
+    assert _summarise("jigsaw", 0, 9.0, paths, 1).fell_open == 3
+    assert _summarise("serial", 0, 9.0, paths, 1).fell_open == 0  # no daemon there: uncontrolled by design
     from rich.console import Console
 
-    from jigsaw.recipes.demo import _summarise, table
-
-    def result(name: str, fell: int) -> Path:
-        doc = {"name": name, "tokens": 100, "start_s": 10.0, "end_s": 20.0,
-               "steps": [{"latency_s": 5.0}, {"latency_s": 5.0}],
-               "fell_open": [{"kind": "training", "dp_rank": 0, "step": i, "substage": "", "reason": "unreachable"}
-                             for i in range(fell)]}
-        (path := tmp_path / f"{name}.json").write_text(json.dumps(doc))
-        return path
-
-    r = _summarise("jigsaw", 12.0, [result("a", 2), result("b", 1)])
-    assert r.fell_open == 3 and r.tokens_per_s == 20.0
+    runs = [_summarise("jigsaw", 0, 9.0, paths, 1), _summarise("serial", 0, 9.0, paths, 1)]
     console = Console(width=200, record=True)
-    console.print(table([_summarise("serial", 25.0, [result("c", 0), result("d", 0)]), r]))
+    console.print(table(summarise(runs)))
     row = next(line for line in console.export_text().splitlines() if "jigsaw" in line)
     assert row.rstrip(" │").endswith("3")  # the last column: sub-stages that fell open
+
+
+def _run(mode: str, rep: int, tps: float, **kw) -> Run:
+    return Run(mode=mode, repeat=rep, wall_s=30.0, steps_s=10.0, tokens=round(tps * 10), step_tokens=((1, 2),),
+               step_latency_s={"a": 1.0}, **kw)
+
+
+def test_ratios_to_serial_are_paired_by_repeat_and_the_median_is_reported():
+    # repeat 1 ran on a slow machine: serial and jigsaw both slow; pairing keeps the ratio at 2
+    runs = [_run("serial", 0, 100), _run("jigsaw", 0, 200), _run("serial", 1, 50), _run("jigsaw", 1, 100),
+            _run("serial", 2, 100), _run("jigsaw", 2, 200)]
+    by = {s.mode: s for s in summarise(runs)}
+    assert by["jigsaw"].vs_serial == pytest.approx((2.0, 2.0, 2.0))
+    assert by["jigsaw"].tokens_per_s == pytest.approx(200) and by["jigsaw"].min_tokens_per_s == pytest.approx(100)
+
+
+def test_a_tight_quiet_comparison_is_reliable_and_each_doubt_is_named():
+    quiet = [_run(m, r, base * (1 + 0.02 * r)) for r in range(3) for m, base in (("serial", 100), ("jigsaw", 150))]
+    assert doubts(quiet, summarise(quiet)) == []
+    assert verdict(quiet, summarise(quiet))[-1].startswith("reliable")
+
+    spread = quiet[:-1] + [_run("jigsaw", 2, 250)]  # one jigsaw run 60% off the others
+    assert any(d.startswith("jigsaw: its runs differ") for d in doubts(spread, summarise(spread)))
+    busy = [*quiet[:-1], replace(quiet[-1], idle_busy_frac=MAX_BUSY_FRAC + 0.2)]
+    assert any("busy" in d for d in doubts(busy, summarise(busy)))
+    different = [*quiet[:-1], replace(quiet[-1], step_tokens=((1, 3),))]
+    assert any("different work" in d for d in doubts(different, summarise(different)))
+    straddle = [_run("serial", r, 100) for r in range(3)] + [_run("jigsaw", r, t) for r, t in enumerate((95, 100, 105))]
+    assert any("faster than serial and some slower" in d for d in doubts(straddle, summarise(straddle)))
+    assert any("UNRELIABLE" in line for line in verdict(busy, summarise(busy)))
+
+
+def test_modes_are_interleaved_and_rotated_across_repeats(tmp_path, monkeypatch):
+    order = []
+    monkeypatch.setattr(demo, "_run_mode", lambda mode, rep, cfg: order.append(mode) or _run(mode, rep, 1.0))
+    monkeypatch.setattr(demo, "machine_busy_frac", lambda: 0.0)
+    runs = demo.run_demo(DemoConfig(repeats=3, modes=("serial", "naive", "jigsaw"), out_dir=tmp_path), say=lambda s: 0)
+    assert order == ["serial", "naive", "jigsaw", "naive", "jigsaw", "serial", "jigsaw", "serial", "naive"]
+    assert [r.repeat for r in runs] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_bad_demo_configs_are_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="unknown demo modes"):
+        demo.run_demo(DemoConfig(modes=("serial", "fast"), out_dir=tmp_path))
+    with pytest.raises(ValueError, match="warmup"):
+        demo.run_demo(DemoConfig(steps=1, warmup_steps=1, out_dir=tmp_path))

@@ -1,6 +1,10 @@
 """`jigsaw demo`: two GRPO pipelines on this machine: serial, naive concurrent, under jigsaw.
 
-    DemoConfig ─► jigsaw.recipes.demo.run_demo() ─► table ─► timeline PNG of the jigsaw run
+    DemoConfig ─► jigsaw.recipes.demo.run_demo() (every mode, repeated, interleaved; a progress
+                  line per run) ─► demo_report: table (median, spread, × serial) + verdict
+               ─► timeline PNG and HTML of the last jigsaw run
+
+Exit code 0 when the demo ran, whether or not its comparison is reliable (the verdict says).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from jigsaw.recipes.demo import DemoConfig
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Args:
-    """Run two real GRPO pipelines (different seeds) four ways on this CPU: one after the other
-    (serial); both at once with no control, every worker on every core (naive); both at once
-    with cores / pipelines threads each (naive-fair); and scheduled by the jigsaw daemon with
-    CPU partitions.  Prints aggregated tokens/s, step latency, ratios and sub-stages that fell
-    open; writes the jigsaw run's trace and timeline PNG."""
+    """Run two real GRPO pipelines (different seeds) several ways on this CPU, each way several
+    times, interleaved: one after the other (serial); both at once with no control, every worker
+    on every core (naive); both at once with cores / pipelines threads each (naive-fair); and
+    scheduled by the jigsaw daemon with CPU partitions.  Prints tokens/s (median and spread over
+    the repeats, warm-up steps left out), ratios to serial, sub-stages that fell open, and
+    whether the comparison can be trusted; writes the jigsaw run's trace and timeline."""
 
     demo: Annotated[DemoConfig, tyro.conf.OmitArgPrefixes] = DemoConfig()
 
@@ -27,16 +32,24 @@ class Args:
 def run(args: Args) -> int:
     from rich.console import Console
 
-    from jigsaw.recipes.demo import run_demo, table
+    from jigsaw.recipes.demo import run_demo
+    from jigsaw.recipes.demo_report import summarise, table, verdict
 
-    console = Console()
-    results = run_demo(args.demo, say=console.print)
-    console.print(table(results))
-    trace = args.demo.out_dir / "jigsaw-trace.jsonl"
-    if any(r.mode == "jigsaw" for r in results) and trace.exists():
+    console = Console(width=None if Console().is_terminal else 110)  # logs get the whole table
+    cfg = args.demo
+    console.print(f"jigsaw demo: {len(cfg.modes)} modes × {cfg.repeats} repeats, {cfg.steps} steps each "
+                  f"({cfg.warmup_steps} warm-up not measured); logs in {cfg.out_dir / 'logs'}")
+    runs = run_demo(cfg, say=console.print)
+    summaries = summarise(runs)
+    console.print(table(summaries))
+    for line in verdict(runs, summaries):
+        console.print(line, style="bold red" if line.startswith("UNRELIABLE") else None, highlight=False)
+    trace = cfg.out_dir / "jigsaw-trace.jsonl"
+    if "jigsaw" in cfg.modes and trace.exists():
         from jigsaw import timeline
 
-        png = args.demo.out_dir / "jigsaw-timeline.png"
-        timeline.write(timeline.load(trace), png)
-        console.print(f"trace {trace}, timeline {png}")
+        tl = timeline.load(trace)
+        for suffix in ("png", "html"):
+            timeline.write(tl, cfg.out_dir / f"jigsaw-timeline.{suffix}")
+        console.print(f"last jigsaw run: trace {trace}, timeline {cfg.out_dir / 'jigsaw-timeline.png'} and .html")
     return 0

@@ -1,17 +1,20 @@
-"""`jigsaw demo`: two real GRPO pipelines on this CPU, four ways, side by side.
+"""`jigsaw demo`: two real GRPO pipelines on this CPU, several ways, side by side, repeated.
 
-    DemoConfig ─► for mode in (serial, naive, naive-fair, jigsaw):
+    DemoConfig ─► for repeat r: for mode in MODES rotated by r (interleaved, so drift of the
+                  machine hits every mode alike):
         serial      pipeline 1 to the end, then pipeline 2      (verl: one job owns the node)
         naive       both at once, no control: every worker uses every core (oversubscribed)
         naive-fair  both at once, each worker with cores / pipelines threads (no pinning), so
                     "above naive" is not a thread-count artefact
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
-        each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json
-    ─► table: wall time, aggregated tokens/s, mean step latency per pipeline, ratio to serial,
-       sub-stages that fell open (ran without the daemon)
-    ─► jigsaw mode's trace and its timeline PNG in --out-dir
+        each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
+        between runs: how busy the machine is without us (psutil, a short sample)
+    ─► Run per (mode, repeat): tokens/s over the measured steps (warm-up steps left out)
+    ─► demo_report: median and spread per mode, ratios to serial paired by repeat, sub-stages
+       that fell open, and whether the comparison can be trusted (spread, machine load, work)
 
-Every mode runs the same two seeds, so the pipelines do the same work in each.
+Every mode runs the same two seeds, so the pipelines do the same work in each; the report
+checks that the token counts agree.
 """
 
 from __future__ import annotations
@@ -38,16 +41,21 @@ class DemoConfig:
     """The demo run."""
 
     steps: int = 5
-    """GRPO steps per pipeline."""
+    """GRPO steps per pipeline, warm-up steps included."""
+    warmup_steps: int = 1
+    """Leading steps of each pipeline left out of the measurement (lazy initialisation, first
+    allocation, a daemon with no history yet)."""
+    repeats: int = 3
+    """Runs of every mode, interleaved; the table gives the median and the spread."""
     seeds: tuple[int, ...] = (1, 2)
     """One pipeline per seed."""
     modes: tuple[str, ...] = MODES
     """Which of serial, naive, naive-fair, jigsaw to run."""
     out_dir: Path = Path("jigsaw-demo")
-    """Trace, timeline PNG and per-pipeline results go here."""
+    """Trace, timeline, logs and per-pipeline results go here."""
     profile: str | None = None
-    """CPU slowdown grid for the daemon, a file or a name (default: cpu/tiny-qwen3, measured by
-    `jigsaw profile --device cpu` if you ran it, else the shipped one)."""
+    """CPU slowdown grid for the daemon, a file or a name; if unset, cpu/tiny-qwen3: the one
+    `jigsaw profile --device cpu` measured here, else the shipped one."""
     prompts: int = 8
     """Prompts per step of each pipeline."""
     group: int = 4
@@ -59,39 +67,68 @@ class DemoConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ModeResult:
+class Run:
+    """One mode, once: both pipelines to the end."""
+
     mode: str
+    repeat: int
     wall_s: float
     """The whole run, process start-up included."""
     steps_s: float
-    """Time the pipelines spent in their steps: serial, the sum of each one's first-step start
-    to last-step end; concurrent, the union (earliest start to latest end).  Start-up (imports,
-    spawning workers) is the same in every mode and is left out."""
+    """Time in the measured steps: serial, the sum over pipelines of first measured step start
+    to last step end; concurrent, the union (earliest start to latest end).  Start-up and
+    warm-up steps are left out."""
     tokens: int
+    """Response tokens of the measured steps."""
+    step_tokens: tuple[tuple[int, ...], ...] = ()
+    """Response tokens of every step (warm-up included), per pipeline: the work done."""
     step_latency_s: dict[str, float] = field(default_factory=dict)
-    """Mean step latency per pipeline."""
+    """Mean latency of a measured step, per pipeline."""
     fell_open: int = 0
-    """Sub-stages that ran without the daemon's control (jigsaw mode; 0 elsewhere)."""
+    """Sub-stages that ran without the daemon's control (jigsaw mode; 0 elsewhere, where no
+    daemon runs and every sub-stage is uncontrolled by design)."""
+    idle_busy_frac: float = 0.0
+    """Share of the machine's CPU that other processes used just before this run."""
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.steps_s
+        return self.tokens / self.steps_s if self.steps_s > 0 else 0.0
 
 
-def run_demo(cfg: DemoConfig, say=print) -> list[ModeResult]:
-    bad = set(cfg.modes) - set(MODES)
-    if bad:
+def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
+    """Every mode `cfg.repeats` times, interleaved; `say` gets a progress line per run."""
+    _check_config(cfg)
+    cfg = replace(cfg, out_dir=cfg.out_dir.resolve())  # the pipelines run from the package root
+    (cfg.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    runs: list[Run] = []
+    total = cfg.repeats * len(cfg.modes)
+    for rep in range(cfg.repeats):
+        order = cfg.modes[rep % len(cfg.modes):] + cfg.modes[:rep % len(cfg.modes)]
+        for mode in order:
+            busy = machine_busy_frac()
+            say(f"[{len(runs) + 1}/{total}] {mode} (repeat {rep + 1}/{cfg.repeats}): "
+                f"{len(cfg.seeds)} pipelines × {cfg.steps} steps ...")
+            runs.append(replace(_run_mode(mode, rep, cfg), idle_busy_frac=busy))
+            r = runs[-1]
+            say(f"    {r.tokens_per_s:,.0f} tokens/s over {r.steps_s:.1f} s of steps "
+                f"(whole run {r.wall_s:.1f} s{f', {r.fell_open} fell open' if r.fell_open else ''})")
+    return runs
+
+
+def _check_config(cfg: DemoConfig) -> None:
+    if bad := set(cfg.modes) - set(MODES):
         raise ValueError(f"unknown demo modes {sorted(bad)}; use {', '.join(MODES)}")
-    # the pipelines and the daemon run from the package root: paths they are given are absolute
-    cfg = replace(cfg, out_dir=cfg.out_dir.resolve())
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    for mode in cfg.modes:
-        say(f"running {mode}: {len(cfg.seeds)} pipelines × {cfg.steps} steps ...")
-        results.append(_run_mode(mode, cfg))
-        r = results[-1]
-        say(f"  {mode}: steps {r.steps_s:.1f} s (whole run {r.wall_s:.1f} s), {r.tokens_per_s:,.0f} tokens/s")
-    return results
+    if not 0 <= cfg.warmup_steps < cfg.steps:
+        raise ValueError(f"--warmup-steps {cfg.warmup_steps} must leave a measured step of --steps {cfg.steps}")
+    if cfg.repeats < 1 or not cfg.seeds:
+        raise ValueError("the demo needs --repeats ≥ 1 and at least one seed")
+
+
+def machine_busy_frac(sample_s: float = 0.5) -> float:
+    """Share of all cores busy over a short sample; taken between runs, it is other processes'."""
+    import psutil
+
+    return psutil.cpu_percent(interval=sample_s) / 100.0
 
 
 def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None = None) -> list[str]:
@@ -101,29 +138,50 @@ def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None 
             *(["--threads", str(threads)] if threads else [])]
 
 
-def _run_mode(mode: str, cfg: DemoConfig) -> ModeResult:
+def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
     results = [cfg.out_dir / f"{mode}-seed{s}.json" for s in cfg.seeds]
+    for r in results:
+        r.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("JIGSAW_ENDPOINT", "JIGSAW_PIPELINE")}
+    log_path = cfg.out_dir / "logs" / f"{mode}-r{rep + 1}.log"
     t0 = time.perf_counter()
-    if mode == "serial":
-        for s, r in zip(cfg.seeds, results):
-            _check(subprocess.run(_pipeline_cmd(cfg, s, r), env=env, cwd=ROOT).returncode, mode)
-    elif mode in ("naive", "naive-fair"):
-        threads = max(1, len(os.sched_getaffinity(0)) // len(cfg.seeds)) if mode == "naive-fair" else None
-        procs = [subprocess.Popen(_pipeline_cmd(cfg, s, r, threads), env=env, cwd=ROOT)
-                 for s, r in zip(cfg.seeds, results)]
-        for p in procs:
-            _check(p.wait(), mode)
-    else:
-        _run_jigsaw(cfg, results, env)
-    wall = time.perf_counter() - t0
-    return _summarise(mode, wall, results)
+    with open(log_path, "w") as log:
+        run = _Launcher(cfg, env, log, log_path)
+        if mode == "serial":
+            for s, r in zip(cfg.seeds, results):
+                run.wait([run.pipeline(s, r)], mode)
+        elif mode in ("naive", "naive-fair"):
+            threads = max(1, len(os.sched_getaffinity(0)) // len(cfg.seeds)) if mode == "naive-fair" else None
+            run.wait([run.pipeline(s, r, threads) for s, r in zip(cfg.seeds, results)], mode)
+        else:
+            _run_jigsaw(cfg, results, run)
+    return _summarise(mode, rep, time.perf_counter() - t0, results, cfg.warmup_steps)
 
 
-def _run_jigsaw(cfg: DemoConfig, results: list[Path], env: dict) -> None:
+@dataclass
+class _Launcher:
+    """Starts the pipelines of one run with their output in the run's log."""
+
+    cfg: DemoConfig
+    env: dict
+    log: object
+    log_path: Path
+
+    def pipeline(self, seed: int, result: Path, threads: int | None = None, wrap=()) -> subprocess.Popen:
+        return subprocess.Popen([*wrap, *_pipeline_cmd(self.cfg, seed, result, threads)], env=self.env, cwd=ROOT,
+                                stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait(self, procs: list[subprocess.Popen], mode: str) -> None:
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise RuntimeError(f"a pipeline of the {mode} run exited with {max(codes, key=abs)}; "
+                               f"its output is in {self.log_path}")
+
+
+def _run_jigsaw(cfg: DemoConfig, results: list[Path], run: _Launcher) -> None:
     rt = Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     (rt / "rt").mkdir(mode=0o700)
-    env = dict(env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
+    run.env = dict(run.env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
     trace = cfg.out_dir / "jigsaw-trace.jsonl"
     trace.unlink(missing_ok=True)
     grid = profiles.resolve(cfg.profile or profiles.CPU_DEFAULT)
@@ -131,47 +189,30 @@ def _run_jigsaw(cfg: DemoConfig, results: list[Path], env: dict) -> None:
 
     with open(cfg.out_dir / "daemon.log", "w") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
-                                   "--partitioner", "cpu", "--trace", str(trace)], env=env, cwd=ROOT,
+                                   "--partitioner", "cpu", "--trace", str(trace)], env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)
     try:
         if not wait_for_daemon(f"ipc://{rt / 'rt' / 'daemon.sock'}", 30.0):
             raise RuntimeError(f"the demo's daemon did not start; see {cfg.out_dir / 'daemon.log'}")
-        procs = [subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", f"grpo-seed{s}", "--",
-                                   *_pipeline_cmd(cfg, s, r)], env=env, cwd=ROOT) for s, r in zip(cfg.seeds, results)]
-        for p in procs:
-            _check(p.wait(), "jigsaw")
+        wrap = (sys.executable, "-m", "jigsaw.cli.main", "run", "--name")
+        run.wait([run.pipeline(s, r, wrap=(*wrap, f"grpo-seed{s}", "--")) for s, r in zip(cfg.seeds, results)],
+                 "jigsaw")
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(10)
         shutil.rmtree(rt, ignore_errors=True)
 
 
-def _check(rc: int, mode: str) -> None:
-    if rc != 0:
-        raise RuntimeError(f"a pipeline of the {mode} run exited with {rc}")
-
-
-def _summarise(mode: str, wall: float, results: list[Path]) -> ModeResult:
+def _summarise(mode: str, rep: int, wall_s: float, results: list[Path], warmup_steps: int) -> Run:
     docs = [json.loads(r.read_text()) for r in results]
-    lat = {d["name"]: sum(s["latency_s"] for s in d["steps"]) / max(1, len(d["steps"])) for d in docs}
+    measured = [d["steps"][warmup_steps:] for d in docs]
+    spans = [(m[0]["start_s"], m[-1]["end_s"]) for m in measured]
     if mode == "serial":
-        steps_s = sum(d["end_s"] - d["start_s"] for d in docs)
+        steps_s = sum(end - start for start, end in spans)
     else:
-        steps_s = max(d["end_s"] for d in docs) - min(d["start_s"] for d in docs)
-    return ModeResult(mode=mode, wall_s=wall, steps_s=steps_s, tokens=sum(d["tokens"] for d in docs),
-                      step_latency_s=lat, fell_open=sum(len(d.get("fell_open", ())) for d in docs))
-
-
-def table(results: list[ModeResult]):
-    from rich.table import Table
-
-    serial = next((r for r in results if r.mode == "serial"), None)
-    t = Table(title="two GRPO pipelines on this CPU")
-    for col in ("mode", "steps s", "wall s", "tokens/s", "× serial", "step latency s (per pipeline)", "fell open"):
-        t.add_column(col, justify="right")
-    for r in results:
-        ratio = f"{r.tokens_per_s / serial.tokens_per_s:.2f}" if serial else "-"
-        lat = "  ".join(f"{v:.2f}" for v in r.step_latency_s.values())
-        t.add_row(r.mode, f"{r.steps_s:.1f}", f"{r.wall_s:.1f}", f"{r.tokens_per_s:,.0f}", ratio, lat,
-                  str(r.fell_open) if r.mode == "jigsaw" else "-")
-    return t
+        steps_s = max(end for _, end in spans) - min(start for start, _ in spans)
+    return Run(mode=mode, repeat=rep, wall_s=wall_s, steps_s=steps_s,
+               tokens=sum(s["tokens"] for m in measured for s in m),
+               step_tokens=tuple(tuple(s["tokens"] for s in d["steps"]) for d in docs),
+               step_latency_s={d["name"]: sum(s["latency_s"] for s in m) / len(m) for d, m in zip(docs, measured)},
+               fell_open=sum(len(d.get("fell_open", ())) for d in docs) if mode == "jigsaw" else 0)
