@@ -82,3 +82,27 @@ def test_breakdown_accounts_every_device_second_and_the_work_done():
     assert sum(occ.values()) == pytest.approx(bd.device_s)
     # 2 s alone + 2 s at (1/2 + 1/1.25) + 2 s of training alone
     assert sum(bd.work_s.values()) == pytest.approx(2.0 + 2.0 * (0.5 + 0.8) + 2.0)
+
+
+def test_a_worker_whose_requests_moved_runs_no_more_of_that_rollout():
+    """RollMux consolidates tails while search-R1 workers are mid-chain (decode, tool, decode):
+    the rest of a moved worker's chain left with its requests, so it never asks for the device
+    RollMux gave to the other pipeline (it used to overcommit that device)."""
+    cfg = SimConfig(workload=("qwen3-4b-search-r1", "qwen3-0.6b-math"), gpus=4, steps=3, seed=0, policy="jigsaw")
+    rec = recorded(simulate(cfg).trace)
+    ex = replay(rec, make("rollmux"), grid_of(rec))
+    graphs = {ps.graph.pipeline: ps.graph for ps in rec.pipelines}
+    moved = [(m.pipeline, m.source) for p in ex.plans for m in p.migrations]
+    assert moved
+    chained = set()
+    for pipe, source in moved:
+        g, todo = graphs[pipe], list(graphs[pipe].successors(source))
+        while todo:
+            s = g[todo.pop()]
+            if s.dp_rank == g[source].dp_rank and (s.kind.is_rollout or s.kind.name == "TOOL"):
+                chained.add(s.id)
+                todo.extend(g.successors(s.id))
+    ran = [iv.substage for iv in ex.intervals]
+    assert chained and not chained & set(ran)
+    every = {s.id for g in graphs.values() for s in g}
+    assert set(ran) | chained == every

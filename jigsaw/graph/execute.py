@@ -17,7 +17,7 @@ at forward-step granularity.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jigsaw.graph.live import LivePipeline, Running
 from jigsaw.graph.node import NodeState
@@ -107,6 +107,7 @@ class _Run:
         for m in d.plan.migrations:  # the source's requests now run on the target
             self.left.pop((m.pipeline, m.source), None)
             self.left[(m.pipeline, m.target)] = m.target_remaining_s
+            self._end_chain(self.state.pipelines[m.pipeline], m.source)
         units = self._units()
         if not units:
             raise RuntimeError(f"schedule stuck at t={self.t}: nothing runs and work is left")
@@ -114,6 +115,21 @@ class _Run:
         self._record(self.t + dt)
         self.t += dt
         self._advance(units, dt)
+
+    def _end_chain(self, p: LivePipeline, source: str) -> None:
+        """A merged-away worker's later rollout pieces of the step left with its requests (their
+        work is in the target's merged tail): they never ask for its device."""
+        g, rank = p.static, p.static[source].dp_rank
+        todo = list(g.successors(source))
+        while todo:
+            s = g[todo.pop()]
+            same_chain = s.dp_rank == rank and (s.kind.is_rollout or s.kind is SubStageKind.TOOL)
+            if not same_chain or (p.name, s.id) in self.asked:
+                continue
+            self.asked.add((p.name, s.id))
+            p.finished[s.id] = replace(s, duration_s=0.0)
+            p.merged_away.add(s.id)
+            todo.extend(g.successors(s.id))
 
     def _ask(self) -> None:
         """Every sub-stage whose dependencies are done asks to start."""
