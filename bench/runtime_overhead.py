@@ -54,7 +54,7 @@ def main() -> None:
     rt.mkdir(mode=0o700)
     env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(rt))
     env.pop("JIGSAW_ENDPOINT", None)
-    daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon"], env=env, cwd=ROOT,
+    daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--no-trace"], env=env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if not wait_for_daemon(f"ipc://{rt / 'daemon.sock'}", 30.0):

@@ -1,12 +1,18 @@
-"""`jigsaw run [--name N] [--profile FILE] -- CMD ...`: run a pipeline under the node daemon.
+"""`jigsaw run [--name N] [--profile GRID] [--devices N] -- CMD ...`: run a pipeline under the node daemon.
 
-    daemon answering? ── no ─► start `jigsaw daemon` detached (log in the runtime dir)
+    daemon answering? ── no ─► node_info: probe (NVML GPUs, this process's cores) ─► choose
+        │                        devices, grid, partitioner (--profile/--devices override) ─► say
+        │                        so (stderr, daemon.log) ─► start `jigsaw daemon` detached with
+        │                        idle_exit_s = ON_DEMAND_IDLE_EXIT_S (log in the runtime dir)
         │                        still none after start_timeout_s ─► run CMD unscheduled
         ▼
     register the pipeline with a fresh owner token (this process heartbeats for it; a name
     another job holds is refused: exit 2) ─► CMD as a child with JIGSAW_ENDPOINT /
     JIGSAW_PIPELINE / JIGSAW_OWNER ─► signals forwarded ─► unregister on exit
         ─► CMD's exit code (128 + N when it died of signal N)
+    unscheduled?  CMD of a framework without a jigsaw integration (verl, ...): said at start;
+        otherwise, still running after warn_unscheduled_s and the daemon counts no sub-stage
+        asked for by the pipeline: said once
 
 A runtime directory that cannot be used (not private, not creatable) is said once and CMD
 runs unscheduled: the pipeline never fails because the daemon cannot run.
@@ -14,15 +20,28 @@ runs unscheduled: the pipeline never fails because the daemon cannot run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
+
+ON_DEMAND_IDLE_EXIT_S = 600.0
+"""A daemon `jigsaw run` starts exits after this long with no pipeline registered."""
+FRAMEWORKS = ("verl", "sglang", "openrlhf")
+"""Frameworks recognised in CMD that have no jigsaw integration in this version: nothing in them
+asks the daemon for sub-stages, so their stages run unscheduled."""
+DETECTED = tyro.conf.arg(help_behavior_hint="(default: detected from the node)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,18 +49,23 @@ class Args:
     """Run CMD (after `--`) as a pipeline scheduled by the node's jigsaw daemon; start the
     daemon if none is running.  If the daemon cannot be reached CMD still runs, alone."""
 
-    name: str | None = None
-    """Pipeline name (default: the command's basename and this process's pid)."""
-    profile: Path | None = None
-    """Slowdown grid for a daemon started on demand."""
-    devices: int = 1
-    """Devices of a daemon started on demand."""
+    name: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: CMD's basename and this pid)")] = None
+    """Pipeline name."""
+    profile: Annotated[Path | None, DETECTED] = None
+    """Slowdown grid for a daemon started on demand: a file, or a name such as h100/qwen3-4b.
+    Detected: cpu/tiny-qwen3 without a GPU, else the prior of the GPU's kind (h100, a100) for qwen3-4b."""
+    devices: Annotated[int | None, DETECTED] = None
+    """Devices of a daemon started on demand.
+    Detected: one per GPU that NVML sees, else 1 (a CPU device over this process's cores)."""
     start_daemon: bool = True
     """Start a daemon when none answers (--no-start-daemon: run CMD unscheduled instead)."""
     start_timeout_s: float = 10.0
     """How long to wait for a daemon started on demand."""
-    cmd: tuple[str, ...] = ()
-    """The pipeline's command (give it after `--`)."""
+    warn_unscheduled_s: float = 60.0
+    """Warn once if CMD still runs after this many seconds without asking the daemon for a sub-stage.
+    0: never."""
+    cmd: Annotated[tuple[str, ...], tyro.conf.Suppress] = ()
+    """The pipeline's command (given after `--`)."""
 
 
 def run(args: Args) -> int:
@@ -55,6 +79,9 @@ def run(args: Args) -> int:
     ep, why = _daemon(args)
     if ep is None:
         print(f"jigsaw run: {why}; running {name} unscheduled", file=sys.stderr)
+    elif framework := recognise(args.cmd):
+        _say(f"{framework} has no jigsaw integration in this version: {name}'s stages run unscheduled "
+             f"(nothing in {framework} asks the jigsaw daemon for them)")
     token = secrets.token_hex(16)
     owner = Client(name, ep, owner=token)
     if owner.refusal is not None and owner.refusal.code == "name-taken":
@@ -68,10 +95,52 @@ def run(args: Args) -> int:
         raise ValueError(f"cannot run {args.cmd[0]!r}: {exc}") from None
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, f: proc.send_signal(s))
-    rc = proc.wait()
+    watch = ep is not None and not recognise(args.cmd) and args.warn_unscheduled_s > 0
+    rc = _wait(proc, args.warn_unscheduled_s if watch else 0.0, lambda: _check_scheduled(ep, name, args))
     owner.close(pipeline_done=True)
     return 128 - rc if rc < 0 else rc
 
+
+def _say(line: str) -> None:
+    print(f"jigsaw run: {line}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ unscheduled pipelines
+
+def recognise(cmd: Sequence[str]) -> str | None:
+    """The framework CMD runs, from its argv: a word that is a framework's package, a module in it
+    (`-m verl.trainer.main_ppo`), or a directory on a path (`/opt/verl/trainer/main_ppo.py`)."""
+    parts = [part for word in cmd for part in word.split("/")]
+    for framework in FRAMEWORKS:
+        if any(p == framework or p.startswith(f"{framework}.") for p in parts):
+            return framework
+    return None
+
+
+def _wait(proc: subprocess.Popen, check_after_s: float, check: Callable[[], None]) -> int:
+    """CMD's exit code; `check()` runs once if CMD still runs after `check_after_s` (0: never)."""
+    if check_after_s > 0:
+        try:
+            return proc.wait(timeout=check_after_s)
+        except subprocess.TimeoutExpired:
+            check()
+    return proc.wait()
+
+
+def _check_scheduled(ep: str, name: str, args: Args) -> None:
+    """Say so if the daemon counts no sub-stage asked for by pipeline `name`."""
+    from jigsaw.runtime.client import status
+
+    st = status(ep, 2.0)
+    p = next((p for p in st.pipelines if p.name == name), None) if st is not None else None
+    if p is not None and p.requested == 0:
+        _say(f"{name} has asked the jigsaw daemon for no sub-stage in {args.warn_unscheduled_s:g} s: it runs "
+             f"unscheduled, nothing in `{shlex.join(args.cmd)[:80]}` has talked to the daemon.  Use the client API "
+             "(jigsaw.runtime.client.connect) or an engine integration such as jigsaw.recipes.grpo "
+             "(--warn-unscheduled-s 0 silences this).")
+
+
+# ------------------------------------------------------------------ the daemon
 
 def _daemon(args: Args) -> tuple[str | None, str]:
     """The endpoint of a daemon that answers (started if need be), or None and why not."""
@@ -83,17 +152,29 @@ def _daemon(args: Args) -> tuple[str | None, str]:
         ep = endpoint(directory)
     except (OSError, ValueError) as exc:
         return None, str(exc)
-    if ping(ep, 0.5) or (args.start_daemon and _start_daemon(args, directory, ep)):
+    if ping(ep, 0.5):
+        if args.profile is not None or args.devices is not None:
+            _say(f"a daemon already answers at {ep}: --profile/--devices apply only to one started on demand")
+        return ep, ""
+    if args.start_daemon and _start_daemon(args, directory, ep):
         return ep, ""
     return None, f"no daemon at {ep} (see {directory / 'daemon.log'})"
 
 
 def _start_daemon(args: Args, directory: Path, ep: str) -> bool:
+    from jigsaw.runtime import node_info
     from jigsaw.runtime.client import wait_for_daemon
 
-    cmd = [sys.executable, "-m", "jigsaw.cli.main", "daemon", "--devices", str(args.devices)]
-    if args.profile is not None:
-        cmd += ["--profile", str(args.profile)]
-    with open(directory / "daemon.log", "ab") as log:
+    choice = node_info.choose(node_info.probe())
+    choice = dataclasses.replace(choice, devices=args.devices if args.devices is not None else choice.devices,
+                                 profile=str(args.profile) if args.profile is not None else choice.profile)
+    lines = [f"starting a daemon for this node ({choice.summary}; log {directory / 'daemon.log'})",
+             *(f"warning: {w}" for w in choice.warnings)]
+    cmd = [sys.executable, "-m", "jigsaw.cli.main", "daemon", "--devices", str(choice.devices), "--profile",
+           choice.profile, "--partitioner", choice.partitioner, "--idle-exit-s", str(ON_DEMAND_IDLE_EXIT_S)]
+    with open(directory / "daemon.log", "a") as log:
+        for line in lines:
+            _say(line)
+            print(f"jigsaw run: {line}", file=log, flush=True)
         subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     return wait_for_daemon(ep, args.start_timeout_s)

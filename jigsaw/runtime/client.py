@@ -339,16 +339,28 @@ class Client:
             sock.close()
 
 
-def ping(endpoint: str, timeout_s: float) -> bool:
-    """Whether a daemon answers a Status request at `endpoint` within `timeout_s`."""
+def ask(endpoint: str, msg, timeout_s: float):
+    """One request on a connection of its own (status, stop): the daemon's reply, or None
+    when no daemon answers at `endpoint` within `timeout_s`."""
     ch = Channel(socket_path(endpoint))
     try:
-        ch.send(pr.encode(pr.Status(req=1)))
-        return ch.poll(int(timeout_s * 1000)) and isinstance(pr.decode_reply(ch.recv()), pr.StatusReply)
+        ch.send(pr.encode(msg))
+        return pr.decode_reply(ch.recv()) if ch.poll(int(timeout_s * 1000)) else None
     except (OSError, pr.ProtocolError):
-        return False
+        return None
     finally:
         ch.close()
+
+
+def status(endpoint: str, timeout_s: float) -> pr.StatusReply | None:
+    """The daemon's StatusReply, or None when none answers (or one of another protocol)."""
+    reply = ask(endpoint, pr.Status(req=1), timeout_s)
+    return reply if isinstance(reply, pr.StatusReply) else None
+
+
+def ping(endpoint: str, timeout_s: float) -> bool:
+    """Whether a daemon answers a Status request at `endpoint` within `timeout_s`."""
+    return status(endpoint, timeout_s) is not None
 
 
 def wait_for_daemon(endpoint: str, timeout_s: float) -> bool:

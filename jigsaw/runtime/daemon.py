@@ -16,6 +16,8 @@
       leases: a session silent for lease_s since its last arrival expires, but never within a
         lease of the daemon coming back from a stall (it was the one not listening)
     trace (jigsaw/trace.py; stops on a write error, the daemon serves on) · Prometheus metrics
+    housekeeping.py: the lock and the socket (removed on exit while still its own), a fresh
+      trace under traces/ when none is named, exit after idle_exit_s with no pipeline, Stop
 
 A failing policy falls back to admitting requests alone by turn (a pipeline never fails
 because the daemon did).  The trace holds every input the node state saw, so a run's
@@ -28,6 +30,7 @@ import logging
 import os
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,9 +41,9 @@ from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import NAMES, make
 from jigsaw.graph.substage import SubStageKind
 from jigsaw.mux.prior import node_grid
-from jigsaw.runtime import grants, plumbing
+from jigsaw.runtime import grants, housekeeping, plumbing
 from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.paths import endpoint, runtime_dir, socket_path
+from jigsaw.runtime.paths import runtime_dir
 from jigsaw.trace import TraceEvent, TraceWriter
 
 log = logging.getLogger("jigsaw.daemon")
@@ -56,13 +59,13 @@ class DaemonConfig:
     """The node daemon."""
 
     profile: Path | None = None
-    """Slowdown grid (`jigsaw profile` output or a shipped prior); default: the analytic
-    H100 prior of Qwen3-4B."""
+    """Slowdown grid: a file (`jigsaw profile` output) or a name such as cpu/tiny-qwen3 or h100/qwen3-4b.
+    None: the analytic H100 prior of Qwen3-4B."""
     devices: int = 1
     """Devices the daemon partitions (GPUs, or CPU partitions)."""
     policy: str = "jigsaw"
-    """What decides: jigsaw | greedy | serial (verl) | muxserve | rollmux | hrrs.  Any of them
-    runs live, so the same jobs can be compared under each."""
+    """What decides: jigsaw | greedy | serial (verl) | muxserve | rollmux | hrrs.
+    Any of them runs live, so the same jobs can be compared under each."""
     sched: SchedulerConfig = field(default_factory=SchedulerConfig)
     """The look-ahead scheduler (jigsaw; greedy is it at window 1)."""
     heartbeat_s: float = pr.HEARTBEAT_S
@@ -70,26 +73,31 @@ class DaemonConfig:
     lease_s: float = pr.LEASE_S
     """A client silent this long is dead: its grants are reclaimed."""
     max_wait_s: float | None = 2.0
-    """A request waiting this long is admitted whatever the plan (the policy then only picks
-    its budget); none: never (a baseline run live keeps its own order)."""
+    """A request waiting this long is admitted whatever the plan (the policy then only picks its budget).
+    None: never (a baseline run live keeps its own order)."""
     trace: Path | None = None
-    """Append the trace (JSON lines) here."""
+    """Append the trace (JSON lines) here.
+    Without it, `jigsaw daemon` writes a new file under the runtime directory's traces/ (the newest 20 kept)."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on 127.0.0.1:PORT."""
     partitioner: str = "advisory"
-    """advisory (budgets are told to workers, nothing enforces them) | green (CUDA green-context
-    SM partitions, which each worker opens and binds itself) | cpu (core sets and thread
-    counts of this machine's cores)."""
+    """advisory: budgets are told to workers, nothing enforces them.
+    green: CUDA green-context SM partitions, which each worker opens and binds itself.
+    cpu: core sets and thread counts of this machine's cores."""
     telemetry_s: float | None = None
-    """Sample GPU telemetry (NVML: SM utilisation, memory per process) into the trace every
-    this many seconds."""
+    """Sample GPU telemetry (NVML: SM utilisation, memory per process) into the trace this often."""
     mps: bool = False
-    """Check the MPS control daemon at start-up and start it (thread percentage unset) if it
-    is not running: processes of different pipelines run concurrently on a GPU only under MPS."""
+    """Check the MPS control daemon at start-up and start it (thread percentage unset) if it is not running.
+    Processes of different pipelines run concurrently on a GPU only under MPS."""
+    idle_exit_s: float | None = None
+    """Exit after this many seconds with no pipeline registered (`jigsaw run` starts its daemon with 600).
+    None: serve until stopped."""
 
     def __post_init__(self) -> None:
         if self.policy not in NAMES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(NAMES)}")
+        if self.idle_exit_s is not None and not self.idle_exit_s > 0:
+            raise ValueError(f"idle_exit_s must be positive (or None: never), got {self.idle_exit_s}")
 
 
 class Owner(NamedTuple):
@@ -117,7 +125,7 @@ class Session:
     """Budget changes to hand out with the next heartbeat reply."""
 
 
-FIRST = (pr.Heartbeat, pr.Status)
+FIRST = (pr.Heartbeat, pr.Status, pr.Stop)
 """Served before anything else read in the same batch: they are cheap, and a lease never
 waits behind a decision."""
 DECIDE_AFTER = (pr.Admit, pr.Done, pr.Unregister)
@@ -126,10 +134,12 @@ KINDS = tuple(k.value for k in SubStageKind)
 
 class Daemon:
     def __init__(self, config: DaemonConfig, directory: Path | None = None, partitioner=None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.monotonic,
+                 auto_trace: bool = False):
         """`clock` times the scheduler's facts, `wall` arrivals, leases and the loop's stalls:
-        a test that scripts them gets decisions that do not depend on machine load."""
-        self.config, self.clock, self.wall = config, clock, wall
+        a test that scripts them gets decisions that do not depend on machine load.
+        `auto_trace`: without `config.trace`, `serve` writes a fresh trace under traces/."""
+        self.config, self.clock, self.wall, self.auto_trace = config, clock, wall, auto_trace
         self.dir = directory or runtime_dir()
         self.grid = node_grid(config.profile)
         node = NodeSpec(num_devices=config.devices, mem_bytes=self.grid.device.mem_bytes)
@@ -142,18 +152,29 @@ class Daemon:
         self.owners: dict[str, str] = {}
         """Pipeline name -> the owner token it was registered with."""
         self.step_start: dict[str, float] = {}
+        self.requested: Counter[str] = Counter()
+        self.granted: Counter[str] = Counter()
+        """Sub-stages asked for and admitted, per pipeline (in status replies)."""
         self.errors = self.give_ups = 0
         self.listener = None
         self._dirty = False
         """Facts changed since the last decision (decisions are coalesced: one per batch read)."""
-        self._tick_s = self._awake_s = wall()
-        """The loop's last turn, and when it last came back from a stall (leases restart then)."""
-        self._trace = TraceWriter(config.trace) if config.trace else None
+        self._tick_s = self._awake_s = self.started_s = wall()
+        """The loop's last turn, when it last came back from a stall (leases restart then), and
+        when it started (uptime; the idle clock starts then too)."""
+        self._idle = housekeeping.Idle(config.idle_exit_s, self.started_s)
+        self.trace_writer: TraceWriter | None = None
         self._metrics = plumbing.Metrics(config.metrics_port) if config.metrics_port else None
         self.stopping = False
-        self._event("node", "", data={"policy": config.policy, "sched": asdict(config.sched),
-                                      "max_wait_s": config.max_wait_s, "devices": config.devices,
-                                      "profile": str(config.profile) if config.profile else None,
+        if config.trace:
+            self._open_trace(config.trace)
+
+    def _open_trace(self, path: Path) -> None:
+        """Start the trace with the `node` event (what a replay needs to rebuild this node)."""
+        c = self.config
+        self.trace_writer = TraceWriter(path)
+        self._event("node", "", data={"policy": c.policy, "sched": asdict(c.sched), "max_wait_s": c.max_wait_s,
+                                      "devices": c.devices, "profile": str(c.profile) if c.profile else None,
                                       "partitioner": self.partitioner.kind, "pid": os.getpid(),
                                       "clock_t0_s": self.t0})  # event times are clock − t0
 
@@ -168,12 +189,16 @@ class Daemon:
     # ------------------------------------------------------------ loop
 
     def serve(self) -> None:
-        lock = plumbing.lock(self.dir / "daemon.lock")
-        if self.config.mps:
-            self._check_mps()
-        telemetry = self._start_telemetry()
+        """Until `stopping` (a signal, a Stop request, idle exit); its socket and lock go then."""
+        home, telemetry = housekeeping.Home(self.dir), None  # RuntimeError: another daemon holds the directory
         try:
-            self.listener = plumbing.listen(socket_path(endpoint(self.dir)), self._refusal, self._too_large)
+            if self.config.mps:
+                housekeeping.check_mps()
+            self.listener = home.listen(self.dir, self._refusal, self._too_large)
+            if self.trace_writer is None and self.auto_trace:
+                self._open_trace(housekeeping.fresh_trace(self.dir))
+            telemetry = housekeeping.start_telemetry(self.config.telemetry_s, self.trace_writer, self.now)
+            log.info("%s", housekeeping.hello(self))
             while not self.stopping:
                 if self.listener.poll(TICK_MS):
                     self._serve(self._read())
@@ -181,11 +206,10 @@ class Daemon:
         finally:
             if telemetry is not None:
                 telemetry.stop()
-            if self._trace is not None:
-                self._trace.close()
-            if self.listener is not None:
-                self.listener.close()
-            lock.close()
+            if self.trace_writer is not None:
+                self.trace_writer.close()
+            home.close(self.listener)
+            log.info("jigsaw daemon %d stopped", os.getpid())
 
     def _read(self, most: int = 512) -> list[Inbound]:
         """Whole messages waiting (up to `most`), each stamped with when it was read; the
@@ -245,34 +269,22 @@ class Daemon:
         if self._tick_s - mono > STALL_S:  # a long decision: the heartbeats it held up are not read yet
             self._awake_s = self._tick_s
         self._expire()
+        if self._idle.due(bool(self.state.pipelines), self.wall()) and not self.stopping:
+            log.info("no pipeline registered for %g s (idle_exit_s): exiting", self.config.idle_exit_s)
+            self.stopping = True
 
     def _send(self, conn: int, reply) -> None:
         self.listener.send(conn, pr.encode(reply))  # a peer that is gone will ask again
-
-    def _start_telemetry(self):
-        if self.config.telemetry_s is None or self._trace is None:
-            return None
-        from jigsaw.mux.telemetry import Telemetry, TelemetryError
-
-        try:
-            return Telemetry(self._trace.write, interval_s=self.config.telemetry_s, clock=self.now).start()
-        except TelemetryError as exc:  # no NVML: the node still schedules
-            log.warning("telemetry off: %s", exc)
-            return None
-
-    def _check_mps(self) -> None:
-        from jigsaw.mux.mps import ensure_mps
-
-        st = ensure_mps(start=True)
-        log.info("MPS: %s (%s)%s", st.state, st.reason, " - started" if st.started else "")
-        for w in st.warnings:  # e.g. a default active thread percentage that caps every partition
-            log.warning("MPS: %s", w)
 
     # ------------------------------------------------------------ requests
 
     def _handle(self, msg, conn: int, arrived_s: float):
         if isinstance(msg, pr.Status):
-            return self._status(msg.req)
+            return housekeeping.status_reply(self, msg.req)
+        if isinstance(msg, pr.Stop):
+            log.info("stop requested (jigsaw daemon stop): exiting")
+            self.stopping = True
+            return pr.Ok(req=msg.req)
         if isinstance(msg, pr.Register):
             return self._register(msg, arrived_s)
         session = self._session(msg.session)
@@ -331,6 +343,7 @@ class Daemon:
             raise pr.ProtocolError("bad-request", f"step {msg.step} of {p.name} jumps ahead of its step {p.step}")
         w = p.request(kind, msg.dp_rank, msg.step, self.now(), urgent=msg.urgent, need_bytes=msg.mem_bytes,
                       pids=tuple(msg.pids), owner=Owner(msg.session, conn, msg.req))
+        self.requested[p.name] += 1
         self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
                                                     "urgent": msg.urgent, "need_bytes": msg.mem_bytes,
                                                     "pids": list(msg.pids),
@@ -371,22 +384,6 @@ class Daemon:
                                         "samples": msg.samples, "flops": msg.flops})
         return pr.Ok(req=msg.req)
 
-    def _status(self, req: int) -> pr.StatusReply:
-        clients: dict[str, int] = {}
-        for s in self.sessions.values():
-            clients[s.pipeline] = clients.get(s.pipeline, 0) + 1
-        info = tuple(pr.PipelineInfo(name=p.name, clients=clients.get(p.name, 0), step=p.step,
-                                     running=tuple(p.running), pending=tuple(p.waiting))
-                     for p in self.state.pipelines.values())
-        return pr.StatusReply(pid=os.getpid(), pipelines=info, refused=self.refused, errors=self.errors,
-                              scheduler_failures=self.state.failures + self.give_ups, trace=self._trace_state(),
-                              req=req)
-
-    def _trace_state(self) -> str:
-        if self._trace is None:
-            return "off"
-        return f"stopped: {self._trace.failed}" if self._trace.failed else f"writing {self._trace.path}"
-
     # ------------------------------------------------------------ leases
 
     def _expire(self) -> None:
@@ -423,8 +420,8 @@ class Daemon:
         removed = whole or not any(s.pipeline == name for s in self.sessions.values())
         if removed:
             self.state.remove(name)
-            self.owners.pop(name, None)
-            self.step_start.pop(name, None)
+            for per_pipeline in (self.owners, self.step_start, self.requested, self.granted):
+                per_pipeline.pop(name, None)
         self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in gone], "removed": removed})
         for f in gone:
             if hasattr(f, "device") and f.on_device:
@@ -472,6 +469,7 @@ class Daemon:
             self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
         for adm, g in zip(d.admitted, made.admitted):
             self._send(adm.waiting.owner.conn, g)
+            self.granted[adm.assignment.pipeline] += 1
             self._traced_grant(adm.assignment.pipeline, adm.running, g)
         for (r, a), g in zip(d.changed, made.changed):
             if r.owner is not None and r.owner.session in self.sessions:
@@ -490,9 +488,9 @@ class Daemon:
     def _event(self, event: str, pipeline: str, substage: str = "", t_s: float | None = None, **kw) -> None:
         if self._metrics is not None:
             self._metrics.count(event)
-        if self._trace is not None:
-            self._trace.write(TraceEvent(t_s=self.now() if t_s is None else t_s, event=event, pipeline=pipeline,
-                                         substage=substage, **kw))
+        if self.trace_writer is not None:
+            self.trace_writer.write(TraceEvent(t_s=self.now() if t_s is None else t_s, event=event,
+                                               pipeline=pipeline, substage=substage, **kw))
 
     def _gauge(self) -> None:
         if self._metrics is not None:

@@ -3,8 +3,10 @@
     $JIGSAW_RUNTIME_DIR  or  $XDG_RUNTIME_DIR/jigsaw  or  /tmp/jigsaw-<uid>
         daemon.sock   Unix stream socket of the daemon (0600; wire.py frames its messages)
         daemon.lock   flock held by the running daemon (one per directory)
+                      (the daemon removes both as it exits: housekeeping.py)
         daemon.log    output of a daemon started on demand by `jigsaw run`
         traces/daemon-<YYYYmmdd-HHMMSS>-<pid>.jsonl   a daemon's trace, unless told otherwise
+                      (the newest 20 are kept)
 
 Clients find the endpoint in $JIGSAW_ENDPOINT (set by `jigsaw run` for its child) or
 derive it from the directory.

@@ -21,9 +21,11 @@ from msgspec import Meta
 
 from jigsaw.mux.partition import Partition
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
-3: pipelines owned by a token; the trace's state in status replies."""
+3: pipelines owned by a token; the trace's state in status replies.
+4: the daemon's set-up and uptime, and each pipeline's requests and grants, in status
+replies; `Stop`."""
 MAX_MESSAGE_BYTES = 64 << 10
 """Largest request the daemon reads (the largest real one, an Admit naming 4,096 processes,
 is about 20 KiB): a longer one is refused from its length prefix, before its body is read."""
@@ -142,7 +144,12 @@ class Status(_Msg, tag="status"):
     """Who is registered and what runs where (also the liveness probe of `jigsaw run`)."""
 
 
-Request = Register | Heartbeat | Unregister | Admit | Done | Opened | StepEnd | Status
+class Stop(_Msg, tag="stop"):
+    """Ask the daemon to exit (`jigsaw daemon stop`); it answers Ok, then cleans up and exits.
+    Only the daemon's own uid reaches its socket."""
+
+
+Request = Register | Heartbeat | Unregister | Admit | Done | Opened | StepEnd | Status | Stop
 
 
 # ------------------------------------------------------------------ replies
@@ -198,6 +205,11 @@ class PipelineInfo(msgspec.Struct, frozen=True, kw_only=True):
     step: int
     running: tuple[str, ...]
     pending: tuple[str, ...]
+    requested: int = 0
+    """Sub-stages its processes asked for since it registered (0: nothing in the pipeline
+    talks to the daemon)."""
+    granted: int = 0
+    """Sub-stages admitted since it registered."""
 
 
 class StatusReply(_Msg, tag="status_reply"):
@@ -211,6 +223,16 @@ class StatusReply(_Msg, tag="status_reply"):
     trace: str = ""
     """off | writing PATH | stopped: why (a trace that cannot be written stops; the daemon
     keeps serving)."""
+    uptime_s: float = 0.0
+    policy: str = ""
+    profile: str = ""
+    """The grid as the daemon was given it (a name or a file); "" for the default prior."""
+    grid: str = ""
+    """The grid file it loaded, or which analytic prior."""
+    devices: int = 0
+    partitioner: str = ""
+    idle_exit_s: float | None = None
+    """It exits after this long with no pipeline registered (None: never)."""
 
 
 Reply = Ok | Error | Registered | Grant | Beat | StatusReply
