@@ -68,6 +68,7 @@ def test_sim_compares_policies_and_writes_a_trace(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "serial" in res.stdout and "jigsaw" in res.stdout and "lower bound" in res.stdout
     assert "device time went" in res.stdout and "work per device-second" in res.stdout
+    assert "[1/2] serial: " in res.stderr and "[2/2] jigsaw: " in res.stderr  # progress, also off a terminal
     from jigsaw.trace import Trace
 
     events = Trace.read(out).events

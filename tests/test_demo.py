@@ -106,6 +106,8 @@ def test_a_tight_quiet_comparison_is_reliable_and_each_doubt_is_named():
     assert any(d.startswith("jigsaw: its runs differ") for d in doubts(spread, summarise(spread)))
     busy = [*quiet[:-1], replace(quiet[-1], idle_busy_frac=MAX_BUSY_FRAC + 0.2)]
     assert any("busy" in d for d in doubts(busy, summarise(busy)))
+    slower = [replace(r, probe_per_s=1000.0 if r.repeat < 2 else 750.0) for r in quiet]  # the host slowed
+    assert any("speed changed by 33%" in d for d in doubts(slower, summarise(slower)))
     different = [*quiet[:-1], replace(quiet[-1], step_tokens=((1, 3),))]
     assert any("different work" in d for d in doubts(different, summarise(different)))
     straddle = [_run("serial", r, 100) for r in range(3)] + [_run("jigsaw", r, t) for r, t in enumerate((95, 100, 105))]
@@ -117,6 +119,7 @@ def test_modes_are_interleaved_and_rotated_across_repeats(tmp_path, monkeypatch)
     order = []
     monkeypatch.setattr(demo, "_run_mode", lambda mode, rep, cfg: order.append(mode) or _run(mode, rep, 1.0))
     monkeypatch.setattr(demo, "machine_busy_frac", lambda: 0.0)
+    monkeypatch.setattr(demo, "core_speed_per_s", lambda: 1.0)
     runs = demo.run_demo(DemoConfig(repeats=3, modes=("serial", "naive", "jigsaw"), out_dir=tmp_path), say=lambda s: 0)
     assert order == ["serial", "naive", "jigsaw", "naive", "jigsaw", "serial", "jigsaw", "serial", "naive"]
     assert [r.repeat for r in runs] == [0, 0, 0, 1, 1, 1, 2, 2, 2]

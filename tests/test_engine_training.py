@@ -252,3 +252,32 @@ def test_extract_answer_and_target_token_reward():
     assert extract_answer("nothing") is None
     assert TargetTokenReward(7).reward([7, 1, 7, 2]) == 0.5
     assert TargetTokenReward(7).reward([]) == 0.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to shrink from")
+def test_threads_follow_the_cores_at_every_layer_forward_and_backward():
+    """A budget that shrinks or grows while one long command runs reaches torch's thread count
+    at the next layer, not at the next command (two threads on one core spin on each other)."""
+    import torch
+
+    from jigsaw.engines.training import follow_threads_per_layer
+
+    model, _ = load(ModelConfig())
+    follow_threads_per_layer([model], cap=None)
+    cores = sorted(os.sched_getaffinity(0))
+    seen: list[tuple[str, int]] = []
+    layers = model.model.layers
+    layers[-1].register_forward_pre_hook(lambda *_: seen.append(("forward", torch.get_num_threads())))
+    layers[0].register_full_backward_pre_hook(lambda *_: seen.append(("backward", torch.get_num_threads())))
+    layers[0].register_forward_hook(lambda *_: os.sched_setaffinity(0, cores[:1]))  # shrinks mid-forward
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(len(cores))
+        loss = model(torch.tensor([[1, 2, 3, 4]])).logits.sum()
+        os.sched_setaffinity(0, cores)  # grows again before the backward
+        loss.backward()
+    finally:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(before)
+    assert seen[0] == ("forward", 1) and seen[-1] == ("backward", len(cores))

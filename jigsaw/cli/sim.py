@@ -14,6 +14,7 @@ No torch is imported: the simulator runs on any CPU.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
@@ -59,9 +60,13 @@ def run(args: Args) -> int:
         console.print(_replay(args.replay, args.profile, policies, args.sim))
         return 0
     results = {}
-    for name in policies:
+    log = Console(stderr=True, highlight=False)
+    for n, name in enumerate(policies, 1):
+        t0 = time.perf_counter()
         with console.status(f"simulating {name} ..."):
             results[name] = _simulate(replace(args.sim, policy=name))
+        log.print(f"[{n}/{len(policies)}] {name}: {_outcome(results[name])} ({time.perf_counter() - t0:.1f} s)",
+                  style="dim")
     bound = None
     if args.bound:
         with console.status("lower bound: each pipeline alone ..."):
@@ -97,6 +102,10 @@ def _simulate(config: SimConfig):
     from jigsaw.sim.run import simulate
 
     return simulate(config)
+
+
+def _outcome(result) -> str:
+    return f"{result.tokens_per_s:,.0f} tokens/s, makespan {result.makespan_s:,.1f} s"
 
 
 def _table(results: dict, bound, config: SimConfig):

@@ -8,7 +8,8 @@
                     "above naive" is not a thread-count artefact
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
-        between runs: how busy the machine is without us (psutil, a short sample)
+        between runs: how busy the machine is without us (psutil, a short sample) and how
+                      fast one of its cores is (a fixed loop: a slower host shows there)
     ─► Run per (mode, repeat): tokens/s over the measured steps (warm-up steps left out)
     ─► demo_report: median and spread per mode, ratios to serial paired by repeat, sub-stages
        that fell open, and whether the comparison can be trusted (spread, machine load, work)
@@ -89,6 +90,9 @@ class Run:
     daemon runs and every sub-stage is uncontrolled by design)."""
     idle_busy_frac: float = 0.0
     """Share of the machine's CPU that other processes used just before this run."""
+    probe_per_s: float = 0.0
+    """Speed of one core just before this run (a fixed pure-Python loop, rounds per second):
+    a host that slows down shows here even when no process of this machine is busy."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,10 +109,10 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
     for rep in range(cfg.repeats):
         order = cfg.modes[rep % len(cfg.modes):] + cfg.modes[:rep % len(cfg.modes)]
         for mode in order:
-            busy = machine_busy_frac()
+            busy, speed = machine_busy_frac(), core_speed_per_s()
             say(f"[{len(runs) + 1}/{total}] {mode} (repeat {rep + 1}/{cfg.repeats}): "
                 f"{len(cfg.seeds)} pipelines × {cfg.steps} steps ...")
-            runs.append(replace(_run_mode(mode, rep, cfg), idle_busy_frac=busy))
+            runs.append(replace(_run_mode(mode, rep, cfg), idle_busy_frac=busy, probe_per_s=speed))
             r = runs[-1]
             say(f"    {r.tokens_per_s:,.0f} tokens/s over {r.steps_s:.1f} s of steps "
                 f"(whole run {r.wall_s:.1f} s{f', {r.fell_open} fell open' if r.fell_open else ''})")
@@ -129,6 +133,17 @@ def machine_busy_frac(sample_s: float = 0.5) -> float:
     import psutil
 
     return psutil.cpu_percent(interval=sample_s) / 100.0
+
+
+def core_speed_per_s(sample_s: float = 0.25) -> float:
+    """Rounds per second of a fixed single-threaded loop: the machine's speed right now."""
+    for _ in range(20):  # warm: the first rounds of a fresh interpreter run slower
+        sum(i * i for i in range(2000))
+    rounds, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < sample_s:
+        sum(i * i for i in range(2000))
+        rounds += 1
+    return rounds / elapsed
 
 
 def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None = None) -> list[str]:

@@ -4,7 +4,8 @@
                                           × serial paired by repeat (median, min..max)
                           ─► doubts    ─► reasons the comparison is unreliable: spread over
                                           repeats, a machine busy with other work between
-                                          runs, modes that did different work, one repeat
+                                          runs or changing speed, modes that did different
+                                          work, one repeat
                           ─► table (rich) and the verdict lines
 """
 
@@ -21,6 +22,9 @@ MAX_SPREAD_FRAC = 0.2
 enough for a comparison whose gains are tens of percent."""
 MAX_BUSY_FRAC = 0.15
 """Share of the machine other processes may use between runs before the timings are suspect."""
+MAX_DRIFT_FRAC = 0.2
+"""How much one core's speed (timed before every run) may change over the demo; the probe
+itself wanders by about 5% on a quiet VM."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,6 +82,10 @@ def doubts(runs: list[Run], summaries: list[ModeSummary]) -> list[str]:
     if (busy := max((r.idle_busy_frac for r in runs), default=0.0)) > MAX_BUSY_FRAC:
         out.append(f"the machine was busy with other work: up to {busy:.0%} of its CPU between runs "
                    f"(over {MAX_BUSY_FRAC:.0%})")
+    speeds = [r.probe_per_s for r in runs if r.probe_per_s > 0]
+    if speeds and (drift := max(speeds) / min(speeds) - 1) > MAX_DRIFT_FRAC:
+        out.append(f"the machine's speed changed by {drift:.0%} during the demo (one core, timed before every "
+                   f"run; over {MAX_DRIFT_FRAC:.0%}): another tenant of the host, or frequency scaling")
     if len({r.step_tokens for r in runs}) > 1:
         out.append("the runs did different work (their token counts per step differ)")
     return out
@@ -109,5 +117,5 @@ def verdict(runs: list[Run], summaries: list[ModeSummary]) -> list[str]:
         lines += [f"  - {p}" for p in problems]
     else:
         lines.append(f"reliable: every mode within {MAX_SPREAD_FRAC:.0%} over its repeats, "
-                     "the machine quiet between runs")
+                     "the machine quiet and steady between runs")
     return lines

@@ -1,0 +1,107 @@
+"""Every command the README shows, run as a user would: from a directory outside the clone, in
+order, block by block, with a private runtime directory and profile directory.
+
+    README.md ─► ```bash blocks ─► commands (comments dropped; `# terminal N` lines run at once,
+                                  in the background, and are waited for before the next line)
+              ─► NOT_RUN: the commands too long for CI or needing a GPU, each with the reason
+                  and the test that covers it instead; a command in neither fails the suite
+
+A command passes when it exits with EXPECTED_RC (0 unless listed) within its block's deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+NOT_RUN = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e '.[dev]' "
+    "--config-settings editable_mode=compat && jigsaw demo":
+        "the install is what .ci/run does; the full demo takes minutes (tests/test_demo.py runs it small)",
+    "python -m pytest -q": "this suite (tests/test_readme.py checks it is what .ci/run runs)",
+    "jigsaw demo": "4 modes × 3 repeats take minutes; the smoke run below runs every mode",
+    "jigsaw demo --repeats 1 --steps 2 --prompts 2 --group 2 --max-new-tokens 24":
+        "tests/test_demo.py::test_demo_runs_serial_naive_naive_fair_and_jigsaw runs exactly this",
+    "jigsaw profile --device cpu": "measures this machine for minutes; tests/test_profiler.py measures a small grid",
+    "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/test_profiler.py, gpu-marked)",
+    "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
+    "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
+        "needs GPUs and MPS (tests/test_green.py, gpu-marked)",
+}
+EXPECTED_RC = {"jigsaw doctor --strict --json": 1 if not Path("/dev/nvidia0").exists() else 0}
+SHOWS = {"jigsaw timeline --out node.html": ("grpo-a", "grpo-b")}
+"""Outputs that must name these: both pipelines of the two terminals reached the daemon's trace."""
+DEADLINE_S = 420
+
+
+def _commands(block: str) -> list[tuple[str, bool]]:
+    """(command, runs in the background) per line of a bash block; a comment starts at a `#`
+    after two spaces (the README aligns them)."""
+    out = []
+    for line in block.splitlines():
+        cmd, _, comment = (*re.split(r"(\s{2,}#)", line, maxsplit=1), "", "")[:3]
+        if cmd.strip():
+            out.append((cmd.strip(), comment.lstrip().startswith("terminal")))
+    return out
+
+
+BLOCKS = [_commands(b) for b in re.findall(r"```bash\n(.*?)```", README, flags=re.S)]
+
+
+def test_every_readme_command_is_run_or_listed_with_a_reason():
+    shown = {cmd for block in BLOCKS for cmd, _ in block}
+    assert len(BLOCKS) >= 4 and shown
+    assert set(NOT_RUN) <= shown, f"listed but no longer in the README: {set(NOT_RUN) - shown}"
+    assert not re.search(r"\.\./|issue note", README)  # nothing points outside the repository
+
+
+@pytest.fixture(scope="module")
+def user_dir():
+    """A user's working directory outside the clone, and short private runtime/profile dirs."""
+    with tempfile.TemporaryDirectory(prefix="jw-") as tmp:
+        rt = Path(tmp) / "rt"
+        rt.mkdir(mode=0o700)
+        (Path(tmp) / "work").mkdir()
+        env = dict(os.environ, JIGSAW_RUNTIME_DIR=str(rt), JIGSAW_PROFILE_DIR=str(Path(tmp) / "profiles"),
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        env.pop("JIGSAW_ENDPOINT", None)
+        yield Path(tmp) / "work", env
+        subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "daemon", "stop"], env=env, timeout=60,
+                       capture_output=True)
+
+
+@pytest.mark.timeout(DEADLINE_S + 60)
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_block_runs(index, user_dir):
+    cwd, env = user_dir
+    background = []
+    for cmd, in_background in BLOCKS[index]:
+        if cmd in NOT_RUN:
+            continue
+        if in_background:
+            background.append((cmd, subprocess.Popen(cmd, shell=True, cwd=cwd, env=env, text=True,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+            continue
+        for bg_cmd, proc in background:
+            out, _ = proc.communicate(timeout=DEADLINE_S)
+            assert proc.returncode == 0, f"{bg_cmd} exited {proc.returncode}:\n{out[-3000:]}"
+        background = []
+        done = subprocess.run(cmd, shell=True, cwd=cwd, env=env, text=True, capture_output=True, timeout=DEADLINE_S)
+        assert done.returncode == EXPECTED_RC.get(cmd, 0), \
+            f"{cmd} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        if out := re.search(r"--out (\S+)", cmd):  # what the command says it writes is there
+            assert (cwd / out.group(1)).stat().st_size > 0, cmd
+        for name in SHOWS.get(cmd, ()):
+            assert name in (cwd / re.search(r"--out (\S+)", cmd).group(1)).read_text(), (cmd, name)
+    for bg_cmd, proc in background:
+        out, _ = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode == 0, f"{bg_cmd} exited {proc.returncode}:\n{out[-3000:]}"
