@@ -1,4 +1,4 @@
-"""Serial vs naive concurrent vs jigsaw: two real GRPO pipelines on this CPU, repeated, in one run.
+"""Serial vs naive-fair (and naive) vs jigsaw: two real GRPO pipelines on this CPU, repeated, in one run.
 
     python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3]
 
@@ -7,7 +7,7 @@ same seeds, the modes interleaved and repeated; tokens/s is over the measured st
 and the warm-up step left out; the whole-run wall time is printed next to it), as the median
 and the spread over the repeats, with the ratio to serial paired by repeat.  The verdict line
 says whether the machine was quiet and the repeats agree.  Goal: jigsaw ≥ 1.3× serial and
-above naive.  Uses the CPU grid cpu/tiny-qwen3 (yours if `jigsaw profile --device cpu` measured one).
+above naive-fair.  Uses the CPU grid cpu/tiny-qwen3 (yours if `jigsaw profile --device cpu` measured one).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jigsaw.recipes.demo import DemoConfig, run_demo
+from jigsaw.recipes.demo import MODES, DemoConfig, run_demo
 from jigsaw.recipes.demo_report import summarise, table, verdict
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=110)
     runs = run_demo(DemoConfig(steps=args.steps, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                               out_dir=args.out_dir), say=console.print)
+                               modes=MODES, out_dir=args.out_dir), say=console.print)
     summaries = summarise(runs)
     console.print(table(summaries))
     for line in verdict(runs, summaries):

@@ -28,13 +28,14 @@ def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path)  # a user's directory, not the repository: the default is relative
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "24",
-                 "--repeats", "1", "--out-dir", "demo"]) == 0
+                 "--repeats", "1", "--modes", "serial", "naive", "naive-fair", "jigsaw", "--out-dir", "demo"]) == 0
     printed = capsys.readouterr().out
     for mode in ("serial", "naive", "naive-fair", "jigsaw"):
         docs = [json.loads(p.read_text()) for p in sorted(out.glob(f"{mode}-seed*.json"))]
         assert len(docs) == 2 and all(len(d["steps"]) == 2 and d["tokens"] > 0 for d in docs), mode
         assert mode in printed and (out / "logs" / f"{mode}-r1.log").stat().st_size > 0
     assert "one run per mode" in printed  # a single repeat is never called reliable
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 4
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon

@@ -1,4 +1,4 @@
-"""`jigsaw demo`: two GRPO pipelines on this machine: serial, naive concurrent, under jigsaw.
+"""`jigsaw demo`: two GRPO pipelines on this machine: serial, side by side, under jigsaw.
 
     DemoConfig ─► jigsaw.recipes.demo.run_demo() (every mode, repeated, interleaved; a progress
                   line per run) ─► demo_report: table (median, spread, × serial) + verdict
@@ -20,11 +20,12 @@ from jigsaw.recipes.demo import DemoConfig
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Args:
     """Run two real GRPO pipelines (different seeds) several ways on this CPU, each way several
-    times, interleaved: one after the other (serial); both at once with no control, every worker
-    on every core (naive); both at once with cores / pipelines threads each (naive-fair); and
-    scheduled by the jigsaw daemon with CPU partitions.  Prints tokens/s (median and spread over
-    the repeats, warm-up steps left out), ratios to serial, sub-stages that fell open, and
-    whether the comparison can be trusted; writes the jigsaw run's trace and timeline."""
+    times, interleaved: one after the other (serial); both at once with cores / pipelines
+    threads each (naive-fair); scheduled by the jigsaw daemon with CPU partitions (jigsaw); and,
+    with --modes, both at once with no control, every worker on every core (naive).  Prints
+    tokens/s (median and spread over the repeats, warm-up steps left out), ratios to serial,
+    sub-stages that fell open, and whether the comparison can be trusted; writes the jigsaw
+    run's trace and timeline."""
 
     demo: Annotated[DemoConfig, tyro.conf.OmitArgPrefixes] = DemoConfig()
 
