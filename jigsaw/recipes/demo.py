@@ -9,8 +9,7 @@
                     free baseline
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
-        between runs: how busy the machine is without us (psutil, a short sample) and how
-                      fast one of its cores is (a fixed loop: a slower host shows there)
+        between runs: how busy the machine is without us (psutil, a short sample)
     ─► Run per (mode, repeat): tokens/s over the measured steps (warm-up steps left out),
        appended to --out-dir/runs.jsonl as it ends
     ─► demo_report: median and spread per mode, ratios to serial paired by repeat, sub-stages
@@ -96,9 +95,6 @@ class Run:
     daemon runs and every sub-stage is uncontrolled by design)."""
     idle_busy_frac: float = 0.0
     """Share of the machine's CPU that other processes used just before this run."""
-    probe_per_s: float = 0.0
-    """Speed of one core just before this run (a fixed pure-Python loop, rounds per second):
-    a host that slows down shows here even when no process of this machine is busy."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,10 +111,10 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
     for rep in range(cfg.repeats):
         order = cfg.modes[rep % len(cfg.modes):] + cfg.modes[:rep % len(cfg.modes)]
         for mode in order:
-            busy, speed = machine_busy_frac(), core_speed_per_s()
+            busy = machine_busy_frac()
             say(f"[{len(runs) + 1}/{total}] {mode} (repeat {rep + 1}/{cfg.repeats}): "
                 f"{len(cfg.seeds)} pipelines × {cfg.steps} steps ...")
-            runs.append(replace(_run_mode(mode, rep, cfg), idle_busy_frac=busy, probe_per_s=speed))
+            runs.append(replace(_run_mode(mode, rep, cfg), idle_busy_frac=busy))
             r = runs[-1]
             with open(cfg.out_dir / "runs.jsonl", "a" if len(runs) > 1 else "w") as f:
                 f.write(json.dumps(asdict(r)) + "\n")
@@ -141,22 +137,6 @@ def machine_busy_frac(sample_s: float = 0.5) -> float:
     import psutil
 
     return psutil.cpu_percent(interval=sample_s) / 100.0
-
-
-def core_speed_per_s(sample_s: float = 0.1, samples: int = 3) -> float:
-    """Rounds per second of a fixed single-threaded loop, the best of a few short samples after a
-    warm-up: the machine's speed right now (a process exiting beside one sample does not count;
-    a host that slows down for seconds slows them all)."""
-    _rounds(0.05)
-    return max(_rounds(sample_s) for _ in range(samples))
-
-
-def _rounds(sample_s: float) -> float:
-    rounds, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < sample_s:
-        sum(i * i for i in range(2000))
-        rounds += 1
-    return rounds / elapsed
 
 
 def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None = None) -> list[str]:
@@ -182,7 +162,7 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
             threads = max(1, len(os.sched_getaffinity(0)) // len(cfg.seeds)) if mode == "naive-fair" else None
             run.wait([run.pipeline(s, r, threads) for s, r in zip(cfg.seeds, results)], mode)
         else:
-            _run_jigsaw(cfg, results, run)
+            _run_jigsaw(cfg, results, run, rep)
     return _summarise(mode, rep, time.perf_counter() - t0, results, cfg.warmup_steps)
 
 
@@ -206,11 +186,11 @@ class _Launcher:
                                f"its output is in {self.log_path}")
 
 
-def _run_jigsaw(cfg: DemoConfig, results: list[Path], run: _Launcher) -> None:
+def _run_jigsaw(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int) -> None:
     rt = Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     (rt / "rt").mkdir(mode=0o700)
     run.env = dict(run.env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
-    trace = cfg.out_dir / "jigsaw-trace.jsonl"
+    trace = cfg.out_dir / f"jigsaw-trace-r{rep + 1}.jsonl"  # every repeat's: a slow one can be looked at
     trace.unlink(missing_ok=True)
     grid = profiles.resolve(cfg.profile or profiles.CPU_DEFAULT)
     from jigsaw.runtime.client import wait_for_daemon
@@ -229,6 +209,8 @@ def _run_jigsaw(cfg: DemoConfig, results: list[Path], run: _Launcher) -> None:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(10)
         shutil.rmtree(rt, ignore_errors=True)
+        if trace.exists():
+            shutil.copyfile(trace, cfg.out_dir / "jigsaw-trace.jsonl")  # the latest, for the timeline
 
 
 def _summarise(mode: str, rep: int, wall_s: float, results: list[Path], warmup_steps: int) -> Run:
