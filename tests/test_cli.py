@@ -1,6 +1,7 @@
 """`jigsaw` CLI: subcommands, light imports, clear errors."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,17 @@ def test_sim_lists_workloads_and_rejects_unknown_policies():
     assert listed.returncode == 0 and "qwen3-4b-search-r1" in listed.stdout
     bad = _run("sim", "--policy", "fifo", "--steps", "1")
     assert bad.returncode == 2 and "unknown policy" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_no_flag_help_states_its_default_twice():
+    """A docstring that says its default beside tyro's own "(default: ...)" reads as two answers
+    ("(default: profiles/cpu/tiny-qwen3.json). (default: None)", as a user saw it)."""
+    from jigsaw.cli.main import COMMANDS
+
+    for name in COMMANDS:
+        res = _run(name, "--help")
+        assert res.returncode == 0, res.stderr
+        text = " ".join(res.stdout.replace("│", " ").split())
+        twice = re.search(r"\(default: [^)]*\)\.?\s*\(default:|default: [^()]*\(default:", text)
+        assert twice is None, f"jigsaw {name} --help: {twice.group(0)!r}"

@@ -41,10 +41,10 @@ class Args:
     device: int = 0
     """CUDA device to probe (green contexts, SM-id kernel, confinement, NVML sample)."""
     fracs: tuple[float, ...] = PARTITION_LEVELS
-    """SM budgets whose green-partition pairs the confinement check runs (default: the levels
-    of the shipped grids)."""
+    """SM budgets whose green-partition pairs the confinement check runs; if unset, the levels
+    of the shipped grids."""
     strict: bool = False
-    """Exit 1 when a GPU check is not ok or any check failed (default: report only, exit 0)."""
+    """Exit 1 when a GPU check is not ok or any check failed; if unset, report only, exit 0."""
     json: bool = False
     """Print the report as one JSON object instead of lines."""
     start_mps: bool = False

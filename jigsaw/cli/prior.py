@@ -30,7 +30,7 @@ class Args:
     """Output file; default <your profile dir>/<device>/<model>.prior.json (never a shipped file),
     where the name "<device>/<model>" finds it."""
     profiles_dir: Path | None = None
-    """With --shipped: where to write (default: the installed package's profiles, jigsaw/profiles)."""
+    """With --shipped: where to write; if unset, the installed package's profiles, jigsaw/profiles."""
     shipped: bool = False
     """Regenerate every prior shipped with jigsaw (a developer's command; ignores --out)."""
     prior: PriorConfig = PriorConfig()

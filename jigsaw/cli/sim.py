@@ -42,7 +42,8 @@ class Args:
     """Replay this trace (written by `jigsaw sim` or `jigsaw run`) under the policies instead
     of simulating workloads: the recorded sub-stages, re-packed."""
     profile: Path | None = None
-    """Slowdown grid for --replay (default: the analytic prior of the trace's model and device)."""
+    """Slowdown grid for --replay, a file or a name; if unset, the analytic prior of the trace's
+    model and device."""
 
 
 def run(args: Args) -> int:

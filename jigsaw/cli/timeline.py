@@ -1,6 +1,6 @@
 """`jigsaw timeline`: draw what every device did in a trace of `jigsaw sim` or `jigsaw run`.
 
-    TRACE (default: the newest <runtime dir>/traces/daemon-*.jsonl, printed)
+    TRACE, or the newest <runtime dir>/traces/daemon-*.jsonl (printed)
           ─► jigsaw.timeline.load (grant/release intervals, FLOPs, peaks, GPU or CPU, series)
           ─► --out by suffix: .png (a row per device: share by sub-stage kind (colour) and
                                     pipeline (hatch), MFU; start-up before the first grant cropped)
@@ -25,13 +25,14 @@ class Args:
     """Draw per-device utilisation and MFU of a trace as PNG, Perfetto JSON or HTML."""
 
     trace: Annotated[Path | None, tyro.conf.Positional, tyro.conf.arg(metavar="[TRACE]")] = None
-    """Trace file (JSON lines) of `jigsaw sim --out` or a daemon; default: the newest daemon trace."""
+    """Trace file (JSON lines) of `jigsaw sim --out` or a daemon; without one, the newest daemon
+    trace in the runtime directory."""
     out: Path = Path("jigsaw-timeline.png")
     """Output; the suffix picks the format: .png, .json (Chrome trace for Perfetto), .html (PNG + tables)."""
     peak_tflops: float | None = None
-    """Peak dense TFLOP/s per device for MFU (default: the trace's, e.g. 989 for an h100 pipeline)."""
+    """Peak dense TFLOP/s per device for MFU; if unset, the trace's, e.g. 989 for an h100 pipeline."""
     devices: tuple[int, ...] | None = None
-    """Only these devices (default: every device of the trace)."""
+    """Only these devices; if unset, every device of the trace."""
 
 
 def run(args: Args) -> int:

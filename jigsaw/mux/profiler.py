@@ -62,8 +62,8 @@ class ProfileConfig:
     """cuda: a name in jigsaw.mux.prior.MODELS or the path of an HF config.json (default
     qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""
     out: Path | None = None
-    """Output file (default: <user profile dir>/<sku>/<model>.json, never a shipped grid; see
-    jigsaw.profiles.user_dir: $JIGSAW_PROFILE_DIR, else $XDG_DATA_HOME/jigsaw/profiles).  A
+    """Output file; if unset, <user profile dir>/<sku>/<model>.json, never a shipped grid; see
+    jigsaw.profiles.user_dir: $JIGSAW_PROFILE_DIR, else $XDG_DATA_HOME/jigsaw/profiles.  A
     shipped grid is overwritten only when named here."""
     check: str | None = None
     """Measure nothing: validate an existing grid (a file, or a name like cpu/tiny-qwen3) and

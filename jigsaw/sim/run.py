@@ -36,7 +36,7 @@ class SimConfig:
     """serial | muxserve | rollmux | hrrs | greedy | jigsaw (the CLI also takes a comma list
     or 'all'), the same policies `jigsaw daemon --policy` runs live."""
     gpus: int | None = None
-    """GPUs of the node (default: the first workload's)."""
+    """GPUs of the node; if unset, the first workload's."""
     steps: int = 20
     """RL steps per pipeline."""
     seed: int = 0
