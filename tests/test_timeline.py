@@ -17,6 +17,7 @@ import pytest
 
 from jigsaw import timeline as tlm
 from jigsaw.cli.main import main
+from jigsaw.timeline.model import CROP_MARGIN_FRAC
 from jigsaw.trace import Trace, TraceEvent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -376,6 +377,22 @@ def test_start_up_is_cropped_off_the_axis_and_its_length_stated():
     finally:
         plt.close(fig)
     assert at_zero.cropped_s == 0.0 and "start-up" not in tlm.describe(at_zero)
+
+
+def test_the_axis_and_the_means_end_with_the_last_sub_stage_not_with_the_trace():
+    """A daemon trace goes on after the work while pipelines unregister: that tail is neither
+    drawn (it took 15% of a demo's axis) nor counted in the means."""
+    import matplotlib.pyplot as plt
+
+    work = _two_kinds_trace(first_grant_s=20.0)  # work from 20 s to 24 s
+    tail = Trace([*work.events, _ev(40.0, "drop", A, "", None, 0.0)])  # unregistered 16 s later
+    tl = tlm.build(tail)
+    assert tl.work_end_s == 24.0 and tl.window_s == 4.0 and tl.mean_util_frac == pytest.approx(1.0)
+    fig = tlm.figure(tl)
+    try:
+        assert fig.axes[0].get_xlim()[1] == pytest.approx(24.0 + CROP_MARGIN_FRAC * 4.0)
+    finally:
+        plt.close(fig)
 
 
 def _table(page: str, cls: str) -> str:

@@ -23,10 +23,11 @@ Definitions.  Utilisation is the share granted (SM share on a GPU, core share on
 measured activity: min(1, Σ sm_frac of the intervals holding the device).  An unpartitioned
 pair (both granted σ = 1, time-shared) is drawn as shares 1/n each.  MFU of a device =
 Σ (interval FLOPs / interval length) / peak.  Means run over the window from the first grant to
-the trace's last event × the devices shown, an idle device counting zero: the start-up before
-the first grant (a daemon waiting for its pipelines to load) is not counted, and the drawn axis
-starts CROP_MARGIN_FRAC of the window before the first grant (the title says how much it left
-off; a simulator trace starts with a grant and is not cropped).  A pipeline's mean MFU is its
+the end of the last sub-stage × the devices shown, an idle device counting zero: the start-up
+before the first grant (a daemon waiting for its pipelines to load) and the tail after the work
+(pipelines unregistering) are not counted, and the drawn axis runs from CROP_MARGIN_FRAC of the
+window before the first grant (the title says how much it left off; a simulator trace starts
+with a grant and is not cropped) to as much after the work.  A pipeline's mean MFU is its
 FLOPs over its busy device-seconds × peak.
 
 What a trace must honour (the simulator does): one holding per (pipeline, device) at a time;

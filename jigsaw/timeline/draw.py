@@ -109,7 +109,7 @@ def x_label(tl: Timeline) -> str:
 
 def _x_range(tl: Timeline) -> tuple[float, float]:
     """Drawn x limits, in seconds since the trace's first event."""
-    return tl.view_start_s - tl.start_s, max(tl.span_s, tl.view_start_s - tl.start_s + 1e-9)
+    return tl.view_start_s - tl.start_s, max(tl.view_end_s - tl.start_s, tl.view_start_s - tl.start_s + 1e-9)
 
 
 def _header_in(tl: Timeline) -> float:
@@ -267,7 +267,7 @@ def _heatmap_figure(tl: Timeline):
     import matplotlib.pyplot as plt
 
     hw = tl.hardware
-    edges = [tl.view_start_s + (tl.end_s - tl.view_start_s) * k / HEATMAP_BINS for k in range(HEATMAP_BINS + 1)]
+    edges = [tl.view_start_s + (tl.view_end_s - tl.view_start_s) * k / HEATMAP_BINS for k in range(HEATMAP_BINS + 1)]
     util = [binned(s.times_s, s.util_frac, edges) for s in tl.series.values()]
     mfu = [binned(s.times_s, s.mfu_frac, edges) for s in tl.series.values()] if _all_mfu(tl) else None
     maps = [(util, f"{hw.share} granted", 1.0)]

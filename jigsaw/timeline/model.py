@@ -333,9 +333,23 @@ class Timeline:
         return self.end_s - self.start_s
 
     @property
+    def work_end_s(self) -> float:
+        """When the last sub-stage ended (a daemon trace goes on while pipelines unregister); the
+        trace's end if no sub-stage took any time."""
+        ends = [iv.end_s for iv in self.intervals]
+        ends += [number_field(h.data, "end_s", h) for h in self.hosts if "end_s" in (h.data or {})]
+        last = min(self.end_s, max(ends))
+        return last if last > self.first_grant_s else self.end_s
+
+    @property
     def window_s(self) -> float:
-        """From the first grant to the last event: what the means run over."""
-        return self.end_s - self.first_grant_s
+        """From the first grant to the last sub-stage's end: what the means run over."""
+        return self.work_end_s - self.first_grant_s
+
+    @property
+    def view_end_s(self) -> float:
+        """Where the drawn time axis ends: CROP_MARGIN_FRAC of the window after the work."""
+        return min(self.end_s, self.work_end_s + CROP_MARGIN_FRAC * self.window_s)
 
     @property
     def startup_s(self) -> float:
@@ -368,7 +382,7 @@ class Timeline:
 
     def mean_util(self, s: DeviceSeries) -> float:
         """A device's mean utilisation over the window."""
-        return integral(s.times_s, s.util_frac, self.first_grant_s, self.end_s) / self.window_s
+        return integral(s.times_s, s.util_frac, self.first_grant_s, self.work_end_s) / self.window_s
 
     @property
     def mean_util_frac(self) -> float:

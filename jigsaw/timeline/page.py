@@ -45,7 +45,7 @@ def html_page(tl: Timeline) -> str:
 <h1>jigsaw timeline: {esc(tl.name)}</h1>
 <p>{esc(describe(tl))}.</p>
 <p class=note>Utilisation is the {esc(share)} granted, not measured activity; MFU is attributed FLOPs over
-time × peak. Means and shares run from the first grant to the trace's last event.</p>
+time × peak. Means and shares run from the first grant to the end of the last sub-stage.</p>
 <img alt="per-{esc(tl.hardware.device)} {esc(share)} by sub-stage kind and pipeline, and MFU"
  src="data:image/png;base64,{img}">
 <h2>Per pipeline</h2>

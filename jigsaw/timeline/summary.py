@@ -83,7 +83,7 @@ def kind_summary(tl: Timeline) -> list[KindSummary]:
     for k in tl.kinds:
         mine = [iv for iv in tl.intervals if iv.kind == k and iv.duration_s > 0]
         held_s = sum(iv.duration_s for iv in mine)
-        share_s = sum(integral(s.times_s, v, tl.first_grant_s, tl.end_s)
+        share_s = sum(integral(s.times_s, v, tl.first_grant_s, tl.work_end_s)
                       for s in tl.series.values() for (_, kind), v in s.kind_share_frac.items() if kind == k)
         out.append(KindSummary(kind=k, on_device=True, substages=len({iv.substage for iv in mine}), seconds_s=held_s,
                                share_frac=share_s / device_time_s if device_time_s > 0 else None,
