@@ -2,6 +2,7 @@
 the demo's report: medians, spread, pairing by repeat, and when it calls itself unreliable."""
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,18 +25,19 @@ def test_long_tail_caps_are_seeded_bounded_and_skewed():
 
 
 @pytest.mark.timeout(600)
-def test_demo_runs_serial_naive_naive_fair_and_jigsaw(tmp_path, capsys, monkeypatch):
+def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a user's directory, not the repository: the default is relative
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "24",
-                 "--repeats", "1", "--modes", "serial", "naive", "naive-fair", "jigsaw", "--out-dir", "demo"]) == 0
+                 "--repeats", "1", "--modes", "serial", "naive", "naive-fair", "static", "jigsaw",
+                 "--out-dir", "demo"]) == 0
     printed = capsys.readouterr().out
-    for mode in ("serial", "naive", "naive-fair", "jigsaw"):
+    for mode in ("serial", "naive", "naive-fair", "static", "jigsaw"):
         docs = [json.loads(p.read_text()) for p in sorted(out.glob(f"{mode}-seed*.json"))]
         assert len(docs) == 2 and all(len(d["steps"]) == 2 and d["tokens"] > 0 for d in docs), mode
         assert mode in printed and (out / "logs" / f"{mode}-r1.log").stat().st_size > 0
     assert "one run per mode" in printed  # a single repeat is never called reliable
-    assert len((out / "runs.jsonl").read_text().splitlines()) == 4 and (out / "jigsaw-trace-r1.jsonl").exists()
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 5 and (out / "jigsaw-trace-r1.jsonl").exists()
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon
@@ -141,3 +143,32 @@ def test_bad_demo_configs_are_refused_before_anything_runs(tmp_path):
         demo.run_demo(DemoConfig(modes=("serial", "fast"), out_dir=tmp_path))
     with pytest.raises(ValueError, match="warmup"):
         demo.run_demo(DemoConfig(steps=1, warmup_steps=1, out_dir=tmp_path))
+
+
+def test_static_gives_each_pipeline_its_own_equal_cores():
+    from jigsaw.recipes.demo import static_cores
+
+    for n, k in ((2, 2), (5, 2), (8, 3), (16, 4)):
+        shares = static_cores(tuple(range(n)), k)
+        flat = [c for s in shares for c in s]
+        assert sorted(flat) == list(range(n)) and len(set(flat)) == n  # disjoint, every core used
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    with pytest.raises(ValueError, match="its own cores"):
+        static_cores((0,), 2)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to one")
+def test_a_static_pipeline_and_every_process_it_starts_stay_on_its_cores():
+    import subprocess
+    import sys
+
+    from jigsaw.recipes.demo import pinned
+
+    core = min(os.sched_getaffinity(0))
+    child = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); "
+             "print(subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'], "
+             "capture_output=True, text=True).stdout.strip())")
+    done = subprocess.run([sys.executable, "-c", child], preexec_fn=pinned((core,)), capture_output=True, text=True,
+                          timeout=50)
+    assert done.stdout.split() == [f"[{core}]", f"[{core}]"], done.stderr

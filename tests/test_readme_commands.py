@@ -28,9 +28,9 @@ NOT_RUN = {
     "--config-settings editable_mode=compat && jigsaw demo":
         "the install is what .ci/run does; the full demo takes minutes (tests/test_demo.py runs it small)",
     "python -m pytest -q": "this suite (tests/test_readme.py checks it is what .ci/run runs)",
-    "jigsaw demo": "3 modes × 3 repeats take minutes; the smoke run below runs every mode",
+    "jigsaw demo": "4 modes × 3 repeats take minutes; the smoke run below runs every mode",
     "jigsaw demo --repeats 1 --steps 2 --prompts 2 --group 2 --max-new-tokens 24 --modes serial naive "
-    "naive-fair jigsaw": "tests/test_demo.py::test_demo_runs_serial_naive_naive_fair_and_jigsaw runs exactly this",
+    "naive-fair static jigsaw": "tests/test_demo.py::test_demo_runs_every_mode runs exactly this",
     "jigsaw profile --device cpu": "measures this machine for minutes; tests/test_profiler.py measures a small grid",
     "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/test_profiler.py, gpu-marked)",
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",

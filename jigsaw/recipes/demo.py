@@ -5,8 +5,9 @@
         serial      pipeline 1 to the end, then pipeline 2      (verl: one job owns the node)
         naive       both at once, no control: every worker uses every core (oversubscribed;
                     only when asked)
-        naive-fair  both at once, each worker with cores / pipelines threads (no pinning): the
-                    free baseline
+        naive-fair  both at once, each worker with cores / pipelines threads (no pinning)
+        static      both at once, each pipeline pinned to its own equal share of the cores
+                    (every process it starts inherits it): a fixed split, the free baseline
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
         between runs: how busy the machine is without us (psutil, a short sample)
@@ -35,10 +36,11 @@ from pathlib import Path
 from jigsaw import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("serial", "naive", "naive-fair", "jigsaw")
-DEFAULT_MODES = ("serial", "naive-fair", "jigsaw")
+MODES = ("serial", "naive", "naive-fair", "static", "jigsaw")
+DEFAULT_MODES = ("serial", "naive-fair", "static", "jigsaw")
 """naive is opt-in: oversubscribed, its tokens/s swings by 2× from run to run (551 to 1,746 over
-nine runs on a quiet 2-core VM), so it cannot anchor a comparison; naive-fair is the strong one."""
+nine runs on a quiet 2-core VM), so it cannot anchor a comparison; naive-fair and static are
+the strong ones."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,8 +57,8 @@ class DemoConfig:
     seeds: tuple[int, ...] = (1, 2)
     """One pipeline per seed."""
     modes: tuple[str, ...] = DEFAULT_MODES
-    """Which of serial, naive, naive-fair, jigsaw to run (naive, oversubscribed and erratic, only
-    when asked)."""
+    """Which of serial, naive, naive-fair, static, jigsaw to run (naive, oversubscribed and
+    erratic, only when asked)."""
     out_dir: Path = Path("jigsaw-demo")
     """Trace, timeline, logs and per-pipeline results go here."""
     profile: str | None = None
@@ -161,6 +163,9 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
         elif mode in ("naive", "naive-fair"):
             threads = max(1, len(os.sched_getaffinity(0)) // len(cfg.seeds)) if mode == "naive-fair" else None
             run.wait([run.pipeline(s, r, threads) for s, r in zip(cfg.seeds, results)], mode)
+        elif mode == "static":
+            shares = static_cores(tuple(sorted(os.sched_getaffinity(0))), len(cfg.seeds))
+            run.wait([run.pipeline(s, r, pin=c) for s, r, c in zip(cfg.seeds, results, shares)], mode)
         else:
             _run_jigsaw(cfg, results, run, rep)
     return _summarise(mode, rep, time.perf_counter() - t0, results, cfg.warmup_steps)
@@ -175,15 +180,31 @@ class _Launcher:
     log: object
     log_path: Path
 
-    def pipeline(self, seed: int, result: Path, threads: int | None = None, wrap=()) -> subprocess.Popen:
+    def pipeline(self, seed: int, result: Path, threads: int | None = None, wrap=(),
+                 pin: tuple[int, ...] | None = None) -> subprocess.Popen:
         return subprocess.Popen([*wrap, *_pipeline_cmd(self.cfg, seed, result, threads)], env=self.env, cwd=ROOT,
-                                stdout=self.log, stderr=subprocess.STDOUT)
+                                stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pinned(pin) if pin else None)
 
     def wait(self, procs: list[subprocess.Popen], mode: str) -> None:
         codes = [p.wait() for p in procs]
         if any(codes):
             raise RuntimeError(f"a pipeline of the {mode} run exited with {max(codes, key=abs)}; "
                                f"its output is in {self.log_path}")
+
+
+def static_cores(cores: tuple[int, ...], k: int) -> list[tuple[int, ...]]:
+    """`k` disjoint, contiguous, equal shares of `cores` (the first ones get one more if they do
+    not divide): a static split needs a core per pipeline."""
+    if k > len(cores):
+        raise ValueError(f"the static mode pins each of {k} pipelines to its own cores; this machine has {len(cores)}")
+    size, extra = divmod(len(cores), k)
+    bounds = [i * size + min(i, extra) for i in range(k + 1)]
+    return [cores[bounds[i]:bounds[i + 1]] for i in range(k)]
+
+
+def pinned(cores: tuple[int, ...]):
+    """A preexec_fn putting the child (and all it starts) on `cores`; its threads follow them."""
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def _run_jigsaw(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int) -> None:
