@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from jigsaw.recipes.demo import MODES, DemoConfig, run_demo
-from jigsaw.recipes.demo_report import summarise, table, verdict
+from jigsaw.recipes.demo_report import print_report
 
 
 def main() -> None:
@@ -31,10 +31,7 @@ def main() -> None:
     console = Console(width=110)
     runs = run_demo(DemoConfig(steps=args.steps, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                                modes=MODES, out_dir=args.out_dir), say=console.print)
-    summaries = summarise(runs)
-    console.print(table(summaries))
-    for line in verdict(runs, summaries):
-        console.print(line, highlight=False)
+    print_report(runs, console)
 
 
 if __name__ == "__main__":

@@ -34,17 +34,14 @@ def run(args: Args) -> int:
     from rich.console import Console
 
     from jigsaw.recipes.demo import run_demo
-    from jigsaw.recipes.demo_report import summarise, table, verdict
+    from jigsaw.recipes.demo_report import print_report
 
     console = Console(width=None if Console().is_terminal else 110)  # logs get the whole table
     cfg = args.demo
     console.print(f"jigsaw demo: {len(cfg.modes)} modes × {cfg.repeats} repeats, {cfg.steps} steps each "
                   f"({cfg.warmup_steps} warm-up not measured); logs in {cfg.out_dir / 'logs'}")
     runs = run_demo(cfg, say=console.print)
-    summaries = summarise(runs)
-    console.print(table(summaries))
-    for line in verdict(runs, summaries):
-        console.print(line, style="bold red" if line.startswith("UNRELIABLE") else None, highlight=False)
+    print_report(runs, console)
     trace = cfg.out_dir / "jigsaw-trace.jsonl"
     if "jigsaw" in cfg.modes and trace.exists():
         from jigsaw import timeline

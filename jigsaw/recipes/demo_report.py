@@ -119,6 +119,14 @@ def table(summaries: list[ModeSummary]):
     return t
 
 
+def print_report(runs: list[Run], console) -> None:
+    """The table and the verdict, as `jigsaw demo` and bench/cpu_demo.py print them."""
+    summaries = summarise(runs)
+    console.print(table(summaries))
+    for line in verdict(runs, summaries):
+        console.print(line, style="bold red" if line.startswith("UNRELIABLE") else None, highlight=False)
+
+
 def verdict(runs: list[Run], summaries: list[ModeSummary]) -> list[str]:
     """The lines under the table: what the work was, and whether to trust the comparison."""
     tokens = sorted({r.tokens for r in runs})
