@@ -11,7 +11,7 @@ from jigsaw.sim import workload
 from jigsaw.sim.breakdown import Breakdown, breakdown
 from jigsaw.sim.run import LowerBound, SimConfig, lower_bound, simulate
 
-BASELINES = ("serial", "rollmux", "muxserve", "hrrs", "greedy")
+BASELINES = ("serial", "static", "rollmux", "muxserve", "hrrs", "greedy")
 
 
 @dataclass

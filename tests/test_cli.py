@@ -77,6 +77,19 @@ def test_sim_compares_policies_and_writes_a_trace(tmp_path):
     assert sum(e.event == "step" for e in events) == 4
 
 
+def test_a_policy_that_cannot_run_the_deployment_is_a_row_not_the_end():
+    mix = "qwen3-4b-search-r1,qwen3-4b-aime-multiturn,qwen3-0.6b-math"
+    res = _run("sim", "--workload", mix, "--gpus", "4", "--steps", "1", "--policy", "static,serial", "--no-bound",
+               "--no-trace")
+    assert res.returncode == 0, res.stderr
+    rows = {ln.split("│")[1].strip(): ln for ln in res.stdout.splitlines() if ln.count("│") > 3}
+    assert "infeasible" in rows["static"] and "1.00" in rows["serial"]
+    assert "static cannot plan at" in " ".join(res.stdout.split()) and "Traceback" not in res.stderr
+    alone = _run("sim", "--workload", mix, "--gpus", "4", "--steps", "1", "--policy", "static", "--no-bound",
+                 "--no-trace")
+    assert alone.returncode != 0 and "no policy can run this deployment" in alone.stderr
+
+
 def test_sim_replays_a_recorded_trace_under_every_policy(tmp_path):
     out = tmp_path / "trace.jsonl"
     rec = _run("sim", "--workload", "qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k", "--gpus", "2", "--steps", "2",
@@ -84,7 +97,7 @@ def test_sim_replays_a_recorded_trace_under_every_policy(tmp_path):
     assert rec.returncode == 0, rec.stderr
     res = _run("sim", "--replay", str(out), "--policy", "all")
     assert res.returncode == 0, res.stderr
-    assert all(p in res.stdout for p in ("serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"))
+    assert all(p in res.stdout for p in ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"))
     assert "recorded makespan" in res.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

@@ -47,6 +47,22 @@ def test_partitioner_gives_each_side_of_a_pair_its_own_cores():
     assert AdvisoryPartitioner().partitions(0, (("a", 0.5),)) == {"a": Advisory()}
 
 
+def test_a_share_alone_keeps_its_share_and_equal_halves_keep_their_cores():
+    p = CpuPartitioner(num_devices=1, cores=(0, 1, 2, 3))
+    # a static split: B's half while A's half is idle is still half, not the whole device
+    assert p.partitions(0, (("B/0/r0/training/0", 0.5),)) == {"B/0/r0/training/0": Cpu(cores=(0, 1), threads=2)}
+    pair = p.partitions(0, (("A/0/r0/rollout_tail/0", 0.5), ("B/0/r0/training/0", 0.5)))
+    # by name A would take the first half, but B held it: each keeps the cores it had
+    assert pair["B/0/r0/training/0"].cores == (0, 1) and pair["A/0/r0/rollout_tail/0"].cores == (2, 3)
+    assert p.partitions(0, (("A/1/r0/rollout_prefill/0", 0.5),))["A/1/r0/rollout_prefill/0"].cores == (2, 3)
+    again = p.partitions(0, (("A/1/r0/rollout_prefill/0", 0.5), ("B/1/r0/rollout_decode/0", 0.5)))
+    assert again["A/1/r0/rollout_prefill/0"].cores == (2, 3) and again["B/1/r0/rollout_decode/0"].cores == (0, 1)
+    # unequal shares go by size, whatever was held before
+    big = p.partitions(0, (("A/2/r0/training/0", 0.25), ("B/2/r0/training/0", 0.75)))
+    assert big["B/2/r0/training/0"].cores == (0, 1, 2) and big["A/2/r0/training/0"].cores == (3,)
+    assert p.partitions(0, (("A/3/r0/training/0", 1.0),))["A/3/r0/training/0"].cores == (0, 1, 2, 3)
+
+
 def test_partitions_are_a_tagged_union_on_the_wire():
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Partition)
     for part in (Advisory(), Cpu(cores=(0, 3), threads=2), Green(num_sms=64, budget=0.5, side=1, levels=(0.5,))):

@@ -25,7 +25,7 @@ def test_replaying_a_serial_trace_under_serial_gives_the_simulated_makespan(seri
     assert ex.makespan_s == pytest.approx(recorded_makespan_s(serial_trace), rel=1e-6)
 
 
-@pytest.mark.parametrize("policy", ["muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
+@pytest.mark.parametrize("policy", ["static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
 def test_every_policy_runs_every_recorded_substage_within_device_budgets(serial_trace, policy):
     rec = recorded(serial_trace)
     ex = replay(rec, make(policy), grid_of(rec))

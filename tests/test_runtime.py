@@ -269,11 +269,12 @@ def test_gpu_options_without_a_gpu_leave_the_daemon_serving(tmp_path):
     assert "MPS:" in log and "telemetry off" in log and "green partitioner unavailable" in log
 
 
-@pytest.mark.parametrize("policy", ["serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
+@pytest.mark.parametrize("policy", ["serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
 def test_the_daemon_runs_every_policy_live(tmp_path, policy):
     from jigsaw.graph.policy import NAMES
 
     assert policy in NAMES  # the list above is every policy `make` knows
+    assert len(NAMES) == 7
     n = Node(tmp_path)
     n.start("--policy", policy)
     try:
@@ -294,6 +295,8 @@ def test_the_daemon_runs_every_policy_live(tmp_path, policy):
         assert not _overlap(ev, "A", "B") and all(float(frac) == 1.0 for _, _, _, frac, _ in lines)
     if policy == "jigsaw":
         assert _overlap(ev, "A", "B")
+    if policy == "static":  # half the device each, every sub-stage, side by side
+        assert _overlap(ev, "A", "B") and all(float(frac) == 0.5 for _, _, _, frac, _ in lines)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a disk that is always full)")

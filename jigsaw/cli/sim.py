@@ -60,21 +60,30 @@ def run(args: Args) -> int:
     if args.replay is not None:
         console.print(_replay(args.replay, args.profile, policies, args.sim))
         return 0
-    results = {}
+    from jigsaw.sim.node import Infeasible
+
+    results, infeasible = {}, {}
     log = Console(stderr=True, highlight=False)
     for n, name in enumerate(policies, 1):
         t0 = time.perf_counter()
-        with console.status(f"simulating {name} ..."):
-            results[name] = _simulate(replace(args.sim, policy=name))
-        log.print(f"[{n}/{len(policies)}] {name}: {_outcome(results[name])} ({time.perf_counter() - t0:.1f} s)",
-                  style="dim")
+        try:
+            with console.status(f"simulating {name} ..."):
+                results[name] = _simulate(replace(args.sim, policy=name))
+            outcome = _outcome(results[name])
+        except Infeasible as exc:  # one policy that cannot run this deployment is a row, not the end
+            infeasible[name] = str(exc)
+            outcome = f"infeasible: {exc}"
+        log.print(f"[{n}/{len(policies)}] {name}: {outcome} ({time.perf_counter() - t0:.1f} s)", style="dim")
+    if not results:
+        why = "\n".join(f"  {p}: {w}" for p, w in infeasible.items())
+        raise ValueError(f"no policy can run this deployment:\n{why}")
     bound = None
     if args.bound:
         with console.status("lower bound: each pipeline alone ..."):
             from jigsaw.sim.run import lower_bound
 
             bound = lower_bound(replace(args.sim, policy="serial"))
-    console.print(_table(results, bound, args.sim))
+    console.print(_table(results, bound, args.sim, infeasible))
     keep = results.get("jigsaw") or results[policies[-1]]
     if keep.trace is not None:
         keep.trace.write(args.out)
@@ -109,7 +118,7 @@ def _outcome(result) -> str:
     return f"{result.tokens_per_s:,.0f} tokens/s, makespan {result.makespan_s:,.1f} s"
 
 
-def _table(results: dict, bound, config: SimConfig):
+def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str]):
     from rich.table import Table
 
     first = next(iter(results.values()))
@@ -117,16 +126,20 @@ def _table(results: dict, bound, config: SimConfig):
     t = Table(title=f"{', '.join(names)} on {config.gpus or 'default'} GPUs, {config.steps} steps"
                     + (", tail batching" if config.tailbatch else ""))
     for col in ("policy", "tokens/s", "x serial", "makespan s", "gap to bound", *[f"step s {n}" for n in names]):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+        t.add_column(col, justify="left" if col == "policy" else "right", min_width=10 if col == "tokens/s" else None)
     serial = results.get("serial")
     for name, r in results.items():
         ratio = f"{r.tokens_per_s / serial.tokens_per_s:.2f}" if serial else "—"
         gap = f"{r.makespan_s / bound.makespan_s - 1:+.1%}" if bound else "—"
         t.add_row(name, f"{r.tokens_per_s:,.0f}", ratio, f"{r.makespan_s:,.1f}", gap,
                   *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines])
+    for name in infeasible:
+        t.add_row(name, "infeasible", *[""] * (3 + len(names)))
+    notes = [f"infeasible: {why}" for why in infeasible.values()]
     if bound:
-        t.caption = (f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
+        notes.append(f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
                      f"resource {bound.resource_s:,.1f} s)")
+    t.caption = "\n".join(notes) or None
     return t
 
 

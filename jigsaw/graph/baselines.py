@@ -5,6 +5,9 @@
                           places pipelines by it; live pipelines bring their own placement)
 
     serial    verl: each pipeline alone on all GPUs, whole steps back to back
+    static    an equal split a user sets up by hand (MPS percentages, a fixed green-context
+              or core split): each pipeline holds half of every device it uses, SMs and
+              memory, for the whole run, whatever the other half does; no migration
     muxserve  JigsawRL §5.1 "JigsawRL-MuxServe": rollouts of different pipelines share GPUs
               under a static SM split; reference and training run exclusively, one at a time
     rollmux   RollMux §4 (paper 000): disaggregated rollout / training pools, phases
@@ -20,6 +23,7 @@ RollPacker's tail batching is not a node policy: it changes which prompts a pipe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan
@@ -117,6 +121,63 @@ class Serial:
         else:
             nxt = names[0]
         self.turn, self.turn_step = nxt, prog[nxt].step
+
+
+@dataclass
+class Static:
+    """Half of each device per pipeline, every stage, the whole run (module docstring)."""
+
+    name: str = "static"
+    separable: bool = True
+    share_frac: float = 0.5
+    """SM and memory share of each pipeline on each device it uses (two per device at most)."""
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        """Two pipelines share every device; more go in pairs onto equal groups of devices."""
+        groups = (k + 1) // 2
+        if groups > gpus:
+            raise ValueError(f"static: {k} pipelines need {groups} devices (two per device), the node has {gpus}")
+        per = gpus // groups
+        return [(g, g) for g in (tuple(range((i // 2) * per, (i // 2 + 1) * per)) for i in range(k))]
+
+    def plan(self, view: View) -> Plan:
+        units: dict[int, list[tuple[PipelineState, SubStage]]] = {}
+        started: list[str] = []
+        for ps in view.pipelines:
+            mine = {_device(ps, ps.graph[sid]) for sid in ps.running} - {None}
+            for sid in ps.running:
+                if (d := _device(ps, ps.graph[sid])) is not None:
+                    units.setdefault(d, []).append((ps, ps.graph[sid]))
+            for s in _frontier(ps):
+                d = _device(ps, s)
+                if d is None:
+                    started.append(s.id)
+                elif d not in mine or s.id in ps.urgent:  # its half holds one sub-stage at a time
+                    mine.add(d)
+                    units.setdefault(d, []).append((ps, s))
+                    started.append(s.id)
+        assignments = [a for d, us in units.items() for a in self._grants(view, d, us)]
+        return Plan(time_s=view.time_s, started=tuple(started), assignments=tuple(assignments))
+
+    def _grants(self, view: View, d: int, units: list[tuple[PipelineState, SubStage]]) -> list[Assignment]:
+        """Each unit its fixed share; the slowdown beside the other half's unit, or alone."""
+        share, cap = self.share_frac, view.node.mem_bytes
+        for _, s in units:
+            if s.mem_bytes > share * cap:
+                raise ValueError(f"static: {s.id} needs {s.mem_bytes} bytes; its share of device {d} is "
+                                 f"{int(share * cap)}")
+        kinds = [s.kind.value for _, s in units]
+        if len(units) == 1:
+            slow: tuple[float, ...] | None = (view.model.alone(kinds[0], share, share),)
+        elif len(units) == 2:
+            slow = view.model.pair(kinds[0], kinds[1], share, share)
+        else:
+            raise ValueError(f"static: {len(units)} sub-stages on device {d}; a device holds two halves")
+        if slow is None or not all(math.isfinite(x) for x in slow):
+            raise ValueError(f"static: {' and '.join(kinds)} cannot run at {share:.0%} of device {d} "
+                             "(the slowdown grid has no feasible point there)")
+        return [Assignment(substage=s.id, pipeline=ps.graph.pipeline, device=d, sm_frac=share,
+                           mem_bytes=int(share * cap), slowdown=x) for (ps, s), x in zip(units, slow)]
 
 
 @dataclass

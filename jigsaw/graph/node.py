@@ -63,9 +63,12 @@ class NodeState:
     """The pipelines sharing one node, and the decisions about them (module docstring)."""
 
     def __init__(self, node: NodeSpec, grid, policy: Policy, *, next_step: bool = True,
-                 max_wait_s: float | None = None, liveness: bool = False):
+                 max_wait_s: float | None = None, liveness: bool = False, fallback: bool = True):
         self.node, self.grid, self.policy = node, grid, policy
         self.next_step, self.max_wait_s, self.liveness = next_step, max_wait_s, liveness
+        self.fallback = fallback
+        """A failing policy's group is decided by the fallback (live pipelines go on); False:
+        the facts are restored and the error raised (a simulation measures the policy)."""
         self.pipelines: dict[str, LivePipeline] = {}
         self.failures = 0
         """Decisions in which the policy or the applier failed (the fallback decided)."""
@@ -146,7 +149,7 @@ class NodeState:
         if len(group) == len(self.pipelines):
             return self
         part = NodeState(self.node, self.grid, self.policy, next_step=self.next_step, max_wait_s=self.max_wait_s,
-                         liveness=self.liveness)
+                         liveness=self.liveness, fallback=self.fallback)
         part.pipelines = {p.name: p for p in group}
         return part
 
@@ -155,6 +158,9 @@ class NodeState:
         try:
             return self._decide(now_s)
         except Exception as exc:  # noqa: BLE001 - a failing policy must not take the node down
+            if not self.fallback:
+                before.restore()
+                raise
             log.exception("policy %s failed; admitting the oldest request per idle device alone", self.policy.name)
             before.restore()
             self.failures += 1

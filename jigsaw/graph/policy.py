@@ -5,7 +5,7 @@
 
     jigsaw   the windowed look-ahead scheduler with merging and balancing (JigsawRL §4)
     greedy   the same with W = 1 (JigsawRL Fig. 11)
-    serial, muxserve, rollmux, hrrs   the baselines (baselines.py)
+    serial, static, muxserve, rollmux, hrrs   the baselines (baselines.py)
 
 `make(name, config)` builds a fresh policy: the daemon holds one (`jigsaw daemon --policy`),
 every simulation its own.  Policies may keep state between calls (a baseline's turn, jigsaw's
@@ -82,7 +82,7 @@ class Jigsaw:
         return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache)
 
 
-NAMES = ("serial", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
+NAMES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
 """Every policy `make` knows, baselines first."""
 
 
@@ -91,8 +91,9 @@ def make(name: str, config: SchedulerConfig = SchedulerConfig()) -> Policy:
     from jigsaw.graph import baselines
 
     factories: dict[str, Callable[[], Policy]] = {
-        "serial": baselines.Serial, "muxserve": baselines.MuxServe, "rollmux": baselines.RollMux,
-        "hrrs": baselines.HRRS, "greedy": lambda: Jigsaw(name="greedy", config=replace(config, window=1)),
+        "serial": baselines.Serial, "static": baselines.Static, "muxserve": baselines.MuxServe,
+        "rollmux": baselines.RollMux, "hrrs": baselines.HRRS,
+        "greedy": lambda: Jigsaw(name="greedy", config=replace(config, window=1)),
         "jigsaw": lambda: Jigsaw(config=config)}
     if name not in factories:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(NAMES)}")

@@ -12,6 +12,8 @@
 The scheduler has already decided who shares a device with whom and at which share; these
 functions only turn shares into concrete partitions, so they never fail on a layout the
 scheduler can produce and never touch a driver (the daemon imports neither torch nor CUDA).
+The CPU partitioner remembers one thing, which cores each pipeline held, so equal halves
+stay where they were.
 """
 
 from __future__ import annotations
@@ -72,7 +74,12 @@ class AdvisoryPartitioner:
 
 class CpuPartitioner:
     """This machine's cores, split evenly among the daemon's devices; a pair (σ, 1-σ) gets
-    disjoint core sets (at least one core each), one alone all of them."""
+    disjoint core sets (at least one core each), one alone all of them, or only its share
+    when its budget is a share σ < 1 (a static split: the other half stays the partner's).
+
+    The one state it keeps is which cores each pipeline last held on a device: where two
+    core sets fit a share equally (two halves), a pipeline keeps the one it had, so its
+    threads do not hop between cores each time its partner starts or ends."""
 
     kind = "cpu"
 
@@ -84,18 +91,40 @@ class CpuPartitioner:
             raise ValueError(f"{len(cores)} cores cannot make {num_devices} CPU devices")
         per = len(cores) // num_devices
         self.devices = [cores[d * per:(d + 1) * per] for d in range(num_devices)]
+        self.last: dict[tuple[int, str], tuple[int, ...]] = {}
+        """(device, pipeline) -> the cores it was last given."""
 
     def partitions(self, device: int, layout: Layout) -> dict[str, Partition]:
-        from jigsaw.mux.cpu import split_cores
-
         cores = self.devices[device]
         if len(layout) > 2:
             raise ValueError(f"device {device} holds {len(layout)} sub-stages; a partition holds at most 2")
-        if len(layout) == 1 or len(cores) < 2 or min(frac for _, frac in layout) >= 1.0:
-            return {sid: Cpu(cores=cores, threads=len(cores)) for sid, _ in layout}  # alone, or unpartitioned
+        sides = self._sides(device, cores, layout)
+        for sid, got in sides.items():
+            self.last[(device, _owner(sid))] = got
+        return {sid: Cpu(cores=got, threads=len(got)) for sid, got in sides.items()}
+
+    def _sides(self, device: int, cores: tuple[int, ...], layout: Layout) -> dict[str, tuple[int, ...]]:
+        from jigsaw.mux.cpu import split_cores
+
+        fracs = [frac for _, frac in layout]
+        if len(cores) < 2 or min(fracs, default=1.0) >= 1.0:
+            return {sid: cores for sid, _ in layout}  # alone on the whole device, or unpartitioned
+        if len(layout) == 1:
+            (sid, frac), = layout
+            mine, rest = split_cores(cores, frac)
+            kept = self.last.get((device, _owner(sid)))
+            return {sid: rest if kept == rest and len(rest) == len(mine) else mine}
         (a, frac), (b, _) = sorted(layout, key=lambda x: (-x[1], x[0]))
         mine, theirs = split_cores(cores, frac)
-        return {a: Cpu(cores=mine, threads=len(mine)), b: Cpu(cores=theirs, threads=len(theirs))}
+        if len(mine) == len(theirs) and (self.last.get((device, _owner(a))) == theirs
+                                         or self.last.get((device, _owner(b))) == mine):
+            mine, theirs = theirs, mine  # equal halves: each keeps the cores it had
+        return {a: mine, b: theirs}
+
+
+def _owner(sid: str) -> str:
+    """The pipeline of a sub-stage id (`pipeline/step/rank/kind/n`)."""
+    return sid.split("/", 1)[0]
 
 
 class GreenPartitioner:

@@ -64,7 +64,8 @@ class DaemonConfig:
     devices: int = 1
     """Devices the daemon partitions (GPUs, or CPU partitions)."""
     policy: str = "jigsaw"
-    """What decides: jigsaw | greedy | serial (verl) | muxserve | rollmux | hrrs.
+    """What decides: jigsaw | greedy | serial (verl) | static (half the device each) | muxserve
+    | rollmux | hrrs.
     Any of them runs live, so the same jobs can be compared under each."""
     sched: SchedulerConfig = field(default_factory=SchedulerConfig)
     """The look-ahead scheduler (jigsaw; greedy is it at window 1)."""

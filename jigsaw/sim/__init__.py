@@ -4,7 +4,7 @@
     rollout.py   continuous-batching engine per DP worker, one batch segment at a time
     pipeline.py  a pipeline's steps: rollout ─► reward ─► reference ─► training
     view.py      live state ─► PipelineState for policies (what the runtime builds too)
-    policies.py  serial, muxserve, rollmux, hrrs, greedy, jigsaw
+    (policies: jigsaw/graph/policy.py and baselines.py, the ones the daemon runs live)
     node.py      event heap, policy calls, plan application, invariants, trace
     run.py       SimConfig ─► simulate() ─► SimResult; lower_bound()
 

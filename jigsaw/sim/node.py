@@ -64,13 +64,17 @@ class _Slot:
     """Live sub-stage id it was granted for (a worker moves through several)."""
 
 
+class Infeasible(ValueError):
+    """The policy cannot run this deployment (its plan failed); the simulation stops."""
+
+
 class NodeSim:
     """Runs pipelines to completion under `policy`; see the module docstring."""
 
     def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy, *, trace: bool = True,
                  next_step: bool = True):
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
-        self.state = NodeState(node, grid, policy, next_step=next_step)
+        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False)
         self.live: dict[tuple[int, int], str] = {}
         """(pipeline, rank) -> the sub-stage id its worker's client has asked for last."""
         self.heap: list[tuple] = []
@@ -212,7 +216,12 @@ class NodeSim:
         for run in self.runs:
             if run.stage == ROLLOUT:
                 report.live_numbers(run)
-        d = self.state.decide(t)
+        try:
+            d = self.state.decide(t)
+        except (ValueError, RuntimeError) as exc:
+            # The daemon falls back so live pipelines go on; a simulated fallback would
+            # measure the fallback, not the policy: the policy cannot run this deployment.
+            raise Infeasible(f"{self.policy.name} cannot plan at t={t:.3f} s: {exc}") from exc
         if d is None:
             return
         self.decisions += 1

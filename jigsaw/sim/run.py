@@ -33,7 +33,7 @@ class SimConfig:
     """Workloads, one per co-located pipeline: shipped names or TOML paths (`jigsaw sim
     --list` shows them); comma-separated also works."""
     policy: str = "jigsaw"
-    """serial | muxserve | rollmux | hrrs | greedy | jigsaw (the CLI also takes a comma list
+    """serial | static | muxserve | rollmux | hrrs | greedy | jigsaw (the CLI also takes a comma list
     or 'all'), the same policies `jigsaw daemon --policy` runs live."""
     gpus: int | None = None
     """GPUs of the node; if unset, the first workload's."""
