@@ -169,6 +169,31 @@ def test_client_without_daemon_grants_exclusively():
     c.close()
 
 
+def test_a_budget_change_reaches_a_running_worker_at_once_not_at_its_next_heartbeat(tmp_path):
+    # heartbeats every 4 s: a change delivered with the next heartbeat would take seconds
+    n = Node(tmp_path)
+    n.start("--policy", "muxserve", "--heartbeat-s", "4", "--lease-s", "16")
+    a, b = connect(pipeline="A", endpoint=n.ep), connect(pipeline="B", endpoint=n.ep)
+    try:
+        with a.substage("rollout_decode", step=0) as ga:
+            assert ga.sm_frac == 1.0  # alone on the device
+            time.sleep(0.2)  # A's heartbeat is parked at the daemon by now
+            with b.substage("rollout_decode", step=0) as gb:
+                t0, deadline = time.monotonic(), time.monotonic() + 2.0
+                while ga.sm_frac == 1.0 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                took_s = time.monotonic() - t0
+                assert ga.sm_frac + gb.sm_frac == pytest.approx(1.0), (ga.sm_frac, gb.sm_frac)
+            assert took_s < 2.0
+    finally:
+        a.close()
+        b.close()
+        n.stop()
+    ev = n.events()
+    delivered = [(e["substage"].split("/")[0], e["sm_frac"]) for e in ev if e["event"] == "delivered"]
+    assert delivered[0] == ("A", 0.5)
+
+
 def test_rollout_buckets_forward_steps_client_side(node):
     c = connect(pipeline="R", endpoint=node.ep)
     assert c.connected

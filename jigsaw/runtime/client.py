@@ -8,10 +8,12 @@
        │  (exit)                                                         Done ─► Ok (or: the
        │                                                   lease was lost meanwhile: it fell open)
        │  client.step_end(step, tokens=…)                                StepEnd (no wait)
-       └─ heartbeat thread (own socket): Heartbeat every heartbeat_s ─► Beat: budget changes,
-                                          re-bound at once (a sub-stage is re-partitioned while
-                                          it runs); unknown session (daemon restarted, lease
-                                          lost) ─► running grants fell open ─► Register again
+       └─ heartbeat thread (own socket): Heartbeat(wait_s=heartbeat_s), the next as soon as
+                                          its Beat comes ─► Beat: sent when a budget changes (or
+                                          after wait_s), re-bound at once (a sub-stage is
+                                          re-partitioned while it runs); unknown session (daemon
+                                          restarted, lease lost) ─► running grants fell open ─►
+                                          Register again
 
 Fail-open: when there is no daemon, or it stops answering for `dead_after_s`, every
 sub-stage is granted the whole device at once (`grant.exclusive`, its processes unpinned),
@@ -322,12 +324,16 @@ class Client:
     def _heartbeats(self) -> None:
         sock = self._socket()
         try:
-            while not self._stop.wait(self.heartbeat_s):
+            while not self._stop.is_set():
                 if self.session is None:
                     self._register(sock, self.heartbeat_s * 4)
+                    self._stop.wait(0.0 if self.session else self.heartbeat_s)
                     continue
-                beat = pr.Heartbeat(session=self.session, req=self._next_req())
-                reply = self._call(sock, beat, self.heartbeat_s * 4)
+                sent = time.monotonic()
+                beat = pr.Heartbeat(session=self.session, wait_s=self.heartbeat_s, req=self._next_req())
+                reply = self._call(sock, beat, self.heartbeat_s * 5, give_up=self._stop.is_set)
+                if not (isinstance(reply, pr.Beat) and reply.grants):  # never faster than one per heartbeat_s
+                    self._stop.wait(max(0.0, sent + self.heartbeat_s - time.monotonic()))
                 if isinstance(reply, pr.Beat):
                     for g in reply.grants:
                         if (h := self._live.get(g.substage)) is not None and not h.lost:

@@ -27,6 +27,7 @@ decisions can be replayed offline (`jigsaw.sim.replay.replay_decisions`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import time
@@ -124,6 +125,8 @@ class Session:
     """When its latest message arrived (time.monotonic)."""
     updates: dict[str, pr.Grant] = field(default_factory=dict)
     """Budget changes to hand out with the next heartbeat reply."""
+    parked: tuple[int, int, float] | None = None
+    """A heartbeat waiting for a budget change: (connection, req, answer by this wall time)."""
 
 
 FIRST = (pr.Heartbeat, pr.Status, pr.Stop)
@@ -267,12 +270,26 @@ class Daemon:
             self._dirty = False
             self._decide()
         self._tick_s = self.wall()
+        for session in self.sessions.values():
+            self._wake(session, by_s=self._tick_s)
         if self._tick_s - mono > STALL_S:  # a long decision: the heartbeats it held up are not read yet
             self._awake_s = self._tick_s
         self._expire()
         if self._idle.due(bool(self.state.pipelines), self.wall()) and not self.stopping:
             log.info("no pipeline registered for %g s (idle_exit_s): exiting", self.config.idle_exit_s)
             self.stopping = True
+
+    def _beat(self, session: Session, req: int) -> pr.Beat:
+        grants_now, session.updates, session.parked = tuple(session.updates.values()), {}, None
+        for g in grants_now:
+            self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
+        return pr.Beat(grants=grants_now, req=req)
+
+    def _wake(self, session: Session, by_s: float = -math.inf) -> None:
+        """Answer a parked heartbeat that has budget changes, or whose time is up at `by_s`."""
+        if session.parked is not None and (session.updates or session.parked[2] <= by_s):
+            conn, req, _ = session.parked
+            self._send(conn, self._beat(session, req))
 
     def _send(self, conn: int, reply) -> None:
         self.listener.send(conn, pr.encode(reply))  # a peer that is gone will ask again
@@ -291,10 +308,10 @@ class Daemon:
         session = self._session(msg.session)
         session.last_seen = max(session.last_seen, arrived_s)
         if isinstance(msg, pr.Heartbeat):
-            grants_now, session.updates = tuple(session.updates.values()), {}
-            for g in grants_now:
-                self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
-            return pr.Beat(grants=grants_now, req=msg.req)
+            if msg.wait_s > 0 and not session.updates:  # answered when a budget changes (_wake)
+                session.parked = (conn, msg.req, arrived_s + min(msg.wait_s, self.config.lease_s / 2))
+                return None
+            return self._beat(session, msg.req)
         if isinstance(msg, pr.Admit):
             return self._admit(msg, session, conn, arrived_s)
         if isinstance(msg, pr.Done):
@@ -405,6 +422,7 @@ class Daemon:
         session = self.sessions.pop(token, None)
         if session is None:
             return
+        self._wake(session, by_s=math.inf)  # a parked heartbeat is answered, not left to time out
         name = session.pipeline
         tokens = {token}
         if whole:
@@ -476,6 +494,8 @@ class Daemon:
             if r.owner is not None and r.owner.session in self.sessions:
                 self.sessions[r.owner.session].updates[r.sid] = g
             self._traced_grant(a.pipeline, r, g)
+        for session in self.sessions.values():
+            self._wake(session)
         self._gauge()
 
     def _traced_grant(self, pipeline: str, r, g: pr.Grant) -> None:

@@ -21,11 +21,13 @@ from msgspec import Meta
 
 from jigsaw.mux.partition import Partition
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
 3: pipelines owned by a token; the trace's state in status replies.
 4: the daemon's set-up and uptime, and each pipeline's requests and grants, in status
-replies; `Stop`."""
+replies; `Stop`.
+5: a heartbeat may wait for a budget change (`Heartbeat.wait_s`): re-plans reach workers
+at once, not at their next heartbeat."""
 MAX_MESSAGE_BYTES = 64 << 10
 """Largest request the daemon reads (the largest real one, an Admit naming 4,096 processes,
 is about 20 KiB): a longer one is refused from its length prefix, before its body is read."""
@@ -77,6 +79,9 @@ class Register(_Msg, tag="register"):
 
 class Heartbeat(_Msg, tag="heartbeat"):
     session: Token
+    wait_s: Annotated[float, Meta(ge=0.0, le=60.0)] = 0.0
+    """The daemon may hold the reply this long (at most half a lease), answering at once
+    when one of the session's budgets changes; 0: answer now."""
 
 
 class Unregister(_Msg, tag="unregister"):
