@@ -45,6 +45,7 @@ from jigsaw.mux.prior import node_grid
 from jigsaw.runtime import grants, housekeeping, plumbing
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import runtime_dir
+from jigsaw.runtime.session import Session
 from jigsaw.trace import TraceEvent, TraceWriter
 
 log = logging.getLogger("jigsaw.daemon")
@@ -74,6 +75,11 @@ class DaemonConfig:
     """How often clients renew their lease."""
     lease_s: float = pr.LEASE_S
     """A client silent this long is dead: its grants are reclaimed."""
+    grow_delay_s: float = 0.02
+    """A running sub-stage given more of its device learns it this much later, unless a re-plan
+    takes it back first: when a partner ends, its pipeline's next sub-stage usually asks within
+    a few ms, and growing the survivor only to shrink it again moves its threads twice for
+    nothing.  Shrinks are sent at once.  0: every change at once."""
     max_wait_s: float | None = 2.0
     """A request waiting this long is admitted whatever the plan (the policy then only picks its budget).
     None: never (a baseline run live keeps its own order)."""
@@ -98,6 +104,8 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.policy not in NAMES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(NAMES)}")
+        if not 0.0 <= self.grow_delay_s <= self.lease_s / 2:
+            raise ValueError(f"grow_delay_s must be in [0, lease_s / 2], got {self.grow_delay_s}")
         if self.idle_exit_s is not None and not self.idle_exit_s > 0:
             raise ValueError(f"idle_exit_s must be positive (or None: never), got {self.idle_exit_s}")
 
@@ -116,17 +124,6 @@ class Inbound(NamedTuple):
     conn: int
     msg: pr.Request
     arrived_s: float
-
-
-@dataclass(slots=True)
-class Session:
-    pipeline: str
-    last_seen: float
-    """When its latest message arrived (time.monotonic)."""
-    updates: dict[str, pr.Grant] = field(default_factory=dict)
-    """Budget changes to hand out with the next heartbeat reply."""
-    parked: tuple[int, int, float] | None = None
-    """A heartbeat waiting for a budget change: (connection, req, answer by this wall time)."""
 
 
 FIRST = (pr.Heartbeat, pr.Status, pr.Stop)
@@ -204,7 +201,7 @@ class Daemon:
             telemetry = housekeeping.start_telemetry(self.config.telemetry_s, self.trace_writer, self.now)
             log.info("%s", housekeeping.hello(self))
             while not self.stopping:
-                if self.listener.poll(TICK_MS):
+                if self.listener.poll(self._poll_ms()):
                     self._serve(self._read())
                 self._tick()
         finally:
@@ -271,7 +268,7 @@ class Daemon:
             self._decide()
         self._tick_s = self.wall()
         for session in self.sessions.values():
-            self._wake(session, by_s=self._tick_s)
+            self._wake(session)
         if self._tick_s - mono > STALL_S:  # a long decision: the heartbeats it held up are not read yet
             self._awake_s = self._tick_s
         self._expire()
@@ -279,17 +276,23 @@ class Daemon:
             log.info("no pipeline registered for %g s (idle_exit_s): exiting", self.config.idle_exit_s)
             self.stopping = True
 
-    def _beat(self, session: Session, req: int) -> pr.Beat:
-        grants_now, session.updates, session.parked = tuple(session.updates.values()), {}, None
-        for g in grants_now:
-            self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
-        return pr.Beat(grants=grants_now, req=req)
+    def _poll_ms(self) -> int:
+        """Until the next tick, or sooner when a parked heartbeat or a pending change is due."""
+        times = [t for s in self.sessions.values() for t in (s.next_due_s(), s.parked and s.parked[2])
+                 if t is not None]
+        soonest_ms = 1e3 * (min(times) - self.wall()) if times else TICK_MS
+        return int(max(0.0, min(TICK_MS, math.ceil(soonest_ms))))
 
-    def _wake(self, session: Session, by_s: float = -math.inf) -> None:
-        """Answer a parked heartbeat that has budget changes, or whose time is up at `by_s`."""
-        if session.parked is not None and (session.updates or session.parked[2] <= by_s):
-            conn, req, _ = session.parked
-            self._send(conn, self._beat(session, req))
+    def _delivered(self, session: Session, beat: pr.Beat) -> pr.Beat:
+        for g in beat.grants:
+            self._event("delivered", session.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac)
+        return beat
+
+    def _wake(self, session: Session, force: bool = False) -> None:
+        """Answer a parked heartbeat when a change is due or its time is up (`force`: now)."""
+        got = session.reply(self.wall(), force=force)
+        if got is not None:
+            self._send(got[0], self._delivered(session, got[1]))
 
     def _send(self, conn: int, reply) -> None:
         self.listener.send(conn, pr.encode(reply))  # a peer that is gone will ask again
@@ -308,10 +311,11 @@ class Daemon:
         session = self._session(msg.session)
         session.last_seen = max(session.last_seen, arrived_s)
         if isinstance(msg, pr.Heartbeat):
-            if msg.wait_s > 0 and not session.updates:  # answered when a budget changes (_wake)
-                session.parked = (conn, msg.req, arrived_s + min(msg.wait_s, self.config.lease_s / 2))
+            now = self.wall()
+            if msg.wait_s > 0 and not session.due(now):  # answered when a change is due (_wake)
+                session.park(conn, msg.req, arrived_s + min(msg.wait_s, self.config.lease_s / 2))
                 return None
-            return self._beat(session, msg.req)
+            return self._delivered(session, pr.Beat(grants=session.take(now), req=msg.req))
         if isinstance(msg, pr.Admit):
             return self._admit(msg, session, conn, arrived_s)
         if isinstance(msg, pr.Done):
@@ -376,7 +380,7 @@ class Daemon:
         numbers = {"batch_size": msg.batch_size, "seq_len": msg.seq_len, "num_steps": msg.num_steps,
                    "num_tokens": msg.num_tokens, "flops": msg.flops}
         self._event("done", p.name, msg.substage, data={**numbers, "final": msg.final})
-        session.updates.pop(msg.substage, None)  # a budget change it no longer needs
+        session.ended(msg.substage)
         ended = self.state.finish(p.name, msg.substage, self.now(), final=msg.final, **numbers)
         if ended is None:  # a migration already ended it
             return pr.Ok(req=msg.req)
@@ -422,7 +426,7 @@ class Daemon:
         session = self.sessions.pop(token, None)
         if session is None:
             return
-        self._wake(session, by_s=math.inf)  # a parked heartbeat is answered, not left to time out
+        self._wake(session, force=True)  # a parked heartbeat is answered, not left to time out
         name = session.pipeline
         tokens = {token}
         if whole:
@@ -487,12 +491,14 @@ class Daemon:
         for m in d.plan.migrations:
             self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
         for adm, g in zip(d.admitted, made.admitted):
+            if (s := self.sessions.get(adm.waiting.owner.session)) is not None:
+                s.admitted(g)
             self._send(adm.waiting.owner.conn, g)
             self.granted[adm.assignment.pipeline] += 1
             self._traced_grant(adm.assignment.pipeline, adm.running, g)
         for (r, a), g in zip(d.changed, made.changed):
             if r.owner is not None and r.owner.session in self.sessions:
-                self.sessions[r.owner.session].updates[r.sid] = g
+                self.sessions[r.owner.session].queue(g, self.wall(), self.config.grow_delay_s)
             self._traced_grant(a.pipeline, r, g)
         for session in self.sessions.values():
             self._wake(session)
