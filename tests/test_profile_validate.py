@@ -71,7 +71,7 @@ def test_check_passes_a_shipped_grid(name, capsys):
 def test_check_refuses_a_degenerate_grid_naming_the_problem(tmp_path, capsys):
     assert main(["profile", "--check", write(tmp_path, degenerate_cpu_doc())]) == 1
     out = capsys.readouterr().out
-    assert "DEGENERATE (flat): every kind alone at σ=0.5 (memory 0.8) is within 3%" in out
+    assert "DEGENERATE (flat): every kind alone at σ=0.5 (memory 0.5) is within 3%" in out
     assert "did not see the partition" in out
     assert "DEGENERATE (free_pack): every pair of kinds packs at the theoretical 2.00" in out
     assert "is degenerate" in out and "is usable" not in out

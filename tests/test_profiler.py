@@ -26,6 +26,7 @@ class FakeBench:
     fixed interference factor when two kinds share the device (more when unpartitioned)."""
 
     device_info = H100
+    mem_levels = (0.2, 0.4, 0.6, 0.8)
     BASE = {"rollout_prefill": 1.0, "rollout_decode": 2.0, "rollout_tail": 4.0, "reference": 1.5, "training": 3.0}
     ALPHA = {"rollout_prefill": 0.9, "rollout_decode": 0.3, "rollout_tail": 0.1, "reference": 0.9, "training": 0.95}
 

@@ -100,7 +100,8 @@ def _measure_grid(console: Console, bench, model: str, levels, note: str, repeat
             if not console.is_terminal:  # logs and CI see the progress too
                 console.print(line, markup=False)
 
-        return measure_grid(bench, model, sm_levels=levels, progress=progress, note=note, repeats=repeats)
+        return measure_grid(bench, model, sm_levels=levels, mem_levels=bench.mem_levels, progress=progress, note=note,
+                            repeats=repeats)
 
 
 def _report(console: Console, grid: SlowdownGrid, findings: list[Finding]) -> None:

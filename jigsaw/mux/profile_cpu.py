@@ -1,7 +1,7 @@
 """The CPU side of `jigsaw profile`: the recipe's model, its sub-stage kinds, on core sets.
 
     ProfileConfig(device="cpu") ─► CpuBench: two worker processes (spawn), each with the
-        recipe's model (jigsaw.engines.model.load) and one kernel per kind and memory level
+        recipe's model (jigsaw.engines.model.load) and one kernel per kind
             rollout_prefill  forward of a prompt batch (no cache)
             rollout_decode   one decode step of a large batch over its KV cache (cropped back)
             rollout_tail     one decode step of 2 long requests
@@ -11,6 +11,11 @@
         pair(a, b, σ, m): worker 0 on one side, worker 1 on the other, same wall window
                           (σ = 1.0: both on every core, the OS time-shares them)
         ─► seconds per token; the levels are the shares a core split can give (cpu_levels)
+
+One memory level, 0.5 each side: a CPU's memory is not partitioned.  Every process allocates
+what it needs and the CPU engines do not size a batch by a grant, so a grid that slowed a
+kind down at a smaller memory share would describe batches that never run (an earlier grid
+did: decode 2.9× slower "at 20% of memory", a batch no CPU engine here ever shrinks to).
 
 Processes, not threads: the GIL would serialise the Python side of the kernels, which is
 exactly the overhead a CPU rollout has.
@@ -31,6 +36,9 @@ SEQ_TOKENS = 64
 
 
 class CpuBench:
+    mem_levels = (0.5,)
+    """The memory levels it measures (the module docstring says why only one)."""
+
     def __init__(self, model_name: str = "tiny-qwen3", min_time_s: float = 0.3, cores=None):
         self.cores = tuple(cores or usable_cores())
         if len(self.cores) < 2:
@@ -149,8 +157,7 @@ def _timed(kernel, start: float, seconds: float) -> float:
 
 
 def _kernel(torch, model, kind: str, mem: float):
-    batch = max(1, round(BATCH_AT_TOP[kind] * mem / 0.8)) if kind in ("rollout_decode", "reference", "training") \
-        else BATCH_AT_TOP[kind]
+    batch = BATCH_AT_TOP[kind]  # whatever the memory share (the module docstring)
     vocab = model.config.vocab_size
     if kind in KV_CONTEXT:
         return _decode(torch, model, batch, KV_CONTEXT[kind], vocab)

@@ -38,6 +38,9 @@ def datasheet_peaks(name: str) -> tuple[float, float]:
 
 
 class CudaBench:
+    mem_levels = DEFAULT_MEM_LEVELS
+    """Memory shares measured (a KV pool and micro-batches sized to each)."""
+
     def __init__(self, config: ProfileConfig):
         import torch
 

@@ -147,7 +147,9 @@ def _noise(noise: dict | None) -> list[Finding]:
         if spread > NOISE_POINT_MAX:
             found.append(Finding("warning", "noise", (
                 f"{k}: repeats of one value varied by {spread:.0%} of their median over {noise['repeats']} runs "
-                f"(> {NOISE_POINT_MAX:.0%}; the median was kept): the machine was busy while {k} was measured")))
+                f"(> {NOISE_POINT_MAX:.0%}; the median was kept): the machine was busy while {k} was measured, or a "
+                f"point is erratic by nature (on a CPU, two processes time-sharing every core swing by orders "
+                f"of magnitude from run to run)")))
     return found
 
 
