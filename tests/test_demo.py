@@ -10,7 +10,7 @@ import pytest
 
 from jigsaw.cli.main import main
 from jigsaw.recipes import demo
-from jigsaw.recipes.demo import DemoConfig, Run, _summarise
+from jigsaw.recipes.demo import MODES, DemoConfig, Run, _summarise
 from jigsaw.recipes.demo_report import MAX_BUSY_FRAC, doubts, noise, summarise, table, verdict
 from jigsaw.recipes.grpo import RecipeConfig, _caps
 
@@ -29,15 +29,19 @@ def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a user's directory, not the repository: the default is relative
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--prompts", "2", "--group", "2", "--max-new-tokens", "24",
-                 "--repeats", "1", "--modes", "serial", "naive", "naive-fair", "static", "jigsaw",
-                 "--out-dir", "demo"]) == 0
+                 "--repeats", "1", "--modes", *MODES, "--out-dir", "demo"]) == 0
     printed = capsys.readouterr().out
-    for mode in ("serial", "naive", "naive-fair", "static", "jigsaw"):
+    for mode in MODES:
         docs = [json.loads(p.read_text()) for p in sorted(out.glob(f"{mode}-seed*.json"))]
         assert len(docs) == 2 and all(len(d["steps"]) == 2 and d["tokens"] > 0 for d in docs), mode
         assert mode in printed and (out / "logs" / f"{mode}-r1.log").stat().st_size > 0
     assert "one run per mode" in printed  # a single repeat is never called reliable
-    assert len((out / "runs.jsonl").read_text().splitlines()) == 5 and (out / "jigsaw-trace-r1.jsonl").exists()
+    assert len((out / "runs.jsonl").read_text().splitlines()) == len(MODES)
+    assert (out / "jigsaw-trace-r1.jsonl").exists()
+    live_static = [json.loads(line) for line in (out / "static-live-trace.jsonl").read_text().splitlines()]
+    halves = [(e["sm_frac"], len(e["data"]["partition"]["cores"])) for e in live_static if e["event"] == "grant"]
+    cores = len(os.sched_getaffinity(0))
+    assert halves and set(halves) == {(0.5, cores // 2)}  # the daemon's static policy: half the cores, always
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon

@@ -8,6 +8,8 @@
         naive-fair  both at once, each worker with cores / pipelines threads (no pinning)
         static      both at once, each pipeline pinned to its own equal share of the cores
                     (every process it starts inherits it): a fixed split, the free baseline
+        static-live the daemon's `static` policy: the same split, through jigsaw's runtime
+                    (admission, grants, partitions): static against it is what the runtime costs
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
         between runs: how busy the machine is without us (psutil, a short sample)
@@ -36,7 +38,9 @@ from pathlib import Path
 from jigsaw import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("serial", "naive", "naive-fair", "static", "jigsaw")
+MODES = ("serial", "naive", "naive-fair", "static", "static-live", "jigsaw")
+DAEMON_POLICY = {"static-live": "static", "jigsaw": "jigsaw"}
+"""Modes run under a daemon, and its policy."""
 DEFAULT_MODES = ("serial", "naive-fair", "static", "jigsaw")
 """naive is opt-in: oversubscribed, its tokens/s swings by 2× from run to run (551 to 1,746 over
 nine runs on a quiet 2-core VM), so it cannot anchor a comparison; naive-fair and static are
@@ -57,8 +61,8 @@ class DemoConfig:
     seeds: tuple[int, ...] = (1, 2)
     """One pipeline per seed."""
     modes: tuple[str, ...] = DEFAULT_MODES
-    """Which of serial, naive, naive-fair, static, jigsaw to run (naive, oversubscribed and
-    erratic, only when asked)."""
+    """Which of serial, naive, naive-fair, static, static-live, jigsaw to run (naive,
+    oversubscribed and erratic, and static-live, the runtime's own cost, only when asked)."""
     out_dir: Path = Path("jigsaw-demo")
     """Trace, timeline, logs and per-pipeline results go here."""
     profile: str | None = None
@@ -167,7 +171,7 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
             shares = static_cores(tuple(sorted(os.sched_getaffinity(0))), len(cfg.seeds))
             run.wait([run.pipeline(s, r, pin=c) for s, r, c in zip(cfg.seeds, results, shares)], mode)
         else:
-            _run_jigsaw(cfg, results, run, rep)
+            _run_daemon(cfg, results, run, rep, mode)
     return _summarise(mode, rep, time.perf_counter() - t0, results, cfg.warmup_steps)
 
 
@@ -207,31 +211,32 @@ def pinned(cores: tuple[int, ...]):
     return lambda: os.sched_setaffinity(0, cores)
 
 
-def _run_jigsaw(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int) -> None:
+def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, mode: str) -> None:
     rt = Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     (rt / "rt").mkdir(mode=0o700)
     run.env = dict(run.env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
-    trace = cfg.out_dir / f"jigsaw-trace-r{rep + 1}.jsonl"  # every repeat's: a slow one can be looked at
+    trace = cfg.out_dir / f"{mode}-trace-r{rep + 1}.jsonl"  # every repeat's: a slow one can be looked at
     trace.unlink(missing_ok=True)
     grid = profiles.resolve(cfg.profile or profiles.CPU_DEFAULT)
     from jigsaw.runtime.client import wait_for_daemon
 
     with open(cfg.out_dir / "daemon.log", "w") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
-                                   "--partitioner", "cpu", "--trace", str(trace)], env=run.env, cwd=ROOT,
+                                   "--policy", DAEMON_POLICY[mode], "--partitioner", "cpu", "--trace", str(trace)],
+                                  env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)
     try:
         if not wait_for_daemon(f"ipc://{rt / 'rt' / 'daemon.sock'}", 30.0):
             raise RuntimeError(f"the demo's daemon did not start; see {cfg.out_dir / 'daemon.log'}")
         wrap = (sys.executable, "-m", "jigsaw.cli.main", "run", "--name")
         run.wait([run.pipeline(s, r, wrap=(*wrap, f"grpo-seed{s}", "--")) for s, r in zip(cfg.seeds, results)],
-                 "jigsaw")
+                 mode)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(10)
         shutil.rmtree(rt, ignore_errors=True)
         if trace.exists():
-            shutil.copyfile(trace, cfg.out_dir / "jigsaw-trace.jsonl")  # the latest, for the timeline
+            shutil.copyfile(trace, cfg.out_dir / f"{mode}-trace.jsonl")  # the latest, for the timeline
 
 
 def _summarise(mode: str, rep: int, wall_s: float, results: list[Path], warmup_steps: int) -> Run:
@@ -246,4 +251,4 @@ def _summarise(mode: str, rep: int, wall_s: float, results: list[Path], warmup_s
                tokens=sum(s["tokens"] for m in measured for s in m),
                step_tokens=tuple(tuple(s["tokens"] for s in d["steps"]) for d in docs),
                step_latency_s={d["name"]: sum(s["latency_s"] for s in m) / len(m) for d, m in zip(docs, measured)},
-               fell_open=sum(len(d.get("fell_open", ())) for d in docs) if mode == "jigsaw" else 0)
+               fell_open=sum(len(d.get("fell_open", ())) for d in docs) if mode in DAEMON_POLICY else 0)

@@ -16,7 +16,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from jigsaw.recipes.demo import Run
+from jigsaw.recipes.demo import DAEMON_POLICY, Run
 
 MAX_SPREAD_FRAC = 0.2
 """A mode whose runs differ by more than this (max - min over the median) is called noisy."""
@@ -113,7 +113,7 @@ def table(summaries: list[ModeSummary]):
         ratio = f"{s.vs_serial[0]:.2f} ({s.vs_serial[1]:.2f}-{s.vs_serial[2]:.2f})" if s.vs_serial else "-"
         lat = " ".join(f"{v:.2f}" for v in s.step_latency_s.values())
         t.add_row(s.mode, str(s.runs), f"{s.tokens_per_s:,.0f} ({s.min_tokens_per_s:,.0f}-{s.max_tokens_per_s:,.0f})",
-                  ratio, lat, f"{s.wall_s:.0f}", str(s.fell_open) if s.mode == "jigsaw" else "-")
+                  ratio, lat, f"{s.wall_s:.0f}", str(s.fell_open) if s.mode in DAEMON_POLICY else "-")
     t.caption = ("tokens/s: response tokens over the measured steps' time; × serial: against serial in the same "
                  "repeat; step s: mean step latency per pipeline; run s: whole run, start-up included")
     return t
