@@ -1,5 +1,6 @@
 """CPU partitions: core splits, the daemon's typed descriptors, and the worker-side bind."""
 
+import json
 import os
 import subprocess
 import sys
@@ -132,3 +133,39 @@ def test_binding_a_process_that_is_gone_is_harmless():
     p.wait(10)
     time.sleep(0.05)
     Binder().bind(Cpu(cores=(min(os.sched_getaffinity(0)),), threads=1), [p.pid])  # no exception
+
+
+DRIVER = """
+import json, os, subprocess, sys, time
+from jigsaw.runtime.client import connect
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+c = connect(pipeline="D", endpoint=sys.argv[1])
+out = {"before": sorted(os.sched_getaffinity(0))}
+with c.substage("training", step=0, pids=[child.pid]) as g:
+    out["granted"] = list(g.partition.cores)
+    out["child"] = sorted(os.sched_getaffinity(child.pid))
+    out["driver"] = sorted(os.sched_getaffinity(0))
+c.close()
+child.kill()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_process_holding_the_client_goes_to_its_pipelines_cores(tmp_path):
+    from nodes import Node
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to tell a half from the whole machine")
+    node = Node(tmp_path)
+    node.start("--partitioner", "cpu", "--policy", "static")  # half the cores, even alone
+    try:
+        res = subprocess.run([sys.executable, "-c", DRIVER, node.ep], capture_output=True, text=True, timeout=90,
+                             env=node.env)
+    finally:
+        node.stop()
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert len(got["granted"]) == len(got["before"]) // 2
+    # the worker is on its partition, and the driver's own Python (batching, rewards) with it
+    assert got["child"] == got["granted"] and got["driver"] == got["granted"]

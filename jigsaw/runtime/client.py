@@ -103,6 +103,9 @@ class Client:
         self._lock = threading.Lock()
         self._reporting = threading.Lock()
         self._registering = threading.Lock()
+        self._binding = threading.Lock()
+        """Held while processes move: a budget change the heartbeat thread brings for a piece
+        that is ending must not interleave with the next piece's bind of the same processes."""
         self._live: dict[str, GrantHandle] = {}
         self._binder = None
         self._stop = threading.Event()
@@ -136,13 +139,15 @@ class Client:
             handle = GrantHandle(substage="", device=dp_rank, exclusive=True, pids=tuple(pids))
         handle.kind, handle.dp_rank, handle.step = kind, dp_rank, step
         handle.waited_s, handle.started_s = time.monotonic() - t0, time.monotonic()
-        self._bind(handle)
         key = handle.substage or f"open-{id(handle)}"
-        self._live[key] = handle
+        with self._binding:
+            self._live[key] = handle
+            self._bind(handle)
         try:
             yield handle
         finally:
-            self._live.pop(key, None)
+            with self._binding:
+                self._live.pop(key, None)
             self._close(handle, why)
 
     def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = ()) -> Rollout:
@@ -174,7 +179,8 @@ class Client:
     # ------------------------------------------------------------ binding, fail-open
 
     def _bind(self, h: GrantHandle) -> None:
-        """Put the sub-stage's processes on its partition (exclusive: the whole machine)."""
+        """Put the sub-stage's processes on its partition (exclusive: the whole machine), and
+        this process with them (see `_follow`)."""
         if h.partition is None and not h.exclusive and not h.lost:
             return  # host work: nothing to bind
         if self._binder is None:
@@ -183,8 +189,27 @@ class Client:
             self._binder = Binder()
         try:
             h.binding = self._binder.bind(None if (h.exclusive or h.lost) else h.partition, h.pids)
+            self._follow(h)
         except Exception as exc:  # noqa: BLE001 - a partition that cannot be bound must not stop the work
             log.warning("cannot bind %s to %s: %s (running unbound)", h.substage or h.kind, h.partition, exc)
+
+    def _follow(self, h: GrantHandle) -> None:
+        """The process holding the client (a pipeline's driver: its Python between sub-stages,
+        rewards, batching) goes to the cores its pipeline holds, the union of its live CPU
+        partitions, so that work stays inside the pipeline's share instead of landing on a
+        partner's cores.  A sub-stage that fell open takes it back to the whole machine."""
+        from jigsaw.mux.bind import pin
+        from jigsaw.mux.partition import Cpu
+
+        if not h.pids or os.getpid() in h.pids:
+            return  # this process runs the sub-stage itself: bound already
+        if h.exclusive or h.lost:
+            pin(os.getpid(), self._binder.machine)
+            return
+        live = [x.partition for x in (*self._live.values(), h) if not (x.exclusive or x.lost)]
+        cores = sorted({c for p in live if isinstance(p, Cpu) for c in p.cores})
+        if cores:
+            pin(os.getpid(), cores)
 
     def _close(self, h: GrantHandle, why: str) -> None:
         if h.substage and not (h.exclusive or h.lost):
@@ -222,11 +247,13 @@ class Client:
 
     def _lose_grants(self) -> None:
         """The daemon no longer knows this session: what runs now runs without it."""
-        for h in list(self._live.values()):
-            if not h.exclusive and not h.lost:
+        with self._binding:
+            lost = [h for h in self._live.values() if not h.exclusive and not h.lost]
+            for h in lost:
                 h.lost = True
                 self._bind(h)
-                log.warning("jigsaw daemon dropped %s while it ran; it continues without the daemon", h.substage)
+        for h in lost:
+            log.warning("jigsaw daemon dropped %s while it ran; it continues without the daemon", h.substage)
 
     # ------------------------------------------------------------ transport
 
@@ -336,7 +363,9 @@ class Client:
                     self._stop.wait(max(0.0, sent + self.heartbeat_s - time.monotonic()))
                 if isinstance(reply, pr.Beat):
                     for g in reply.grants:
-                        if (h := self._live.get(g.substage)) is not None and not h.lost:
+                        with self._binding:
+                            if (h := self._live.get(g.substage)) is None or h.lost:
+                                continue  # it ended meanwhile: its processes belong to the next piece
                             h._update(g)
                             self._bind(h)  # mid-sub-stage: the processes move at once
                 elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
