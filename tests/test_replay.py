@@ -25,6 +25,17 @@ def test_replaying_a_serial_trace_under_serial_gives_the_simulated_makespan(seri
     assert ex.makespan_s == pytest.approx(recorded_makespan_s(serial_trace), rel=1e-6)
 
 
+def test_a_replay_from_a_later_step_leaves_the_earlier_steps_work_and_tokens_out(serial_trace):
+    rec = recorded(serial_trace, first_step=1)
+    assert {s.step for ps in rec.pipelines for s in ps.graph} == {1}
+    steps = [e for e in serial_trace.events if e.event == "step"]
+    assert sum(rec.tokens.values()) == sum(e.data["tokens"] for e in steps if e.data["step"] == 1)
+    # serial runs whole steps by turns: without step 0, the run is what came after both step 0s
+    first_done_s = max(e.t_s for e in steps if e.data["step"] == 0)
+    ex = replay(rec, make("serial"), grid_of(rec))
+    assert ex.makespan_s == pytest.approx(recorded_makespan_s(serial_trace) - first_done_s, rel=1e-6)
+
+
 @pytest.mark.parametrize("policy", ["static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
 def test_every_policy_runs_every_recorded_substage_within_device_budgets(serial_trace, policy):
     rec = recorded(serial_trace)

@@ -42,13 +42,15 @@ class Recorded:
     """A daemon trace's node event (policy, scheduler config, profile), None for a simulator's."""
 
 
-def recorded(trace: Trace) -> Recorded:
-    """Rebuild every pipeline's step graphs from a trace."""
+def recorded(trace: Trace, first_step: int = 0) -> Recorded:
+    """Rebuild every pipeline's step graphs from a trace; steps before `first_step` (a
+    warm-up a measurement left out) are left out too."""
     pieces, starts = _pieces(trace)
+    pieces = [s for s in pieces if s.step >= first_step]
     tokens: dict[str, int] = defaultdict(int)
     meta = {e.pipeline: e.data for e in trace.events if e.event == "pipeline"}
     for e in trace.events:
-        if e.event == "step":
+        if e.event == "step" and int(e.data.get("step", 0)) >= first_step:
             tokens[e.pipeline] += int(e.data.get("tokens", 0))
     by_step: dict[tuple[str, int], list[SubStage]] = defaultdict(list)
     for s in pieces:
