@@ -381,3 +381,35 @@ def test_continuing_rollouts_on_busy_and_idle_devices_all_start():
         plan = schedule(pipes, node, PRIOR, SchedulerConfig(window=window))
         assert urgent <= set(plan.started)
         check_plan(plan, pipes, node)
+
+
+# ---------------------------------------------------------------- a share alone
+
+def _tail_faster_on_half() -> object:
+    """The synthetic grid, except that a tail alone on half the device runs 10% faster than on
+    all of it (a tiny CPU decode on one core of two does)."""
+    from factories import synthetic_grid
+
+    from jigsaw.mux.slowdown import SlowdownGrid
+
+    doc = synthetic_grid().to_dict()
+    doc["alone"]["rollout_tail"][1] = [0.9] * len(doc["mem_levels"])  # σ = 0.5
+    return SlowdownGrid.from_dict(doc)
+
+
+def test_a_kind_faster_on_a_share_keeps_that_share_when_alone():
+    from factories import synthetic_grid
+
+    tail = chain("A", [("tail", K.ROLLOUT_TAIL, 10.0, 10)])
+    plan = schedule(states(tail), NODE, _tail_faster_on_half(), SchedulerConfig())
+    (a,) = plan.assignments
+    assert (a.sm_frac, a.slowdown) == (0.5, 0.9)  # the rest of the device stays free
+    assert execute(states(tail), NODE, _tail_faster_on_half()).makespan_s == pytest.approx(9.0)
+    # where the whole device is fastest, a sub-stage alone takes it
+    (whole,) = schedule(states(tail), NODE, synthetic_grid(), SchedulerConfig()).assignments
+    assert (whole.sm_frac, whole.slowdown) == (1.0, 1.0)
+    # a survivor whose partner ended goes back to its best share, not to the whole device
+    other = chain("B", [("train", K.TRAINING, 1.0, 10)])
+    ex = execute(states(tail, other), NODE, _tail_faster_on_half())
+    last = [iv for iv in ex.intervals if iv.pipeline == "A"][-1]
+    assert last.sm_frac == 0.5 and last.slowdown == pytest.approx(0.9)

@@ -87,12 +87,16 @@ class Logged(NamedTuple):
     option: Option
 
 
+SOLO_GAIN = 0.02
+"""Least gain of a share alone over the whole device that keeps a sub-stage on the share."""
+
+
 class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
                  "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
-                 "bound_weight", "min_slowdown", "pack")
+                 "bound_weight", "min_slowdown", "pack", "solo")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = ()):
@@ -111,6 +115,7 @@ class Context:
         self._table = cache.tables_for(model)
         self._feasible: dict[tuple, list] = {}
         self._merge_configs: dict[tuple[float, float], MergeConfig] = {}
+        self.solo = self._solo()
         self.min_slowdown = self._min_slowdown()
         missing = [b for b in self.sm_budgets_frac if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
@@ -131,7 +136,23 @@ class Context:
         if got is None:
             m = self.model
             got = self._table["min_slowdown"] = min(
-                [1.0] + [v for a in m.kinds for b in m.kinds for _, _, x, y in m.pair_options(a, b) for v in (x, y)])
+                [1.0] + [v for a in m.kinds for b in m.kinds for _, _, x, y in m.pair_options(a, b) for v in (x, y)]
+                + [s.slowdown for s in self.solo.values()])
+        return got
+
+    def _solo(self) -> dict[str, st.Split]:
+        """Kinds the grid says run at least SOLO_GAIN faster alone on a partition level than on
+        the whole device (a tiny CPU decode on one core of two), and at which level: such a
+        sub-stage alone keeps that share, the rest stays free for a partner."""
+        got = self._table.get("solo")
+        if got is None:
+            m, got = self.model, {}
+            top = m.mem_levels[-1]
+            for kind in m.kinds:
+                s, sm = min((m.alone(kind, sm, top), sm) for sm in m.sm_levels)
+                if s < 1.0 - SOLO_GAIN:
+                    got[kind] = st.Split(sm, 1.0, s)
+            self._table["solo"] = got
         return got
 
     def clearing(self, a: tuple[str, bool], b: tuple[str, bool]) -> float:
@@ -223,6 +244,7 @@ class Context:
 def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: Context) -> State:
     """State at `time_s` with the slowdowns of already running pairs looked up."""
     S = st.initial_state(P, pipelines, time_s, ctx.balanced)
+    S.solo = ctx.solo
     for d, tasks in enumerate(S.dev):
         if len(tasks) == 2:
             a, b = tasks
@@ -233,7 +255,7 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
             S.split[(a, d)] = Split(sa.sm_frac, sa.mem_frac, pair[0])
             S.split[(b, d)] = Split(sb.sm_frac, sb.mem_frac, pair[1])
         elif len(tasks) == 1:
-            S.split[(tasks[0], d)] = st.SOLO  # the partner is gone: whole device back
+            S.split[(tasks[0], d)] = ctx.solo.get(P.kinds[tasks[0]], st.SOLO)  # the partner is gone
     for i in S.running:
         st.refresh_rate(P, S, i, ctx.balanced)
     if ctx.bound_weight > 0.0:  # only the leaf's bound reads it

@@ -32,7 +32,7 @@ class Split(NamedTuple):
 
 
 SOLO = Split(1.0, 1.0, 1.0)
-"""A replica alone on its device."""
+"""A replica alone on its device (unless its kind runs faster on a share: `State.solo`)."""
 
 
 def gang_rate(slowdowns: Sequence[float], balanced: bool) -> float:
@@ -46,7 +46,8 @@ class State:
     """Mutable simulation state; `copy()` is cheap enough to branch on."""
 
     __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
-                 "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged")
+                 "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged",
+                 "solo")
 
     def copy(self) -> State:
         c = State.__new__(State)
@@ -58,6 +59,7 @@ class State:
         c.load_s, c.held = self.load_s[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         c.merged = self.merged  # replaced, never mutated, by a merge
+        c.solo = self.solo  # fixed for the whole call
         return c
 
 
@@ -69,6 +71,9 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.dev, S.split, S.rate = [()] * P.num_devices, {}, [0.0] * n
     S.held = [()] * P.num_devices
     S.merged = {}
+    S.solo = {}
+    """Kinds that run faster alone on a share of the device than on all of it, and that split
+    (the grid's, set by actions.initial); every other kind alone takes the whole device."""
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
@@ -163,9 +168,10 @@ def start(P: Problem, S: State, i: int) -> None:
     S.started.append(i)
     if (h := P.tasks[i].hold_device) is not None:
         S.held[h] = S.held[h] + (i,)
+    alone = S.solo.get(P.kinds[i], SOLO)
     for d in P.tasks[i].devices:
         S.dev[d] = S.dev[d] + (i,)
-        S.split[(i, d)] = SOLO
+        S.split[(i, d)] = alone
         S.touched.add(d)
 
 
@@ -193,8 +199,8 @@ def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
         S.dev[d] = tuple(j for j in S.dev[d] if j != i)
         del S.split[(i, d)]
         S.touched.add(d)
-        for j in S.dev[d]:  # the survivor gets the whole device back
-            S.split[(j, d)] = SOLO
+        for j in S.dev[d]:  # the survivor gets the whole device back (or its best share alone)
+            S.split[(j, d)] = S.solo.get(P.kinds[j], SOLO)
             refresh_rate(P, S, j, balanced)
     for j in task.succs:
         S.npred[j] -= 1
