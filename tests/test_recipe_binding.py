@@ -14,6 +14,7 @@ only at admission never follows a budget change made while the sub-stage runs.  
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -138,12 +139,22 @@ class Sampler(threading.Thread):
             time.sleep(SAMPLE_S)
 
 
+def moving_grid(path):
+    """The shipped CPU grid, except that a tail alone is fastest on the whole device: with the
+    measured one a tail keeps one core alone or paired, and its budget never moves on 2 cores
+    (what this test needs to see is workers following their budgets, whatever the grid)."""
+    doc = json.loads((SHIPPED_DIR / "cpu" / "tiny-qwen3.json").read_text())
+    doc["alone"]["rollout_tail"][0] = [1.2] * len(doc["mem_levels"])  # σ = 0.5
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def run_recipe_beside_a_toy(tmp) -> tuple[list[dict], list]:
     """The recipe under a CPU-partitioning daemon, a toy pipeline moving its budgets: the
     daemon's trace and the affinity samples of every granted pid."""
     tmp.mkdir()
     node = Node(tmp)
-    grid = SHIPPED_DIR / "cpu" / "tiny-qwen3.json"
+    grid = moving_grid(tmp / "grid.json")
     node.start("--partitioner", "cpu", "--heartbeat-s", str(HEARTBEAT_S), "--profile", str(grid))
     sampler, procs = Sampler(node), []
     sampler.start()
