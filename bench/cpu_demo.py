@@ -1,4 +1,4 @@
-"""Serial vs naive-fair (and naive) vs jigsaw: two real GRPO pipelines on this CPU, repeated, in one run.
+"""Serial, naive, naive-fair, static, static-live and jigsaw: two real GRPO pipelines on this CPU, repeated.
 
     python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3]
 
@@ -6,8 +6,11 @@ The same runs as `jigsaw demo` (jigsaw.recipes.demo): each mode runs both pipeli
 same seeds, the modes interleaved and repeated; tokens/s is over the measured steps (start-up
 and the warm-up step left out; the whole-run wall time is printed next to it), as the median
 and the spread over the repeats, with the ratio to serial paired by repeat.  The verdict line
-says whether the machine was quiet and the repeats agree.  Goal: jigsaw ≥ 1.3× serial and
-above naive-fair.  Uses the CPU grid cpu/tiny-qwen3 (yours if `jigsaw profile --device cpu` measured one).
+says whether the machine was quiet and the repeats agree.  static pins each pipeline to its own
+half of the cores (the free baseline); static-live is the same split made by the daemon's
+`static` policy, so static against it is what jigsaw's runtime costs, and static-live against
+jigsaw what its decisions are worth.  Goals: jigsaw ≥ 1.3× serial, ≥ 1.15× static.  Uses the CPU
+grid cpu/tiny-qwen3 (yours if `jigsaw profile --device cpu` measured one).
 """
 
 from __future__ import annotations
