@@ -193,7 +193,11 @@ def moved_roles(events: list[dict], samples: list) -> set[str]:
         if settled:
             checked[h.role].append((h, settled))
     for role, seen in checked.items():
-        wrong = [(h.substage, h.cores, s) for h, samples in seen for s in samples if s != {h.cores}]
+        # A pin moves a process's threads one by one, and on this saturated 2-core machine the
+        # thread doing it can be preempted half-way: a sample may catch some threads moved and
+        # some not.  A holding is off its cores when most of its settled samples are.
+        wrong = [(h.substage, h.cores, [s for s in samples if s != {h.cores}][:3]) for h, samples in seen
+                 if 2 * sum(s != {h.cores} for s in samples) > len(samples)]
         assert not wrong, f"{role} threads off their granted cores: {wrong[:5]}"
     return {role for role, seen in checked.items() if any(h.change for h, _ in seen)}
 

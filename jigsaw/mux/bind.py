@@ -93,18 +93,25 @@ class Binder:
             p.close()
 
 
-def pin(pid: int, cores: Sequence[int]) -> None:
+def pin(pid: int, cores: Sequence[int], rounds: int = 5) -> None:
     """Every thread of process `pid` on `cores` (sched_setaffinity binds one thread, and
-    threads that exist already keep their mask; threads started later inherit it)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return  # the process is gone
-    for tid in tids:
+    threads that exist already keep their mask; threads started later inherit their creator's).
+    A thread started while the others move, by one not moved yet, inherits the old mask: the
+    threads are listed again until no new one appears (at most `rounds` times)."""
+    done: set[str] = set()
+    for _ in range(rounds):
         try:
-            os.sched_setaffinity(int(tid), cores)
-        except ProcessLookupError:
-            pass  # the thread ended meanwhile
+            tids = set(os.listdir(f"/proc/{pid}/task")) - done
+        except FileNotFoundError:
+            return  # the process is gone
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except ProcessLookupError:
+                pass  # the thread ended meanwhile
+        done |= tids
 
 
 def follow_threads(cap: int | None = None) -> int:

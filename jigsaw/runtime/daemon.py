@@ -493,9 +493,9 @@ class Daemon:
         for adm, g in zip(d.admitted, made.admitted):
             if (s := self.sessions.get(adm.waiting.owner.session)) is not None:
                 s.admitted(g)
+            self._traced_grant(adm.assignment.pipeline, adm.running, g)  # before the worker can act on it
             self._send(adm.waiting.owner.conn, g)
             self.granted[adm.assignment.pipeline] += 1
-            self._traced_grant(adm.assignment.pipeline, adm.running, g)
         for (r, a), g in zip(d.changed, made.changed):
             if r.owner is not None and r.owner.session in self.sessions:
                 self.sessions[r.owner.session].queue(g, self.wall(), self.config.grow_delay_s)
