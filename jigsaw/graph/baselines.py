@@ -144,9 +144,10 @@ class Static:
         units: dict[int, list[tuple[PipelineState, SubStage]]] = {}
         started: list[str] = []
         for ps in view.pipelines:
-            mine = {_device(ps, ps.graph[sid]) for sid in ps.running} - {None}
+            mine: set[int] = set()
             for sid in ps.running:
                 if (d := _device(ps, ps.graph[sid])) is not None:
+                    mine.add(d)
                     units.setdefault(d, []).append((ps, ps.graph[sid]))
             for s in _frontier(ps):
                 d = _device(ps, s)
@@ -167,12 +168,9 @@ class Static:
                 raise ValueError(f"static: {s.id} needs {s.mem_bytes} bytes; its share of device {d} is "
                                  f"{int(share * cap)}")
         kinds = [s.kind.value for _, s in units]
-        if len(units) == 1:
-            slow: tuple[float, ...] | None = (view.model.alone(kinds[0], share, share),)
-        elif len(units) == 2:
-            slow = view.model.pair(kinds[0], kinds[1], share, share)
-        else:
+        if len(units) > 2:
             raise ValueError(f"static: {len(units)} sub-stages on device {d}; a device holds two halves")
+        slow = view.model.actual(*((k, share, share) for k in kinds))
         if slow is None or not all(math.isfinite(x) for x in slow):
             raise ValueError(f"static: {' and '.join(kinds)} cannot run at {share:.0%} of device {d} "
                              "(the slowdown grid has no feasible point there)")

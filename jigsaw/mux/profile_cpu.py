@@ -125,11 +125,10 @@ def _worker(pipe, model_name: str) -> None:
             elif cmd[0] == "matmul":
                 pipe.send(_matmul_flops(torch))
             else:
-                _, kind, mem, start, seconds = cmd
-                key = (kind, mem)
-                if key not in kernels:
-                    kernels[key] = _kernel(torch, model, kind, mem)
-                pipe.send(_timed(kernels[key], start, seconds))
+                _, kind, _mem, start, seconds = cmd  # one kernel per kind, whatever the memory share
+                if kind not in kernels:
+                    kernels[kind] = _kernel(torch, model, kind)
+                pipe.send(_timed(kernels[kind], start, seconds))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         pipe.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -156,8 +155,8 @@ def _timed(kernel, start: float, seconds: float) -> float:
     return (time.perf_counter() - t0) / (n * tokens)
 
 
-def _kernel(torch, model, kind: str, mem: float):
-    batch = BATCH_AT_TOP[kind]  # whatever the memory share (the module docstring)
+def _kernel(torch, model, kind: str):
+    batch = BATCH_AT_TOP[kind]
     vocab = model.config.vocab_size
     if kind in KV_CONTEXT:
         return _decode(torch, model, batch, KV_CONTEXT[kind], vocab)
