@@ -26,6 +26,13 @@ def test_every_substage_holds_half_the_device_even_when_its_partner_is_idle():
     assert on and all(iv.sm_frac == 0.5 for iv in on)
     assert not any(p.migrations for p in ex.plans)
     assert all(a.mem_bytes == NODE.mem_bytes // 2 for p in ex.plans for a in p.assignments)
+    # the predicted slowdown (what the daemon integrates work with) is the half's, alone or paired
+    kind = {s.id: s.kind.value for ps in _two() for s in ps.graph}
+    for p in ex.plans:
+        a = p.assignments
+        want = [GRID.alone(kind[a[0].substage], 0.5, 0.5)] if len(a) == 1 else \
+            list(GRID.pair(kind[a[0].substage], kind[a[1].substage], 0.5, 0.5))
+        assert [x.slowdown for x in a] == pytest.approx(want)
     # the makespan follows from the grid at half the device: B's training beside A's tail,
     # then the rest of A's tail alone on its half, then A's training alone on its half
     s_tail, s_train = GRID.pair("rollout_tail", "training", 0.5, 0.5)
