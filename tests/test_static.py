@@ -50,6 +50,14 @@ def test_a_substage_larger_than_its_half_is_refused_with_the_reason():
         Static().plan(_view(states(big)))
 
 
+def test_a_rollout_whose_pool_exceeds_its_half_runs_with_a_pool_sized_to_the_half():
+    # An engine sizes its KV pool from the memory it is given; training cannot shrink its state.
+    big = chain("A", [("tail", K.ROLLOUT_TAIL, 1.0, 70)])
+    plan = Static().plan(_view(states(big)))
+    assert [a.mem_bytes for a in plan.assignments] == [NODE.mem_bytes // 2]
+    assert plan.assignments[0].slowdown == pytest.approx(GRID.alone("rollout_tail", 0.5, 0.5))
+
+
 def test_placement_pairs_pipelines_on_equal_groups_of_devices():
     assert Static().placement(2, 8) == [(tuple(range(8)),) * 2] * 2
     three = Static().placement(3, 4)

@@ -84,7 +84,8 @@ def run(args: Args) -> int:
 
             bound = lower_bound(replace(args.sim, policy="serial"))
     console.print(_table(results, bound, args.sim, infeasible))
-    keep = results.get("jigsaw") or results[policies[-1]]
+    violated = _violations(results, log)
+    keep = results.get("jigsaw") or next(reversed(results.values()))
     if keep.trace is not None:
         keep.trace.write(args.out)
         console.print(f"trace of {keep.config.policy}: {args.out}")
@@ -95,7 +96,16 @@ def run(args: Args) -> int:
             _, node, _, _ = build(replace(keep.config, trace=False))
             title = f"where {keep.config.policy}'s device time went"
             console.print(table(breakdown(keep.trace, node.num_devices), title))
-    return 0
+    return 1 if violated else 0
+
+
+def _violations(results: dict, log) -> bool:
+    """Print every policy's invariant violations (a few each); whether there were any."""
+    for name, r in results.items():
+        if r.violations:
+            log.print(f"[bold red]{name}: {len(r.violations)} violation(s)[/], first: "
+                      + "; ".join(r.violations[:3]), highlight=False)
+    return any(r.violations for r in results.values())
 
 
 def _policies(spec: str) -> list[str]:
@@ -135,12 +145,22 @@ def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str]):
                   *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines])
     for name in infeasible:
         t.add_row(name, "infeasible", *[""] * (3 + len(names)))
-    notes = [f"infeasible: {why}" for why in infeasible.values()]
+    notes = [_same_work(results)] + [f"infeasible: {why}" for why in infeasible.values()]
     if bound:
         notes.append(f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
                      f"resource {bound.resource_s:,.1f} s)")
     t.caption = "\n".join(notes) or None
     return t
+
+
+def _same_work(results: dict) -> str:
+    """Whether every policy trained the same samples and tokens (what makes × serial fair)."""
+    work = {name: (sum(p.samples for p in r.pipelines), r.tokens) for name, r in results.items()}
+    if len(set(work.values())) == 1:
+        samples, tokens = next(iter(work.values()))
+        return f"every policy trained the same {samples:,} samples, {tokens:,} tokens"
+    return "policies trained different work: " + ", ".join(f"{n} {s:,} samples / {t:,} tokens"
+                                                           for n, (s, t) in work.items())
 
 
 def _replay(path: Path, profile: Path | None, policies: list[str], config: SimConfig):

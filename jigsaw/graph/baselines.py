@@ -24,7 +24,7 @@ RollPacker's tail batching is not a node policy: it changes which prompts a pipe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan
 from jigsaw.graph.policy import Placement, View, colocated
@@ -80,8 +80,17 @@ class _Builder:
         return all(d not in self.busy for d in devices)
 
     def plan(self, migrations=()) -> Plan:
-        return Plan(time_s=self.view.time_s, started=tuple(self.started), assignments=tuple(self.assignments),
+        return Plan(time_s=self.view.time_s, started=tuple(self.started), assignments=self._shared(),
                     migrations=tuple(migrations))
+
+    def _shared(self) -> tuple[Assignment, ...]:
+        """Engines that cannot pause (urgent) may land on a device already granted: they
+        time-share its SMs and split its memory."""
+        count: dict[int, int] = {}
+        for a in self.assignments:
+            count[a.device] = count.get(a.device, 0) + 1
+        half = self.view.node.mem_bytes // 2
+        return tuple(replace(a, mem_bytes=half) if count[a.device] > 1 else a for a in self.assignments)
 
 
 # ---------------------------------------------------------------- policies
@@ -164,7 +173,9 @@ class Static:
         """Each unit its fixed share; the slowdown beside the other half's unit, or alone."""
         share, cap = self.share_frac, view.node.mem_bytes
         for _, s in units:
-            if s.mem_bytes > share * cap:
+            # A rollout engine sizes its KV pool to its half (what a user of a static split
+            # sets: SGLang's mem_fraction_static); the grid prices the smaller pool below.
+            if not s.kind.is_rollout and s.mem_bytes > share * cap:
                 raise ValueError(f"static: {s.id} needs {s.mem_bytes} bytes; its share of device {d} is "
                                  f"{int(share * cap)}")
         kinds = [s.kind.value for _, s in units]
@@ -251,10 +262,14 @@ class MuxServe:
             raise RuntimeError(f"muxserve put {len(units)} sub-stages on device {d}")
         (pa, a), (pb, b) = units
         fits = self._splits(view, units[0], units[1])
+        ka, kb = pa.graph[a], pb.graph[b]
         if not fits:  # a worker back from a tool beside a gang: the best split the grid allows
-            ka, kb = pa.graph[a], pb.graph[b]
             fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
                     if ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
+        if not fits and ka.kind.is_rollout and kb.kind.is_rollout:
+            # Two running engines whose pools do not both fit: each pool shrinks to its share
+            # (engines queue and retract); the grid prices the smaller pools.
+            fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value) if abs(o[0] - self.sm_frac) < 1e-9]
         if not fits:
             raise RuntimeError(f"muxserve: {a} and {b} do not fit together on device {d}")
         sm, mem, sa, sb = min(fits, key=lambda o: max(o[2], o[3]))

@@ -1,7 +1,8 @@
 """Exclusive time of the work a simulated pipeline does, from the prior's roofline.
 
     DeviceInfo + ModelSpec + PriorConfig ─► Roofline (mux.prior) ─► StepCost
-        decode step    t = c0(batch) + c1 · kv_tokens        (exact: attention is linear in KV)
+        decode step    t = c0(batch) + c1 · kv_tokens        (exact: attention is linear in KV;
+                       c0 holds the weight reads, which for an MoE grow with the batch)
         prefill step   t(tokens, context)
         reference / training   per micro-batch (FSDP collectives, host) + per optimizer step
         memory footprints of the rollout engine, reference and training
@@ -41,8 +42,8 @@ class StepCost:
 
     @property
     def flops_per_token(self) -> float:
-        """Forward FLOPs per token (2 × parameters)."""
-        return 2.0 * self.spec.params
+        """Forward FLOPs per token (2 × parameters a token multiplies: an MoE's active ones)."""
+        return 2.0 * self.spec.flop_params
 
     def decode(self, batch: int) -> DecodeCoeffs:
         """Coefficients of a decode step of `batch` requests (cached per batch)."""
@@ -54,7 +55,8 @@ class StepCost:
     def _decode_coeffs(self, batch: int) -> DecodeCoeffs:
         m, c, d, tp = self.spec, self.config, self.device, self.config.rollout_tp
         flops_rate, bw = d.peak_flops * c.gemm_eff, d.mem_bw_bytes_per_s * c.bw_eff
-        gemm = max(2 * m.params * batch / tp / flops_rate, m.weight_bytes / tp / bw)
+        # An MoE step multiplies the active parameters but reads every expert its batch touches.
+        gemm = max(2 * m.flop_params * batch / tp / flops_rate, m.weight_read_bytes(batch) / tp / bw)
         act = batch * self._roof._activation_bytes(1) + batch * m.vocab * 4 * c.logits_passes / tp
         fixed = c.host_s_per_forward + m.num_layers * c.layer_latency_s
         if tp > 1:
@@ -72,7 +74,7 @@ class StepCost:
         already hold `context_tokens` on average."""
         m, c, d, tp = self.spec, self.config, self.device, self.config.rollout_tp
         flops_rate, bw = d.peak_flops * c.gemm_eff, d.mem_bw_bytes_per_s * c.bw_eff
-        gemm = max(2 * m.params * tokens / tp / flops_rate, m.weight_bytes / tp / bw)
+        gemm = max(2 * m.flop_params * tokens / tp / flops_rate, m.weight_read_bytes(tokens) / tp / bw)
         # Each new token attends to its own request's context plus half that request's share of
         # the chunk on average (not to the other requests' tokens: a batched prefill is causal
         # per sequence).
@@ -98,6 +100,7 @@ class StepCost:
         return mb * self._roof.fsdp_micro_batch_s(tokens / mb, train=True) + updates * self._roof.optimizer_step_s()
 
     def weights_bytes(self) -> float:
+        """Rollout weights per TP rank: every parameter (an MoE keeps all experts resident)."""
         return self.spec.weight_bytes / self.config.rollout_tp
 
     def kv_bytes_per_token(self) -> float:
@@ -109,9 +112,9 @@ class StepCost:
                    + self.config.rollout_reserve_bytes)
 
     def fsdp_mem_bytes(self, *, train: bool) -> int:
-        """Reference or training footprint at the configured micro-batch."""
+        """Reference or training footprint at the configured micro-batch (state by total parameters)."""
         m, c = self.spec, self.config
-        state = m.params * (c.train_state_bytes_per_param if train else 2.0) / c.fsdp_degree
+        state = m.params * c.state_bytes_per_param(train=train) / c.fsdp_degree
         tokens = c.train_micro_batch_tokens if train else c.ref_micro_batch_tokens
         act = m.hidden_size * 34 + m.vocab * 4 * (2 if train else 1)
         if train:

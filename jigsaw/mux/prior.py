@@ -4,8 +4,9 @@
         │  Roofline.work(kind, mem_frac): kernel classes (FLOPs, bytes) + fixed s, per token
         ▼
     Roofline.parts(work, σ) ─► (compute s, memory s, fixed s) ─► alone / partitioned / shared
-        ▼
-    analytic_prior() ─► dict ─► SlowdownGrid.from_dict (validated like a measured file)
+        ▼                                             (a pair: two Sides, each its own roofline)
+    analytic_prior() ─► prior_mix (pair builder) ─► dict ─► SlowdownGrid.from_dict (validated
+    like a measured file); prior_mix also prices two different models on one device
 
 The model, per unit of work (one prefilled, generated, referenced or trained token):
   * a kernel class costs max(F / (σ'·peak·η), B / (bw·η_bw·min(1, σ'/σ_sat))), where
@@ -14,6 +15,9 @@ The model, per unit of work (one prefilled, generated, referenced or trained tok
     σ_sat is the SM share needed to saturate HBM (higher for decode attention);
   * plus an SM-insensitive fixed part: host time, per-layer launch latency, TP all-reduce
     latency, exposed FSDP collectives;
+  * MoE: FLOPs by the active parameters, memory (weights, KV pool, FSDP state, gathers) by
+    the total; a rollout forward over r rows reads the experts it touches, an expected
+    1-(1-k/E)^r of them (few at small-batch decode, all at a large batch);
   * memory: the rollout KV pool is mem·capacity − weights/tp − reserve; a pool below the
     representative working set shrinks the running batch (more steps, less weight-read
     amortisation); training/reference shrink the micro-batch (η and amortisation fall);
@@ -22,7 +26,8 @@ The model, per unit of work (one prefilled, generated, referenced or trained tok
     above 1, both memory-bound parts stretch by that sum; busy parts pay a small interference;
   * unpartitioned pair (σ = 1.0): the GPU-busy parts (compute and memory-bound kernels both
     hold SMs) time-share and stretch by max(1, u_A + u_B)·(1 + ε), u = busy fraction × o;
-    host/latency parts do not stretch.
+    host/latency parts do not stretch.  Each side of a pair is timed by its own roofline
+    (model, config and ε), so two different models can share the device.
 Slowdown = time per unit / time per unit alone on the whole device at the top memory level.
 Constants are calibrated to JigsawRL §4.2, Fig. 7 and Fig. 8 (see PriorConfig).  The result
 is a prior, never a measurement, and every file says so in `source`.
@@ -33,8 +38,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
-from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
+from jigsaw.mux.slowdown import DeviceInfo, SlowdownGrid
 
 # NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979 TFLOPS with sparsity = 989 dense,
 # 3.35 TB/s HBM3, 80 GB, taken as 80 GiB) and the Hopper architecture whitepaper (132 SMs on H100 SXM5).
@@ -45,6 +51,13 @@ H100 = DeviceInfo(sku="H100-SXM5-80GB", num_sms=132, mem_bytes=80 * 2**30, peak_
 A100 = DeviceInfo(sku="A100-SXM4-80GB", num_sms=108, mem_bytes=80 * 2**30, peak_flops=312e12,
                   mem_bw_bytes_per_s=2.039e12)
 DEVICES = {"h100": H100, "a100": A100}
+PCIE_BW_BYTES_PER_S = {"H100-SXM5-80GB": 55e9, "A100-SXM4-80GB": 25e9}
+"""Host<->device copy bandwidth per GPU, achieved (PCIe Gen5 x16 / Gen4 x16: 64 / 32 GB/s
+per direction theoretical); what training-state offload pays."""
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+"""Adam updates per second on the host for one rank's shard (verl's param_offload runs the
+optimizer on the CPU; a vectorised CPU Adam on a server socket, estimate)."""
+OFFLOAD_MODES = ("none", "optimizer", "full")
 LINK_BW_BYTES_PER_S = {H100.sku: 450e9, A100.sku: 300e9}
 """NVLink bandwidth per direction (datasheets: 900 GB/s and 600 GB/s bidirectional)."""
 NET_BW_BYTES_PER_S = {H100.sku: 50e9, A100.sku: 25e9}
@@ -59,16 +72,21 @@ DEVICE_KIND_NAMES = ("rollout_prefill", "rollout_decode", "rollout_tail", "refer
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
-    """Architecture numbers of a dense decoder, from its public HF `config.json`."""
+    """Architecture numbers of a decoder, dense or MoE, from its public HF `config.json`.
+
+    Memory (weights, KV pool, FSDP state and gathers) scales with `params`, all of them;
+    FLOPs scale with `flop_params`, what one token multiplies: all of a dense model, the
+    published activated count of an MoE.  Weight reads of a forward depend on its rows
+    (`weight_read_bytes`): a few decode rows touch few experts, a large batch all of them."""
 
     params: float
-    """Published parameter count (embeddings included)."""
+    """Published parameter count (embeddings included); for an MoE the total, every expert."""
     num_layers: int
     """`num_hidden_layers`."""
     hidden_size: int
     """`hidden_size`."""
     intermediate_size: int
-    """`intermediate_size` of the SwiGLU MLP."""
+    """`intermediate_size` of the SwiGLU MLP of a dense layer (unused when every layer is MoE)."""
     num_heads: int
     """`num_attention_heads` (query heads); attention FLOPs scale with it."""
     num_kv_heads: int
@@ -79,6 +97,18 @@ class ModelSpec:
     """`vocab_size`; logits traffic scales with it."""
     tie_word_embeddings: bool
     """Whether the LM head shares the embedding matrix (only used to re-derive `params`)."""
+    num_experts: int = 0
+    """`num_experts`: routed experts of every layer's MoE block (`decoder_sparse_step` 1, no
+    `mlp_only_layers`); 0 for a dense model."""
+    experts_per_token: int = 0
+    """`num_experts_per_tok`: routed experts (top-k) each token runs through, per layer."""
+    moe_intermediate_size: int = 0
+    """`moe_intermediate_size`: SwiGLU width of one routed expert."""
+    shared_expert_intermediate_size: int = 0
+    """SwiGLU width of the always-active shared expert(s) (Qwen2-MoE's field; DeepSeek's
+    n_shared_experts x moe_intermediate_size); 0 if none, as in Qwen3-MoE."""
+    active_params: float = 0.0
+    """Published activated parameters per token (MoE model card); 0 for a dense model."""
 
     @property
     def weight_bytes(self) -> float:
@@ -88,16 +118,66 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2  # K and V, BF16
 
+    @property
+    def flop_params(self) -> float:
+        """Parameters one token multiplies: `active_params` of an MoE, else `params`."""
+        return self.active_params or self.params
+
+    @property
+    def mlp_width(self) -> int:
+        """SwiGLU width one token's activations pass through per layer (elementwise traffic)."""
+        if not self.num_experts:
+            return self.intermediate_size
+        return self.experts_per_token * self.moe_intermediate_size + self.shared_expert_intermediate_size
+
+    @property
+    def expert_params(self) -> float:
+        """Routed-expert parameters of all layers (0 for a dense model)."""
+        return float(self.num_layers * self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size)
+
+    def weight_read_bytes(self, rows: float) -> float:
+        """Weight bytes one forward over `rows` tokens reads from HBM (all ranks together).
+
+        An MoE layer reads only the experts its rows were routed to: with uniform routing an
+        expert is untouched by all rows with probability (1 - k/E)^rows, so the expected
+        fraction read is 1 - (1 - k/E)^rows (1/16 of the experts at one Qwen3-30B-A3B row,
+        all of them at a large batch).  Everything else is read whole."""
+        if not self.num_experts:
+            return self.weight_bytes
+        touched = 1.0 - (1.0 - self.experts_per_token / self.num_experts) ** max(rows, 1.0)
+        return 2.0 * (self.params - self.expert_params * (1.0 - touched))
+
     def derived_params(self) -> float:
         """Parameter count re-derived from the shapes (checks `params`; biases/norms ignored)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * q * 2 + h * kv * 2 + 3 * h * self.intermediate_size
+        if self.num_experts:  # routed experts, the router, and shared experts
+            shared = 3 * h * self.shared_expert_intermediate_size
+            mlp = self.expert_params / self.num_layers + h * self.num_experts + shared
+        else:
+            mlp = 3 * h * self.intermediate_size
+        per_layer = h * q * 2 + h * kv * 2 + mlp
         return self.num_layers * per_layer + self.vocab * h * (1 if self.tie_word_embeddings else 2)
+
+    def derived_active_params(self) -> float:
+        """Per-token parameters re-derived: all of them less the routed experts a token skips."""
+        skipped = self.num_experts - self.experts_per_token
+        return self.derived_params() - self.expert_params * skipped / max(self.num_experts, 1)
+
+
+_MOE_FIELDS = ("num_experts", "experts_per_token", "moe_intermediate_size", "shared_expert_intermediate_size",
+               "active_params")
+
+
+def spec_dict(spec: ModelSpec) -> dict:
+    """A spec as recorded in a prior's `source`; MoE fields at their dense default are left out,
+    so a dense model's file reads as it did before MoE support."""
+    return {k: v for k, v in asdict(spec).items() if k not in _MOE_FIELDS or v}
 
 
 # Values from the models' HF config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen3-4B,
-# meta-llama/Llama-3.1-8B, deepseek-ai/DeepSeek-R1-Distill-Qwen-14B, Qwen/Qwen3-32B);
-# `params` from the model cards.
+# meta-llama/Llama-3.1-8B, deepseek-ai/DeepSeek-R1-Distill-Qwen-14B, Qwen/Qwen3-32B,
+# Qwen/Qwen3-30B-A3B); `params` (and an MoE's `active_params`) from the model cards
+# (Qwen3-30B-A3B: 30.5B total, 3.3B activated).
 MODELS = {
     "qwen3-0.6b": ModelSpec(params=0.6e9, num_layers=28, hidden_size=1024, intermediate_size=3072,
                             num_heads=16, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=True),
@@ -111,6 +191,10 @@ MODELS = {
                                               head_dim=128, vocab=152064, tie_word_embeddings=False),
     "qwen3-32b": ModelSpec(params=32.8e9, num_layers=64, hidden_size=5120, intermediate_size=25600,
                            num_heads=64, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=False),
+    "qwen3-30b-a3b": ModelSpec(params=30.5e9, active_params=3.3e9, num_layers=48, hidden_size=2048,
+                               intermediate_size=6144, num_heads=32, num_kv_heads=4, head_dim=128, vocab=151936,
+                               tie_word_embeddings=False, num_experts=128, experts_per_token=8,
+                               moe_intermediate_size=768),
 }
 
 
@@ -197,6 +281,30 @@ class PriorConfig:
     shared_interference: float = 0.10
     """Extra time-sharing overhead of unpartitioned co-location (context switches between the
     two clients' CTAs); calibrated to Fig. 8 (compute-bound pairs up to 2.19x)."""
+    offload: str = "none"
+    """Training state in host memory (verl FSDP): none; optimizer (Adam m, v offloaded between
+    updates, copied in for each update); full (params, grads and optimizer on the host, the
+    update on the CPU, shards copied in for every gather)."""
+
+    def __post_init__(self) -> None:
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
+
+    def state_bytes_per_param(self, *, train: bool) -> float:
+        """Training (or reference) state kept on the device per parameter of a shard."""
+        if self.offload == "full":
+            return 0.0
+        if not train:
+            return 2.0
+        return self.train_state_bytes_per_param - (8.0 if self.offload == "optimizer" else 0.0)
+
+
+def config_dict(cfg: PriorConfig) -> dict:
+    """The config as files record it (offload only when on: shipped priors stay as they were)."""
+    out = asdict(cfg)
+    if out["offload"] == "none":
+        del out["offload"]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +375,8 @@ class Roofline:
         rows = min(rows, math.floor(pool / kv_row_bytes)) if pool > 0 else 0
         if rows < 1:
             return None
-        gemm = _Kernel(2 * m.params * rows / tp, m.weight_bytes / tp, c.bw_sat_sm_frac)
+        # An MoE forward multiplies the active parameters but reads the experts its rows touch.
+        gemm = _Kernel(2 * m.flop_params * rows / tp, m.weight_read_bytes(rows) / tp, c.bw_sat_sm_frac)
         # Decode reads each row's whole KV; prefill (one KV token per row) writes its own.
         attn = _Kernel(4 * m.num_layers * m.num_heads * m.head_dim * attn_context * rows / tp, rows * kv_row_bytes,
                        c.attn_bw_sat_sm_frac)
@@ -292,7 +401,9 @@ class Roofline:
         passes, collectives = (c.train_forward_passes, 3.0) if train else (1.0, 1.0)
         sat = c.bw_sat_sm_frac
         kernels = [
-            _Kernel(2 * passes * m.params, passes * m.weight_bytes / tokens, sat),
+            # FLOPs by the active parameters; an MoE micro-batch (thousands of rows) touches
+            # every expert, and FSDP gathers and copies them all, so bytes go by the total.
+            _Kernel(2 * passes * m.flop_params, passes * m.weight_bytes / tokens, sat),
             _Kernel(passes * 4 * m.num_layers * m.num_heads * m.head_dim * c.train_seq_tokens / 2, 0.0, sat),
             _Kernel(0.0, passes * (self._activation_bytes(1) + m.vocab * 4 * c.logits_passes), sat),
             # FSDP copies each gathered weight out of, and each gradient into, flat buffers.
@@ -305,19 +416,21 @@ class Roofline:
         # prefetches the next layer while this one computes, so only communication beyond the
         # micro-batch's GEMM time shows (all of it for tiny micro-batches across nodes).
         comm_total = collectives * m.weight_bytes * (f - 1) / f / self.link_bw
-        gemm_s = 2 * passes * m.params * tokens / (self.device.peak_flops * c.gemm_eff)
+        gemm_s = 2 * passes * m.flop_params * tokens / (self.device.peak_flops * c.gemm_eff)
         comm_s = max(0.0, comm_total - gemm_s)
         host_s = c.train_host_s_per_micro_batch if train else c.ref_host_s_per_micro_batch
-        fixed = comm_s + passes * m.num_layers * c.layer_latency_s + host_s
+        fixed = comm_s + passes * m.num_layers * c.layer_latency_s + host_s + self._offload_copy_s(train)
         eff = c.gemm_eff * tokens / (tokens + c.gemm_half_tokens)
         return _Work(tuple(kernels), fixed / tokens, 1.0, eff)
 
     def _micro_batch_tokens(self, mem_frac: float, *, train: bool) -> float | None:
         """Micro-batch that fits beside the sharded state; None below the smallest useful one."""
         m, c = self.model, self.cfg
-        state = m.params * (c.train_state_bytes_per_param if train else 2.0) / c.fsdp_degree
+        state = m.params * c.state_bytes_per_param(train=train) / c.fsdp_degree
         gathered = 2 * m.weight_bytes / m.num_layers  # current + prefetched layer, unsharded
         budget = mem_frac * self.device.mem_bytes - state - gathered - c.train_reserve_bytes
+        if train and c.offload == "optimizer" and budget < m.params * 8.0 / c.fsdp_degree:
+            return None  # the update copies m, v back in beside the rest of the state
         # 34·hidden bytes per token: one layer's live activations with flash attention
         # (Korthikanti et al. 2022), plus FP32 logits (and their gradient when training).
         act_per_token = m.hidden_size * 34 + m.vocab * 4 * (2 if train else 1)
@@ -334,13 +447,27 @@ class Roofline:
     def optimizer_step_s(self) -> float:
         """Exclusive seconds of one Adam update of a rank's parameter shard."""
         m, c = self.model, self.cfg
-        return m.params / c.fsdp_degree * c.optimizer_bytes_per_param / (self.device.mem_bw_bytes_per_s * c.bw_eff)
+        shard = m.params / c.fsdp_degree
+        if c.offload == "full":
+            return shard / CPU_ADAM_PARAMS_PER_S
+        on_device = shard * c.optimizer_bytes_per_param / (self.device.mem_bw_bytes_per_s * c.bw_eff)
+        if c.offload == "optimizer":  # m, v (FP32) copied in and back out around the update
+            on_device += 2 * 8.0 * shard / PCIE_BW_BYTES_PER_S[self.device.sku]
+        return on_device
+
+    def _offload_copy_s(self, train: bool) -> float:
+        """Host copies per micro-batch under full offload: the FP32 shard in for each gather
+        (forward, and backward when training) and the gradient shard out."""
+        if self.cfg.offload != "full":
+            return 0.0
+        copies = 3.0 if train else 1.0
+        return copies * 4.0 * self.model.params / self.cfg.fsdp_degree / PCIE_BW_BYTES_PER_S[self.device.sku]
 
     cfg_top_mem = 0.8
 
     def _activation_bytes(self, tokens: int) -> float:
         m = self.model
-        return tokens * m.num_layers * self.cfg.elementwise_passes * (m.hidden_size + m.intermediate_size) * 2
+        return tokens * m.num_layers * self.cfg.elementwise_passes * (m.hidden_size + m.mlp_width) * 2
 
     def parts(self, work: _Work, sm_frac: float) -> _Parts:
         """Time of one unit of `work` on an SM share, split by what bounds it."""
@@ -358,25 +485,45 @@ class Roofline:
                 bw_s += t_memory * bw_frac
         return _Parts(compute, memory, work.fixed_s, bw_s)
 
-    # --- slowdowns --------------------------------------------------------------------------
 
-    def partitioned(self, wa: _Work, wb: _Work, sm_a: float) -> tuple[float, float]:
-        """Seconds per unit of A and B in green-context partitions sm_a / 1-sm_a."""
-        pa, pb = self.parts(wa, sm_a), self.parts(wb, 1.0 - sm_a)
-        # Bandwidth is not partitioned: oversubscription stretches both memory-bound parts.
-        stretch = max(1.0, _bw_demand(pa) + _bw_demand(pb))
-        busy = 1.0 + self.cfg.partition_interference
-        return tuple((p.compute_s + p.memory_s * stretch) * busy + p.fixed_s for p in (pa, pb))
+class Side(NamedTuple):
+    """One side of a co-located pair: its own roofline (model, config) and one unit of its work."""
 
-    def shared(self, wa: _Work, wb: _Work) -> tuple[float, float]:
-        """Seconds per unit of A and B sharing every SM (MPS-style, no partition)."""
-        pa, pb = self.parts(wa, 1.0), self.parts(wb, 1.0)
-        # Memory-bound kernels occupy SMs too, so both kinds of busy time are time-shared;
-        # a kind that cannot fill the device (demand o < 1) leaves room beside it.
-        busy = sum((p.compute_s + p.memory_s) / p.total_s * w.sm_demand_frac for p, w in ((pa, wa), (pb, wb)))
-        sm_stretch = max(1.0, busy) * (1.0 + self.cfg.shared_interference)
-        mem_stretch = max(sm_stretch, _bw_demand(pa) + _bw_demand(pb))
-        return tuple(p.compute_s * sm_stretch + p.memory_s * mem_stretch + p.fixed_s for p in (pa, pb))
+    roof: Roofline
+    work: _Work
+
+    def parts(self, sm_frac: float) -> _Parts:
+        return self.roof.parts(self.work, sm_frac)
+
+
+def partitioned(a: Side, b: Side, sm_a: float) -> tuple[float, float]:
+    """Seconds per unit of A and B in green-context partitions sm_a / 1-sm_a of one device."""
+    _same_device(a, b)
+    pa, pb = a.parts(sm_a), b.parts(1.0 - sm_a)
+    # Bandwidth is not partitioned: oversubscription stretches both memory-bound parts.
+    stretch = max(1.0, _bw_demand(pa) + _bw_demand(pb))
+    return tuple((p.compute_s + p.memory_s * stretch) * (1.0 + side.roof.cfg.partition_interference) + p.fixed_s
+                 for p, side in ((pa, a), (pb, b)))
+
+
+def shared(a: Side, b: Side) -> tuple[float, float]:
+    """Seconds per unit of A and B sharing every SM of one device (MPS-style, no partition)."""
+    _same_device(a, b)
+    pa, pb = a.parts(1.0), b.parts(1.0)
+    # Memory-bound kernels occupy SMs too, so both kinds of busy time are time-shared;
+    # a kind that cannot fill the device (demand o < 1) leaves room beside it.
+    busy = sum((p.compute_s + p.memory_s) / p.total_s * side.work.sm_demand_frac for p, side in ((pa, a), (pb, b)))
+    bw = _bw_demand(pa) + _bw_demand(pb)
+    out = []
+    for p, side in ((pa, a), (pb, b)):
+        sm_stretch = max(1.0, busy) * (1.0 + side.roof.cfg.shared_interference)
+        out.append(p.compute_s * sm_stretch + p.memory_s * max(sm_stretch, bw) + p.fixed_s)
+    return out[0], out[1]
+
+
+def _same_device(a: Side, b: Side) -> None:
+    if a.roof.device != b.roof.device:
+        raise ValueError(f"a pair shares one device; got {a.roof.device.sku} and {b.roof.device.sku}")
 
 
 def _bw_demand(p: _Parts) -> float:
@@ -384,55 +531,16 @@ def _bw_demand(p: _Parts) -> float:
     return p.bw_s / p.total_s
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
+Deployment = tuple[str, PriorConfig]
+"""(model name in MODELS, its PriorConfig): one model as a node deploys it."""
 
 
 def analytic_prior(device: DeviceInfo, model_name: str, config: PriorConfig = PriorConfig()) -> SlowdownGrid:
-    """The labelled roofline prior grid of `model_name` on `device` (see the module docstring)."""
-    if model_name not in MODELS:
-        raise KeyError(f"unknown model {model_name!r}; known: {sorted(MODELS)}")
-    prior = Roofline(device, MODELS[model_name], config)
-    sm_levels, mem_levels = DEFAULT_SM_LEVELS, DEFAULT_MEM_LEVELS
-    kinds = DEVICE_KIND_NAMES
-    works = {(k, m): prior.work(k, m) for k in kinds for m in mem_levels}
-    base = {}
-    for k in kinds:
-        if works[(k, mem_levels[-1])] is None:
-            raise ValueError(f"{k} of {model_name} does not fit {device.sku} even at memory share "
-                             f"{mem_levels[-1]}; change rollout_tp / fsdp_degree")
-        base[k] = prior.parts(works[(k, mem_levels[-1])], 1.0).total_s
+    """The labelled roofline prior grid of `model_name` on `device` (see the module docstring):
+    the pair prior (`jigsaw.mux.prior_mix`) of the deployment beside itself."""
+    from jigsaw.mux.prior_mix import analytic_pair_prior  # NOTE: prior_mix builds on this module
 
-    def alone(k: str, sm: float, mem: float) -> float | None:
-        w = works[(k, mem)]
-        return None if w is None else prior.parts(w, sm).total_s / base[k]
-
-    def beside(a: str, b: str, sm: float, mem: float) -> float | None:
-        wa, wb = works[(a, mem)], works[(b, _level(mem_levels, 1.0 - mem))]
-        if wa is None or wb is None:
-            return None
-        t_a = prior.shared(wa, wb)[0] if sm == 1.0 else prior.partitioned(wa, wb, sm)[0]
-        return t_a / base[a]
-
-    def grid(f) -> list[list[float | None]]:
-        return [[_round(f(sm, mem)) for mem in mem_levels] for sm in sm_levels]
-
-    data = {
-        "format": SlowdownGrid.FORMAT, "version": SlowdownGrid.VERSION, "device": asdict(device),
-        "model": model_name,
-        "source": {"kind": "analytic-prior",
-                   "note": "roofline prior, not a measurement; calibrated to JigsawRL Fig. 7/8/§4.2 figures",
-                   "parameters": {"config": asdict(config), "model": asdict(MODELS[model_name]),
-                                  "link_bw_bytes_per_s": prior.link_bw}},
-        "sm_levels": list(sm_levels), "mem_levels": list(mem_levels), "kinds": list(kinds),
-        "alone": {k: grid(lambda sm, mem, k=k: alone(k, sm, mem)) for k in kinds},
-        "pairs": {a: {b: grid(lambda sm, mem, a=a, b=b: beside(a, b, sm, mem)) for b in kinds} for a in kinds},
-    }
-    return SlowdownGrid.from_dict(data)
-
-
-def _level(levels: tuple[float, ...], x: float) -> float:
-    return min(levels, key=lambda level: abs(level - x))
+    return analytic_pair_prior(device, (model_name, config), (model_name, config))
 
 
 SHIPPED = (

@@ -28,7 +28,9 @@ from jigsaw.graph.plan import Budget, NodeSpec
 from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStageKind
 from jigsaw.sim import report
+from jigsaw.sim.physics import Physics
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
+from jigsaw.sim.rollout import DoesNotFit
 from jigsaw.trace import Trace, TraceEvent
 
 EPS = 1e-9
@@ -75,6 +77,8 @@ class NodeSim:
                  next_step: bool = True):
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
         self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False)
+        self.physics = Physics(grid, runs[0].spec.device if runs else "h100",
+                               [(r.spec.model, r.cost.config) for r in runs])
         self.live: dict[tuple[int, int], str] = {}
         """(pipeline, rank) -> the sub-stage id its worker's client has asked for last."""
         self.heap: list[tuple] = []
@@ -99,6 +103,16 @@ class NodeSim:
             run.ledger = self.state.register(run.name, run.devices, lengths=run.lengths)
             self._begin_step(run, 0.0)
         self._decide(0.0)
+        try:
+            self._loop()
+        except DoesNotFit as exc:  # the deployment, not the policy: no engine could run it
+            raise Infeasible(str(exc)) from exc
+        unfinished = [r.name for r in self.runs if not r.finished_all]
+        if unfinished:
+            raise RuntimeError(f"simulation stalled at t={self.t:.3f}s: {unfinished} never finished; the policy "
+                               f"{self.policy.name!r} left work unstarted with nothing running")
+
+    def _loop(self) -> None:
         while self.heap:
             t = self.heap[0][0]
             self.t = t
@@ -110,10 +124,6 @@ class NodeSim:
                     changed |= self._handle(ev)
             if changed:
                 self._decide(t)
-        unfinished = [r.name for r in self.runs if not r.finished_all]
-        if unfinished:
-            raise RuntimeError(f"simulation stalled at t={self.t:.3f}s: {unfinished} never finished; the policy "
-                               f"{self.policy.name!r} left work unstarted with nothing running")
 
     def push(self, time_s: float, priority: Priority, kind: str, pipe: int, rank: int = -1) -> None:
         key = (kind, pipe, rank)
@@ -322,7 +332,7 @@ class NodeSim:
     def _slowdowns(self, ss: list[_Slot]) -> None:
         if not ss:
             return
-        got = self.grid.actual(*[(s.kind.value, s.budget.sm_frac, s.budget.mem_frac) for s in ss])
+        got = self.physics.actual([(s.key[1], s.kind.value, s.budget.sm_frac, s.budget.mem_frac) for s in ss])
         if got is None:
             self.violations.append(f"{ss[0].key} beside {ss[1].key}: infeasible in the grid; charged 2x")
             got = (2.0, 2.0)
@@ -341,7 +351,8 @@ class NodeSim:
                     need = (int(run.workers[s.key[2]].need_bytes(run.workers[s.key[2]].held_kv_tokens()))
                             if s.key[0] == "w" else run.gang.mem_bytes)
                     self._trace("grant", run.name, s.sid, d, s, data={"need_bytes": need})
-                if s.key[0] == "w" and (prev is None or abs(prev.slowdown - s.slowdown) > EPS):
+                pool = s.key[0] == "w" and self._grant_pool(s, t)
+                if s.key[0] == "w" and (prev is None or pool or abs(prev.slowdown - s.slowdown) > EPS):
                     run = self.runs[s.key[1]]
                     end = run.workers[s.key[2]].interrupt(t, s.slowdown)
                     if end is not None:
@@ -361,6 +372,15 @@ class NodeSim:
                 g.rate, g.slowdowns = rate, slow
                 self.push(g.end_time(), Priority.STAGE, "gang", pipe)
         self.slots = slots
+
+    def _grant_pool(self, s: _Slot, t: float) -> bool:
+        """A worker's KV pool follows its memory budget; whether its capacity changed."""
+        wk = self.runs[s.key[1]].workers[s.key[2]]
+        changed = wk.grant(s.budget.mem_frac * self.node.mem_bytes)
+        if wk.undersized:
+            self.violations.append(f"t={t:.3f}: {s.sid} granted {s.budget.mem_frac:.0%} of device memory, less than "
+                                   "one whole response of its needs")
+        return changed
 
     def _release(self, run: PipelineRun, key: tuple) -> None:
         for d, ss in self.slots.items():

@@ -2,13 +2,17 @@
 
     begin_step ─► samples (workload) ─► dispatch to DP workers (routing weights)
         ROLLOUT   RolloutWorker per rank (rollout.py), started when the policy admits them
-        REWARD    host, reward_s_per_sample × samples
+        REWARD    host, the samples' reward times (workload [reward], cut at its timeout)
         REFERENCE Gang: actor old log-probs + reference log-probs (two forward passes, verl)
         TRAINING  Gang: forward, recompute, backward, optimizer share
     end_step  ─► records + columns ─► GraphBuilder ─► the step's graph (the node's history)
 
 A Gang's replicas run in lockstep: it progresses at the balanced rate Σ(1/s_d)/n when the
 plan skews micro-batches (jigsaw), else at 1/max(s_d) (verl's equal split).
+
+Dynamic sampling (DAPO) generates ⌈prompts / keep_frac⌉ prompts in one batch and trains on
+the first `prompts` that pass the group filter; ppo_epochs repeats the training pass.
+A trajectory past trajectory_timeout_s is cut where it is (rollout.py).
 
 Tail batching (RollPacker §3): short rounds launch ⌈ηP⌉ prompts × ⌈ηR⌉ responses, keep the
 first R responses of the first P prompts to finish them and defer the others' prompts;
@@ -29,7 +33,7 @@ from jigsaw.graph.residual import ResidualLength
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
 from jigsaw.mux.costmodel import StepCost
 from jigsaw.sim.rollout import Request, RolloutWorker
-from jigsaw.sim.workload import WorkloadSpec, sample_step
+from jigsaw.sim.workload import WorkloadSpec, prompt_scales, sample_step
 
 ROLLOUT, REWARD, REFERENCE, TRAINING, WAITING, DONE = "rollout", "reward", "reference", "training", "waiting", "done"
 TAILBATCH_ETA = 1.25
@@ -89,6 +93,7 @@ class PipelineRun:
                  rollout_devices: tuple[int, ...], train_devices: tuple[int, ...], tailbatch: bool = False,
                  graph_config: GraphConfig = GraphConfig(), kv_pool_tokens: int | None = None):
         self.index, self.spec, self.name, self.steps_total = index, spec, name, steps
+        self.device_mem_bytes = cost.device.mem_bytes
         self.cost, self.tailbatch, self.graph_config = cost, tailbatch, graph_config
         self.rollout_devices, self.train_devices = rollout_devices, train_devices
         # Disaggregated placement (rollout and training on different GPUs): training ranks
@@ -119,14 +124,18 @@ class PipelineRun:
         """Turn lengths of finished requests: how long a live tail still runs."""
         self._stage_s: dict[str, float] = {}
         self._step_start = 0.0
+        self._reward_s = np.zeros(0)
 
     def _default_pool(self) -> int:
-        """KV pool for every sample of a worker at twice the median response.  The paper resizes
-        the pool from recent peaks every ~30 steps; the engine model never preempts, so the
-        pool only sets the rollout's memory footprint."""
+        """KV pool for every sample of a worker at twice the median response, at most what the
+        device holds beside the weights and the reserve (an engine sizes its pool from free
+        memory).  The paper resizes the pool from recent peaks every ~30 steps; a pool too
+        small for the batch makes the engine queue and retract (rollout.py)."""
         w = self.spec
         per_worker = math.ceil(w.samples * (TAILBATCH_ETA**2 if self.tailbatch else 1) / len(self.rollout_devices))
-        return int(per_worker * (w.prompt_tokens + 2 * w.lengths.median_tokens))
+        c = self.cost
+        fits = (self.device_mem_bytes - c.weights_bytes() - c.config.rollout_reserve_bytes) // c.kv_bytes_per_token()
+        return int(max(0, min(per_worker * (w.prompt_tokens + 2 * w.lengths.median_tokens), fits)))
 
     # ------------------------------------------------------------ steps
 
@@ -151,29 +160,33 @@ class PipelineRun:
         requests = self._requests()
         self.workers = [RolloutWorker(pipeline=self.name, step=self.step, rank=r, cost=self.cost,
                                       mem_bytes=self.rollout_mem, graph_config=self.graph_config,
-                                      blocking_tools=self.spec.tool.blocking)
+                                      blocking_tools=self.spec.tool.blocking,
+                                      max_new_tokens=self.spec.lengths.max_tokens,
+                                      deadline_s=t + self.spec.trajectory_timeout_s if self.spec.trajectory_timeout_s
+                                      else None)
                         for r in range(len(self.rollout_devices))]
         for r, chunk in enumerate(_split(requests, weights or (1.0,) * len(self.workers))):
             self.workers[r].add(chunk, t)
             self.workers[r].t = t
 
     def _requests(self) -> list[Request]:
-        w = self.spec
+        w, step = self.spec, self.step
         if not self.tailbatch:
-            smp = sample_step(w, self.rng)
-            self._round = {"kind": "plain", "group": w.group}
+            smp = sample_step(_generated(w), self.rng, step=step)
+            self._round = {"kind": "plain", "group": w.group, **self._kept(smp)}
         elif len(self.deferred_scales) >= w.prompts:
             scales = np.array(self.deferred_scales[: w.prompts])
             self.deferred_scales = self.deferred_scales[w.prompts:]
-            smp = sample_step(w, self.rng, prompt_scale=scales)
+            smp = sample_step(w, self.rng, prompt_scale=scales, step=step)
             self._round = {"kind": "long", "group": w.group}
         else:
             n = math.ceil(TAILBATCH_ETA * w.prompts)
-            scales = w.lengths.median_tokens * np.exp(self.rng.normal(0.0, w.lengths.prompt_sigma, n))
+            scales = prompt_scales(w, self.rng, n)
             wide = _with_group(w, math.ceil(TAILBATCH_ETA * w.group))
-            smp = sample_step(wide, self.rng, prompt_scale=scales)
-            self._round = {"kind": "short", "group": wide.group, "scales": scales, "done_prompts": [],
-                           "finished": {}, "accepted": set()}
+            smp = sample_step(wide, self.rng, prompt_scale=scales, step=step)
+            self._round = {"kind": "short", "group": wide.group, "scales": scales,
+                           **_accepted(smp.turn_tokens, wide.group, w.group, w.prompts)}
+        self._reward_s = smp.reward_s
         return [Request(rid=i, context=int(smp.prompt_tokens[i]), turns=[int(x) for x in smp.turn_tokens[i]],
                         appended=[int(x) for x in smp.context_tokens[i]], tool_s=[float(x) for x in smp.tool_s[i]])
                 for i in range(len(smp.prompt_tokens))]
@@ -191,28 +204,40 @@ class PipelineRun:
         return self._race(reqs)
 
     def _race(self, reqs: list[Request]) -> set[int]:
-        rd, w, g = self._round, self.spec, self._round["group"]
+        """The accepted responses were fixed from their lengths (`_accepted`); a prompt whose
+        accepted responses are all done aborts its others, and the round stops once every
+        accepted response is done."""
+        rd, g = self._round, self._round["group"]
         abort: set[int] = set()
         for r in reqs:
             p = r.rid // g
-            if p in rd["done_prompts"]:
+            left = rd["left"].get(p)
+            if left is None or r.rid not in left:
                 continue
-            got = rd["finished"].setdefault(p, [])
-            got.append(r.rid)
-            if len(got) == w.group:  # first R responses: the prompt is done, its others go
-                rd["done_prompts"].append(p)
-                rd["accepted"].update(got)
-                abort.update(p * g + k for k in range(g) if p * g + k not in got)
-        if len(rd["done_prompts"]) >= w.prompts:  # enough prompts: stop everything else
-            live = {q.rid for wk in self.workers for q in wk._active()}
-            abort |= live
-            done = set(rd["done_prompts"])
-            self.deferred_scales += [float(s) for p, s in enumerate(rd["scales"]) if p not in done]
+            left.discard(r.rid)
+            if not left:
+                abort.update(p * g + k for k in range(g) if p * g + k not in rd["accepted"])
+        if rd["left"] and not any(rd["left"].values()):
+            rd["left"] = {}
+            abort |= {q.rid for wk in self.workers for q in wk._active()}
+            kept = {rid // g for rid in rd["accepted"]}
+            self.deferred_scales += [float(s) for p, s in enumerate(rd["scales"]) if p not in kept]
         return abort
+
+    def _kept(self, smp) -> dict:
+        """Dynamic sampling (DAPO): which prompts of the generation batch pass the group filter,
+        the first `prompts` of them (drawn from the pipeline's own generator, so every policy
+        keeps the same); every prompt without it."""
+        ds, w = self.spec.dynamic_sampling, self.spec
+        if ds is None:
+            return {}
+        n = len(smp.prompt_tokens) // w.group
+        passed = np.flatnonzero(self.rng.random(n) < ds.keep_frac)[: w.prompts]
+        return {"accepted": {p * w.group + k for p in passed.tolist() for k in range(w.group)}}
 
     def trained_samples(self) -> list[Request]:
         reqs = [q for wk in self.workers for q in wk.finished]
-        if self._round.get("kind") == "short":
+        if "accepted" in self._round:
             acc = self._round["accepted"]
             reqs = [q for q in reqs if q.rid in acc]
         return reqs
@@ -229,10 +254,22 @@ class PipelineRun:
         for wk in self.workers:
             self.records.extend(wk.tools)
         n = len(self.trained_samples())
-        self.reward_end_s = t + self.spec.reward_s_per_sample * n
+        self.reward_end_s = t + self._reward_time_s()
         self.records.append(StepRecord(pipeline=self.name, step=self.step, stage=Stage.REWARD, dp_rank=0,
                                        t_start_s=t, t_end_s=self.reward_end_s, num_decode_reqs=n))
         return self.reward_end_s
+
+    def _reward_time_s(self) -> float:
+        """Host reward of the generated samples, one after another (verl's reward manager);
+        one call for the whole batch when the workload says so.  Each already cut at its timeout."""
+        r = self._reward_s
+        if len(r) == 1 and self.spec.reward is not None and self.spec.reward.per_batch:
+            return float(r[0])
+        # Dynamic sampling scores every generated sample (that is its filter); otherwise the
+        # samples trained on (tail batching's accepted ones).
+        every = self.spec.dynamic_sampling is not None
+        done = [q.rid for q in ([q for wk in self.workers for q in wk.finished] if every else self.trained_samples())]
+        return float(np.sum(r[done])) if done else 0.0
 
     # ------------------------------------------------------------ gangs
 
@@ -254,7 +291,7 @@ class PipelineRun:
         self.lengths.observe(n for wk in self.workers for q in wk.finished for n in q.turns)
         tokens = sum(q.context for q in samples)  # final context = prompt + response (+ tool text)
         ranks = len(self.train_devices)
-        gpus = ranks * self.cost.config.rollout_tp  # FSDP ranks: every GPU of every TP group
+        gpus = ranks * self.cost.gpus_per_device  # FSDP ranks: every GPU of every scheduling device
         per_rank, seqs = tokens / gpus, len(samples) / gpus
         first = self.train_rank0
         excl = self._gang_seconds(kind, per_rank, seqs)
@@ -271,7 +308,8 @@ class PipelineRun:
             return 2 * self.cost.reference_s(tokens, math.ceil(seqs / w.logprob_micro_batch_seqs))
         updates = max(1, math.ceil(w.prompts / w.mini_batch_prompts))
         micro = updates * math.ceil(seqs / updates / w.micro_batch_seqs)
-        return self.cost.training_s(tokens, micro, updates)
+        e = w.ppo_epochs  # every epoch passes over the whole batch again
+        return self.cost.training_s(tokens * e, micro * e, updates * e)
 
     def _record_gang(self, g: Gang) -> None:
         """One record per rank and constant-rate interval; tokens in proportion to the
@@ -306,7 +344,7 @@ class PipelineRun:
         per = w.samples / len(self.rollout_devices)
         steps = w.lengths.max_tokens
         decode_s = steps * c.decode_s(max(1, int(per)), int(per * (w.prompt_tokens + steps / 2)))
-        seqs = w.samples / (len(self.train_devices) * c.config.rollout_tp)
+        seqs = w.samples / (len(self.train_devices) * c.gpus_per_device)
         tokens = seqs * (w.prompt_tokens + w.lengths.max_tokens / 2)
         nodes, deps, last = [], {}, []
         for r in range(len(self.rollout_devices)):
@@ -329,6 +367,30 @@ class PipelineRun:
     def _cold(self, rank: int, kind: SubStageKind, dur: float, mem: int) -> SubStage:
         return SubStage(id=str(SubStageId(self.name, max(self.step, 0), rank, kind, 0)), pipeline=self.name,
                         step=max(self.step, 0), kind=kind, dp_rank=rank, duration_s=dur, mem_bytes=mem)
+
+
+def _accepted(turn_tokens: list, wide_group: int, group: int, prompts: int) -> dict:
+    """Which responses a short round keeps: RollPacker keeps the first `group` responses of the
+    first `prompts` prompts to finish; the simulator ranks them by length instead of by finish
+    time, so every policy trains the same samples (finish order also depends on the policy)."""
+    n = len(turn_tokens) // wide_group
+    length = [int(np.sum(t)) for t in turn_tokens]
+    best = {p: sorted(range(p * wide_group, (p + 1) * wide_group), key=lambda i: (length[i], i))[:group]
+            for p in range(n)}
+    kept = sorted(best, key=lambda p: (length[best[p][-1]], p))[:prompts]
+    accepted = {i for p in kept for i in best[p]}
+    return {"accepted": accepted, "left": {p: set(best[p]) for p in kept}}
+
+
+def _generated(w: WorkloadSpec) -> WorkloadSpec:
+    """What one step generates: with dynamic sampling, ⌈prompts / keep_frac⌉ prompts (at most
+    max_gen_batches batches) in one generation batch (verl DAPO's gen_batch_size)."""
+    ds = w.dynamic_sampling
+    if ds is None:
+        return w
+    from dataclasses import replace
+
+    return replace(w, prompts=min(ds.max_gen_batches * w.prompts, math.ceil(w.prompts / ds.keep_frac)))
 
 
 def _with_group(w: WorkloadSpec, group: int) -> WorkloadSpec:

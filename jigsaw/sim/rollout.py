@@ -14,6 +14,19 @@
 
 A migration takes requests out (`take`) and puts them into another worker (`add`),
 which prefills their whole context again: the KV recompute the paper charges.
+
+The KV pool is bounded like an engine's (SGLang's scheduler, vLLM's recompute preemption):
+    capacity = (granted memory − weights − reserve) / KV bytes per token
+    admission  a queued request is prefilled only if its context, plus a reserve for what the
+               running requests may still generate (SGLang's new_token_ratio), fits; else it
+               waits (head of line, first come first served)
+    tool waits their KV stays cached (radix cache) but is evicted first when room is needed;
+               they prefill their whole context again when they come back
+    decode     a segment ends where the pool is full; then requests are retracted (SGLang
+               `retract_decode`: fewest generated tokens first) until the rest can run
+               RETRACT_DECODE_STEPS more steps; a retracted request keeps what it generated
+               and recomputes its whole context when re-admitted
+A pool that cannot hold one whole response raises DoesNotFit: no engine could run it.
 """
 
 from __future__ import annotations
@@ -28,6 +41,19 @@ from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.steps import StepColumns, kind_of_bucket
 from jigsaw.graph.substage import Stage, StepRecord, SubStageKind
 from jigsaw.mux.costmodel import StepCost
+
+NEW_TOKEN_RATIO = 0.1
+"""Share of its remaining generation budget a running request is expected to still use,
+reserved at admission: SGLang's floor (it starts at 0.7 and decays to 0.1 within a few
+hundred decode steps while nothing is retracted; a rollout runs thousands)."""
+CLIP_MAX_NEW_TOKENS = 4096
+"""SGLang caps the per-request reserve at this many tokens (CLIP_MAX_NEW_TOKENS)."""
+RETRACT_DECODE_STEPS = 20
+"""After a retraction the batch must fit this many more steps (SGLang retract_decode_steps)."""
+
+
+class DoesNotFit(ValueError):
+    """The rollout's KV pool cannot hold one whole response: the deployment cannot run."""
 
 
 @dataclass(slots=True)
@@ -55,6 +81,16 @@ class Request:
     @property
     def response_tokens(self) -> int:
         return sum(self.turns)
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated so far, every turn (what SGLang's retraction order looks at)."""
+        return sum(self.turns[:self.turn]) + self.generated
+
+    @property
+    def final_context(self) -> int:
+        """Its context once every turn is generated and every tool output appended."""
+        return self.context + self.left + sum(self.turns[self.turn + 1:]) + sum(self.appended[self.turn:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +128,21 @@ class RolloutWorker:
 
     def __init__(self, *, pipeline: str, step: int, rank: int, cost: StepCost, mem_bytes: int,
                  graph_config: GraphConfig = GraphConfig(), prefill_chunk: int = 8192,
-                 blocking_tools: bool = False):
+                 blocking_tools: bool = False, max_new_tokens: int = 8192, deadline_s: float | None = None):
         self.pipeline, self.step, self.rank = pipeline, step, rank
         self.cost, self.mem_bytes, self.chunk = cost, mem_bytes, prefill_chunk
-        self.blocking = blocking_tools
+        self.blocking, self.max_new_tokens = blocking_tools, max_new_tokens
+        self.deadline_s = deadline_s
+        """Trajectories still running then are cut where they are (a wall-clock limit)."""
+        self.device_tokens = self.tokens_in(cost.device.mem_bytes)
+        """KV tokens the whole device holds beside the weights and the reserve."""
+        self.cap_tokens = self.device_tokens
+        """KV tokens it may hold under its current memory grant (an engine sizes its pool from
+        the memory it is given; `mem_bytes` is only what it expects to need, for packing)."""
+        self.retracted = 0
+        """Requests retracted (or evicted from a tool wait) and recomputed, this step."""
+        self.undersized = False
+        """A grant left less than one whole response needs (the engine ran at that minimum)."""
         self.queue: deque[Request] = deque()
         self.decoding: list[Request] = []
         self.in_tool: list[Request] = []
@@ -117,9 +164,27 @@ class RolloutWorker:
     def add(self, requests: list[Request], t: float) -> None:
         """New (or migrated) requests: their whole context is prefilled here."""
         for r in requests:
+            if r.final_context > self.device_tokens:
+                raise DoesNotFit(f"{self.pipeline}: a response of {r.final_context:,} tokens (prompt, turns, tool "
+                                 f"output) does not fit a rollout KV pool of {self.device_tokens:,} tokens (a whole "
+                                 "device); the model needs more memory per device (rollout_tp) or a lower max_tokens")
             r.pending = r.context
             self.queue.append(r)
         self.t = max(self.t, t)
+
+    def tokens_in(self, mem_bytes: float) -> int:
+        """KV tokens that fit beside the weights and the reserve in `mem_bytes`."""
+        c = self.cost
+        return max(0, int((mem_bytes - c.weights_bytes() - c.config.rollout_reserve_bytes) // c.kv_bytes_per_token()))
+
+    def grant(self, mem_bytes: float) -> bool:
+        """The plan's memory budget bounds the pool; whether the capacity changed."""
+        floor = max((r.final_context for r in self._active()), default=0)
+        cap = min(self.device_tokens, self.tokens_in(mem_bytes))
+        self.undersized = cap < floor
+        cap = max(cap, floor)
+        changed, self.cap_tokens = cap != self.cap_tokens, cap
+        return changed
 
     def take(self, rids: set[int]) -> list[Request]:
         """Abort these requests here and hand them over with what they generated so far."""
@@ -152,8 +217,9 @@ class RolloutWorker:
     def plan(self) -> float | None:
         """Plan the next segment from the worker's clock; its end time, or None when done."""
         self._wake_tools(self.t)
-        if self.queue:
-            self.segment = self._plan_prefill()
+        batch = self._admit() if self.queue else []
+        if batch:
+            self.segment = self._plan_prefill(batch)
         elif self.decoding:
             self.segment = self._plan_decode()
         elif self.in_tool:
@@ -165,7 +231,7 @@ class RolloutWorker:
 
     def _plan_idle(self) -> _Segment:
         """Nothing to run until a tool returns: the device is free, the worker is in TOOL."""
-        wake = max(self.t, min(r.ready_at for r in self.in_tool))
+        wake = max(self.t, min(min(r.ready_at for r in self.in_tool), self._deadline()))
         if self.piece is None or self.piece.kind is not SubStageKind.TOOL:
             self.tools.append(StepRecord(pipeline=self.pipeline, step=self.step, stage=Stage.TOOL,
                                          dp_rank=self.rank, t_start_s=self.t, t_end_s=wake,
@@ -173,14 +239,7 @@ class RolloutWorker:
             self._new_piece(SubStageKind.TOOL, self.t)
         return _Segment("idle", self.t, np.array([wake]))
 
-    def _plan_prefill(self) -> _Segment:
-        budget, batch = self.chunk, []
-        for r in self.queue:
-            if budget <= 0:
-                break
-            n = min(r.pending, budget)
-            batch.append((r, n))
-            budget -= n
+    def _plan_prefill(self, batch: list[tuple[Request, int]]) -> _Segment:
         tokens = sum(n for _, n in batch)
         ctx = sum(r.context - r.pending for r, _ in batch) / len(batch)
         dur = self.s * self.cost.prefill_s(tokens, int(ctx), len(batch))
@@ -189,8 +248,9 @@ class RolloutWorker:
         return seg
 
     def _plan_decode(self) -> _Segment:
+        room = self._room_for(len(self.decoding))
         b = len(self.decoding)
-        k = min(r.left for r in self.decoding)
+        k = min(min(r.left for r in self.decoding), max(1, room // b))
         switch = self.tracker.steps_to_switch(b)
         if switch is not None:
             k = min(k, switch)
@@ -198,8 +258,9 @@ class RolloutWorker:
         co = self.cost.decode(b)
         step_s = self.s * (co.c0_s + co.c1_s_per_token * (kv0 + b * np.arange(k)))
         ends = self.t + np.cumsum(step_s)
-        if self.in_tool:  # steps that start after a tool returns wait for its prefill
-            wake = min(r.ready_at for r in self.in_tool)
+        # Steps that start after a tool returns wait for its prefill; none starts past the deadline.
+        wake = min(min((r.ready_at for r in self.in_tool), default=np.inf), self._deadline())
+        if wake < ends[-1]:
             starts = np.concatenate(([self.t], ends[:-1]))
             ends = ends[: max(1, int(np.searchsorted(starts, wake, side="left")))]
         seg = _Segment("decode", self.t, ends, batch=b)
@@ -220,8 +281,23 @@ class RolloutWorker:
             if n:
                 (self._commit_prefill if seg.kind == "prefill" else self._commit_decode)(seg, n, out)
         self.segment = None
+        if self.deadline_s is not None and self.t >= self.deadline_s and self.num_active:
+            self._cut(out)
         out.finished = self.done
         return out
+
+    def _deadline(self) -> float:
+        return np.inf if self.deadline_s is None else self.deadline_s
+
+    def _cut(self, out: Outcome) -> None:
+        """The wall-clock limit: every unfinished trajectory ends with what it generated."""
+        for r in self._active():
+            r.turns = [*r.turns[:r.turn], r.generated]
+            r.appended, r.tool_s = r.appended[:r.turn], r.tool_s[:r.turn]
+            self.finished.append(r)
+            out.completed.append(r)
+        self.queue.clear()
+        self.decoding, self.in_tool, self.barrier = [], [], []
 
     def settle(self, t: float) -> None:
         """Finish the steps started before `t` and plan nothing: requests are about to move."""
@@ -239,6 +315,77 @@ class RolloutWorker:
         self.s = slowdown
         self.t = max(self.t, t)
         return self.plan()
+
+    # ------------------------------------------------------------ KV pool
+
+    def _locked(self) -> int:
+        return sum(r.context - r.pending for r in [*self.queue, *self.decoding])
+
+    def _cached(self) -> int:
+        return sum(r.context - r.pending for r in [*self.in_tool, *self.barrier])
+
+    def _reserve(self) -> float:
+        return NEW_TOKEN_RATIO * sum(min(self.max_new_tokens - r.output_tokens, CLIP_MAX_NEW_TOKENS)
+                                     for r in self.decoding)
+
+    def _admit(self) -> list[tuple[Request, int]]:
+        """The next prefill chunk: queued requests in order while their KV fits (module docstring)."""
+        free = self.cap_tokens - self._locked() - self._cached() - self._reserve()
+        budget, batch = self.chunk, []
+        for r in self.queue:
+            if budget <= 0:
+                break
+            n = min(r.pending, budget)
+            started = r.pending < r.context and r.turn == 0 and r.generated == 0
+            need = n if started else r.pending + NEW_TOKEN_RATIO * min(
+                self.max_new_tokens - r.output_tokens, CLIP_MAX_NEW_TOKENS)
+            if need > free:
+                free += self._evict(need - free)
+            if need > free and (batch or self.decoding or self._locked()):
+                break  # head of line waits for decoding requests to free their KV
+            batch.append((r, n))
+            budget, free = budget - n, free - need
+        return batch
+
+    def _evict(self, tokens: float) -> int:
+        """Drop cached KV of requests waiting on tools (they recompute it when back)."""
+        freed = 0
+        for r in [*self.in_tool, *self.barrier]:
+            if freed >= tokens:
+                break
+            held = r.context - r.pending
+            if held > 0:
+                r.pending, freed = r.context, freed + held
+                self.retracted += 1
+        return freed
+
+    def _room_for(self, batch: int) -> int:
+        """KV tokens free for decoding `batch` requests, after evicting and retracting if needed."""
+        room = self.cap_tokens - self._locked() - self._cached()
+        if room < batch:
+            room += self._evict(batch - room)
+        if room < batch:
+            self._retract()
+            room = self.cap_tokens - self._locked() - self._cached()
+        return room
+
+    def _retract(self) -> None:
+        """SGLang's retract_decode: partial prefills, then the fewest generated tokens first,
+        until the rest can decode RETRACT_DECODE_STEPS more steps (one always stays)."""
+        victims = [r for r in self.queue if r.pending < r.context]
+        victims += sorted(self.decoding, key=lambda r: (r.output_tokens, -r.context))
+        for r in victims:
+            if len(self.decoding) <= 1 and r in self.decoding:
+                break
+            if self.cap_tokens - self._locked() - self._cached() >= RETRACT_DECODE_STEPS * len(self.decoding):
+                break
+            if r in self.decoding:
+                self.decoding.remove(r)
+            else:
+                self.queue.remove(r)
+            r.pending = r.context
+            self.queue.appendleft(r)  # the oldest requests come back first
+            self.retracted += 1
 
     # ------------------------------------------------------------ committing
 

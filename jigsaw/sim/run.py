@@ -1,8 +1,11 @@
 """Run a simulation: workloads × policy on one node, and its lower bound.
 
-    SimConfig ─► workloads (sim/workload.py) ─► placement (policy) ─► PipelineRun × K
-              ─► slowdown grid: the analytic prior of the first workload's deployment
-              ─► NodeSim(runs, node, grid, policy).run() ─► SimResult
+    SimConfig ─► pipelines(): workloads (sim/workload.py) + per-pipeline TP / FSDP / offload
+              flags, in a canonical order (the listing order never changes a result)
+              ─► placement (policy) ─► Deployment ─► PipelineRun × K (sim/deploy.py costs)
+              ─► node grid: the pipelines' own analytic prior, or the mix prior of several
+              ─► NodeSim(runs, node, grid, policy).run() ─► SimResult (physics: each side
+                 of a pair priced by its own model, sim/physics.py)
     lower_bound(config): max( each pipeline alone (its own critical path, step after step),
                               device-seconds of all work / (GPUs × best packing efficiency) )
 
@@ -14,13 +17,17 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import make
 from jigsaw.mux.costmodel import StepCost
-from jigsaw.mux.prior import DEVICES, PriorConfig, analytic_prior
+from jigsaw.mux.prior import DEVICES, PriorConfig
+from jigsaw.mux.slowdown import SlowdownGrid
 from jigsaw.sim import workload
+from jigsaw.sim.deploy import Deployment, Replicas
 from jigsaw.sim.node import NodeSim
+from jigsaw.sim.physics import own_grid
 from jigsaw.sim.pipeline import PipelineRun
 from jigsaw.trace import Trace
 
@@ -36,7 +43,16 @@ class SimConfig:
     """serial | static | muxserve | rollmux | hrrs | greedy | jigsaw (the CLI also takes a comma list
     or 'all'), the same policies `jigsaw daemon --policy` runs live."""
     gpus: int | None = None
-    """GPUs of the node; if unset, the first workload's."""
+    """GPUs of the node; if unset, the largest of the workloads'."""
+    rollout_tp: tuple[int, ...] = ()
+    """Rollout TP of each pipeline, in --workload order; empty: each workload's.  TPs must
+    divide each other (a scheduling device is one group of the largest)."""
+    fsdp_degree: tuple[int, ...] = ()
+    """FSDP shard degree of each pipeline's training; empty: the workload's, else every GPU its
+    training runs on."""
+    offload: tuple[str, ...] = ()
+    """Training state offloaded to host memory per pipeline: none | optimizer | full (verl's
+    FSDP optimizer_offload / param_offload); empty: each workload's."""
     steps: int = 20
     """RL steps per pipeline."""
     seed: int = 0
@@ -55,6 +71,7 @@ class PipelineResult:
     workload: str
     steps: int
     tokens: int
+    samples: int
     step_latency_s: tuple[float, ...]
     finish_s: float
 
@@ -86,37 +103,79 @@ def expand(names: tuple[str, ...]) -> list[str]:
     return [n for item in names for n in item.split(",") if n]
 
 
+def pipelines(config: SimConfig) -> list[tuple[workload.WorkloadSpec, int, int | None, str | None]]:
+    """(spec, rollout_tp, fsdp_degree or None, offload or None) of every pipeline, flags over
+    workload fields, in a canonical order: the result never depends on the listing order."""
+    specs = [workload.get(w) for w in expand(config.workload)]
+    for name, values in (("rollout_tp", config.rollout_tp), ("fsdp_degree", config.fsdp_degree),
+                         ("offload", config.offload)):
+        if values and len(values) != len(specs):
+            raise ValueError(f"--{name.replace('_', '-')} gives {len(values)} values for {len(specs)} pipelines")
+    out = []
+    for i, s in enumerate(specs):
+        tp = config.rollout_tp[i] if config.rollout_tp else s.rollout_tp
+        fsdp = config.fsdp_degree[i] if config.fsdp_degree else (s.fsdp_degree or None)
+        off = config.offload[i] if config.offload else s.offload
+        out.append((s, tp, fsdp, off))
+    return sorted(out, key=lambda p: (p[0].name, p[1], p[2] or 0, p[3]))
+
+
 def build(config: SimConfig, only: int | None = None):
     """(runs, node, grid, policy) for a configuration; `only` keeps one pipeline (with its
     own seed and placement as if alone, for the lower bound)."""
-    specs = [workload.get(w) for w in expand(config.workload)]
-    devices = {s.device for s in specs}
+    items = pipelines(config)
+    devices = {s.device for s, *_ in items}
     if len(devices) > 1:
         raise ValueError(f"workloads on one node must share a device type, got {sorted(devices)}")
-    tp = {s.rollout_tp for s in specs}
-    if len(tp) > 1:
-        raise ValueError(f"workloads on one node must share rollout_tp (a device is a TP group), got {sorted(tp)}")
-    tp = tp.pop()
-    gpus = config.gpus or specs[0].gpus
-    if gpus % tp:
-        raise ValueError(f"{gpus} GPUs do not split into TP groups of {tp}")
+    # A scheduling device is one group of the largest TP: its GPUs always run the same
+    # sub-stages in lockstep; a smaller TP runs several engines on it (sim/deploy.py).
+    per_device = max(tp for _, tp, _, _ in items)
+    gpus = config.gpus or max(s.gpus for s, *_ in items)
+    if gpus % per_device:
+        raise ValueError(f"{gpus} GPUs do not split into scheduling devices of {per_device} (the largest rollout_tp)")
     pol = make(config.policy, config.sched)
-    chosen = list(range(len(specs))) if only is None else [only]
-    # A scheduling device is one TP group: its GPUs always run the same sub-stages in lockstep.
-    places = pol.placement(len(chosen), gpus // tp)
-    device = DEVICES[specs[0].device]
-    runs, grid = [], None
+    chosen = list(range(len(items))) if only is None else [only]
+    places = pol.placement(len(chosen), gpus // per_device)
+    device_name = items[0][0].device
+    device = DEVICES[device_name]
+    runs, keys = [], []
     for k, (i, (roll, train)) in enumerate(zip(chosen, places)):
-        spec = specs[i]
-        prior_cfg = PriorConfig(rollout_tp=tp, fsdp_degree=len(train) * tp,
-                                train_forward_passes=4.0 if spec.gradient_checkpointing else 3.0)
-        if grid is None:
-            grid = analytic_prior(device, spec.model, prior_cfg)
+        spec, tp, fsdp, offload = items[i]
+        dep = Deployment(rollout_tp=tp, fsdp_degree=fsdp or len(train) * per_device, gpus_per_device=per_device,
+                         offload=offload)
+        prior_cfg = prior_config(spec, dep)
+        keys.append((spec.model, prior_cfg))
+        cost = Replicas(_cost(device_name, spec.model, prior_cfg), dep.replicas, per_device)
         runs.append(PipelineRun(k, spec, name=f"p{i}-{spec.name}", steps=config.steps, seed=config.seed * 1000 + i,
-                                cost=StepCost(device, spec.model, prior_cfg), rollout_devices=roll,
-                                train_devices=train, tailbatch=config.tailbatch))
-    node = NodeSpec(num_devices=gpus // tp, mem_bytes=device.mem_bytes)
-    return runs, node, grid, pol
+                                cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch))
+    node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
+    return runs, node, node_grid(device_name, keys), pol
+
+
+def prior_config(spec: workload.WorkloadSpec, dep: Deployment) -> PriorConfig:
+    return PriorConfig(rollout_tp=dep.rollout_tp, fsdp_degree=dep.fsdp_degree,
+                       train_forward_passes=4.0 if spec.gradient_checkpointing else 3.0, offload=dep.offload)
+
+
+@lru_cache(maxsize=64)
+def _cost(device_name: str, model: str, cfg: PriorConfig) -> StepCost:
+    return StepCost(DEVICES[device_name], model, cfg)
+
+
+def node_grid(device_name: str, keys: list[tuple]) -> SlowdownGrid:
+    """The grid policies plan with: the pipelines' own prior when they all run one model and
+    deployment, else the mix prior (entrywise the most pessimistic of every pair)."""
+    unique = sorted(set(keys), key=repr)
+    if len(unique) == 1:
+        return own_grid(device_name, unique[0])
+    return _mix(device_name, tuple(unique))
+
+
+@lru_cache(maxsize=16)
+def _mix(device_name: str, keys: tuple) -> SlowdownGrid:
+    from jigsaw.mux.prior_mix import mix_prior
+
+    return mix_prior(DEVICES[device_name], list(keys))
 
 
 def simulate(config: SimConfig) -> SimResult:
@@ -125,6 +184,7 @@ def simulate(config: SimConfig) -> SimResult:
     sim.run()
     results = tuple(PipelineResult(name=r.name, workload=r.spec.name, steps=len(r.metrics),
                                    tokens=sum(m.tokens for m in r.metrics),
+                                   samples=sum(m.samples for m in r.metrics),
                                    step_latency_s=tuple(m.end_s - m.start_s for m in r.metrics),
                                    finish_s=r.metrics[-1].end_s if r.metrics else 0.0) for r in runs)
     return SimResult(config=config, makespan_s=max(p.finish_s for p in results), pipelines=results,
@@ -145,16 +205,14 @@ class LowerBound:
 def lower_bound(config: SimConfig) -> LowerBound:
     """No policy can finish before this (the same samples, see the module docstring)."""
     alone, work = [], 0.0
-    grid = None
+    serial = replace(config, policy="serial", trace=False)
     for i in range(len(expand(config.workload))):
-        runs, node, grid_i, _ = build(replace(config, policy="serial", trace=False), only=i)
-        grid = grid or grid_i
+        runs, node, grid_i, _ = build(serial, only=i)
         NodeSim(runs, node, grid_i, make("serial"), trace=False).run()
         alone.append(runs[0].metrics[-1].end_s)
         work += runs[0].device_s
-    first = workload.get(expand(config.workload)[0])
-    devices = (config.gpus or first.gpus) // first.rollout_tp
-    resource = work / (devices * max(1.0, grid.max_pack_efficiency()))
+    _, node, grid, _ = build(serial)
+    resource = work / (node.num_devices * max(1.0, grid.max_pack_efficiency()))
     cp = max(alone)
     return LowerBound(makespan_s=max(cp, resource), critical_path_s=cp, resource_s=resource, alone_s=tuple(alone))
 

@@ -1,42 +1,37 @@
 """Workload specs: what one simulated RL pipeline generates and trains on.
 
-    jigsaw/sim/workloads/<name>.toml ─tomllib─► WorkloadSpec (validated; every parameter has
-        │                                        a provenance entry: paper table, figure or trace)
+    jigsaw/sim/workloads/<name>.toml ─tomllib─► from_dict ─► WorkloadSpec (validated; every parameter
+        │        [lengths] ─► lengths.Lengths             has a provenance entry: paper table,
+        │        lengths.empirical ─► lengths.load_trace   figure, trace or generator script)
+        │                             (each step checked against prompts × group)
         ▼
-    sample_step(spec, rng) ─► prompts × group samples: prompt tokens, per-turn response
-                              tokens, tool latency and tool output tokens per turn
+    sample_step(spec, rng, prompt_scale=None, *, step=0) ─► StepSamples, sample-major:
+        prompt tokens, per-turn response tokens, context tokens and tool latency before each later
+        turn, reward time per sample (or per batch)
 
-Response lengths follow a two-level lognormal (RollPacker's simulation recipe): each
+Response lengths default to a two-level lognormal (RollPacker's simulation recipe): each
 prompt draws a difficulty scale, each of its responses a length around that scale,
 clipped at the generation cap.  That gives the long tails and the within-group
-correlation that make some DP workers finish much later than others.
+correlation that make some DP workers finish much later than others.  Mixtures, Pareto tails,
+point masses, a copula, drift over steps and exact replay of recorded lengths live in lengths.py;
+the default keeps its original draws here, call for call, so existing workloads sample exactly as
+before.  Every optional field at its default leaves the random stream unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from jigsaw.mux.prior import DEVICES, MODELS
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Lengths:
-    """Generated tokens of one turn of one response."""
-
-    median_tokens: float
-    """Median over all responses."""
-    prompt_sigma: float
-    """Log-space spread of the per-prompt difficulty scale."""
-    response_sigma: float
-    """Log-space spread of one prompt's responses around its scale."""
-    max_tokens: int = 8192
-    """Generation cap per response (JigsawRL §5.1: 8192)."""
+from jigsaw.mux.prior import DEVICES, MODELS, OFFLOAD_MODES
+from jigsaw.sim import lengths
+from jigsaw.sim.lengths import GaussianMixture, Lengths, LognormalMixture, Pareto
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,6 +57,36 @@ class Tool:
     blocking: bool = False
     """Calls are batched per worker: a turn's tool call waits for every request of the worker
     to reach it (JigsawRL §3.1, 'blocked tool calls')."""
+    max_calls: int = 0
+    """Most tool calls of one trajectory (0 = unlimited): a sample drawing more turns is cut to
+    max_calls + 1 turns.  Needs a tool (latency_s > 0).  An empirical replay keeps its recorded turns."""
+    timeout_s: float = 0.0
+    """A call longer than this is cut at it (0 = none): the tail of the call time."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reward:
+    """[reward]: reward time as a distribution; replaces reward_s_per_sample when given."""
+
+    median_s: float
+    """Median time of one reward call, seconds (> 0)."""
+    sigma: float = 0.0
+    """Log-space spread of the call time (lognormal)."""
+    timeout_s: float = 0.0
+    """A call longer than this takes timeout_s and its sample scores as failed (0 = none)."""
+    per_batch: bool = False
+    """One call scores the whole batch (e.g. a remote judge) instead of one call per sample."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DynamicSampling:
+    """[dynamic_sampling] (DAPO): groups whose rewards are all equal are dropped and generation
+    repeats until the batch is full.  Stored and validated here; the pipeline acts on it."""
+
+    keep_frac: float
+    """Expected fraction of prompts kept after filtering, in (0, 1]."""
+    max_gen_batches: int
+    """Most generation rounds per step (>= 1)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +105,11 @@ class WorkloadSpec:
     """GPUs of the deployment the workload was measured on (DP degree × rollout TP)."""
     rollout_tp: int = 1
     """Tensor parallelism of the rollout engine."""
+    fsdp_degree: int = 0
+    """FSDP shard degree of training and reference (0 = every GPU its training runs on)."""
+    offload: str = "none"
+    """Training state in host memory: none | optimizer | full (verl's FSDP optimizer_offload /
+    param_offload; what a user turns on when the state does not fit)."""
     prompts: int = 64
     """Prompts per step (JigsawRL §5.1: global batch 64)."""
     group: int = 4
@@ -95,7 +125,8 @@ class WorkloadSpec:
     tool: Tool = field(default_factory=Tool)
     """Tool calls between turns."""
     reward_s_per_sample: float = 0.0005
-    """Host time of the rule-based reward per sample (negligible, JigsawRL Table 1 note)."""
+    """Host time of the rule-based reward per sample (negligible, JigsawRL Table 1 note); the
+    median per-sample time when [reward] is absent, ignored when it is given."""
     mini_batch_prompts: int = 16
     """Prompts per PPO mini-batch (verl `ppo_mini_batch_size`): one optimizer update each."""
     micro_batch_seqs: int = 8
@@ -105,6 +136,14 @@ class WorkloadSpec:
     gradient_checkpointing: bool = False
     """Activation recompute in training (verl `enable_gradient_checkpointing`): four
     forward-equivalents per trained token instead of three."""
+    reward: Reward | None = None
+    """[reward]: reward time distribution and timeout; None = reward_s_per_sample per sample."""
+    trajectory_timeout_s: float = 0.0
+    """Wall-clock limit of one trajectory, seconds (0 = none); the pipeline enforces it."""
+    ppo_epochs: int = 1
+    """Passes over each step's batch in training (verl `ppo_epochs`)."""
+    dynamic_sampling: DynamicSampling | None = None
+    """[dynamic_sampling]: DAPO-style group filtering; None = every group is trained on."""
     provenance: dict[str, str] = field(default_factory=dict)
     """Source of every parameter: 'parameter.path' -> paper table / figure / trace."""
 
@@ -131,23 +170,69 @@ def _check(w: WorkloadSpec) -> None:
     p = w.turns.probs
     if not p or any(x < 0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
         raise ValueError(f"{where}: turns.probs must be non-negative and sum to 1, got {p}")
+    for ok, message in _new_field_checks(w):
+        if not ok:
+            raise ValueError(f"{where}: {message}")
     missing = sorted(set(parameter_paths(w)) - set(w.provenance))
     if missing:
         raise ValueError(f"{where}: no provenance for {missing}")
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _new_field_checks(w: WorkloadSpec) -> Iterator[tuple[bool, str]]:
+    t, r, d = w.tool, w.reward, w.dynamic_sampling
+    yield _is_int(t.max_calls) and t.max_calls >= 0, f"tool.max_calls must be an int >= 0, got {t.max_calls!r}"
+    yield t.timeout_s >= 0, f"tool.timeout_s must be >= 0, got {t.timeout_s}"
+    yield t.latency_s > 0 or not (t.max_calls or t.timeout_s), \
+        "tool.max_calls and tool.timeout_s need a tool (tool.latency_s > 0)"
+    yield _is_int(w.fsdp_degree) and w.fsdp_degree >= 0, f"fsdp_degree must be an int >= 0, got {w.fsdp_degree!r}"
+    yield w.offload in OFFLOAD_MODES, f"offload must be one of {OFFLOAD_MODES}, got {w.offload!r}"
+    yield w.trajectory_timeout_s >= 0, f"trajectory_timeout_s must be >= 0, got {w.trajectory_timeout_s}"
+    yield _is_int(w.ppo_epochs) and w.ppo_epochs >= 1, f"ppo_epochs must be an int >= 1, got {w.ppo_epochs!r}"
+    if r is not None:
+        yield r.median_s > 0, f"reward.median_s must be > 0, got {r.median_s}"
+        yield r.sigma >= 0, f"reward.sigma must be >= 0, got {r.sigma}"
+        yield r.timeout_s >= 0, f"reward.timeout_s must be >= 0, got {r.timeout_s}"
+    if d is not None:
+        yield 0 < d.keep_frac <= 1, f"dynamic_sampling.keep_frac must be in (0, 1], got {d.keep_frac}"
+        yield _is_int(d.max_gen_batches) and d.max_gen_batches >= 1, \
+            f"dynamic_sampling.max_gen_batches must be an int >= 1, got {d.max_gen_batches!r}"
+
+
+# Parameters that predate optional fields: each always needs a source (as before), except the
+# length fields a non-default shape derives or ignores.  Newer fields need one only when a
+# workload moves them off their default, so old files stay valid as the format grows.
+_ALWAYS = frozenset(
+    ["model", "device", "gpus", "rollout_tp", "prompts", "group", "prompt_tokens", "prompt_sigma",
+     "reward_s_per_sample", "mini_batch_prompts", "micro_batch_seqs", "logprob_micro_batch_seqs",
+     "gradient_checkpointing", "turns.probs", "turns.context_tokens", "turns.context_sigma",
+     "tool.latency_s", "tool.latency_sigma", "tool.blocking"]
+    + [f"lengths.{k}" for k in lengths.LEGACY_FIELDS])
+_REQUIRED = object()  # the "default" of a field without one: never equal to a value
+
+
 def parameter_paths(w: WorkloadSpec) -> list[str]:
-    """Every parameter that needs a source: leaf fields except name/description/provenance."""
-    out = []
-    for f in dataclasses.fields(w):
-        if f.name in ("name", "description", "provenance"):
+    """Every parameter that needs a source: the original leaf fields (less the length fields the
+    shape derives or ignores) and every newer leaf that differs from its default."""
+    skip = {f"lengths.{k}" for k in lengths.derived_fields(w.lengths)}
+    return [path for path, value, default in _leaves(w, "")
+            if path not in skip and (path in _ALWAYS or value != default)]
+
+
+def _leaves(obj: object, prefix: str) -> Iterator[tuple[str, object, object]]:
+    for f in dataclasses.fields(obj):
+        if not prefix and f.name in ("name", "description", "provenance"):
             continue
-        value = getattr(w, f.name)
+        value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            out += [f"{f.name}.{g.name}" for g in dataclasses.fields(value)]
-        else:
-            out.append(f.name)
-    return out
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        elif value is not None:
+            default = (f.default if f.default is not dataclasses.MISSING else
+                       f.default_factory() if f.default_factory is not dataclasses.MISSING else _REQUIRED)
+            yield f"{prefix}{f.name}", value, default
 
 
 # ---------------------------------------------------------------- files
@@ -156,29 +241,87 @@ WORKLOAD_DIR = "workloads"
 
 
 def load(path: str | Path) -> WorkloadSpec:
-    """A workload from a TOML file (see jigsaw/sim/workloads/README.md)."""
+    """A workload from a TOML file; a relative lengths.empirical is read next to it."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML: {exc}") from None
     try:
-        return from_dict(raw, name=path.stem)
+        return from_dict(raw, name=path.stem, base=path.parent)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def from_dict(raw: dict, *, name: str) -> WorkloadSpec:
+def from_dict(raw: dict, *, name: str, base: Path | None = None) -> WorkloadSpec:
+    """A workload from a parsed TOML table.  An empirical trace is checked here, once, against
+    prompts × group (every step), and its prompt/response spreads are derived from it."""
     raw = dict(raw)
-    sections = {"lengths": Lengths, "turns": Turns, "tool": Tool}
-    for key, cls in sections.items():
-        if key in raw:
-            sub = dict(raw[key])
-            if key == "turns" and "probs" in sub:
-                sub["probs"] = tuple(sub["probs"])
-            raw[key] = cls(**sub)
     raw.setdefault("name", name)
-    return WorkloadSpec(**raw)
+    try:
+        for key, build in _SECTIONS.items():
+            if key in raw:
+                raw[key] = build(raw[key], base)
+        spec = _build(WorkloadSpec, raw, "top level")
+        return _bind_trace(spec)
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith("workload "):
+            raise
+        raise ValueError(f"workload {raw['name']!r}: {exc}") from None
+
+
+def _build(cls: type, table: dict, where: str) -> object:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table, got {table!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return cls(**table)
+
+
+def _lengths(table: dict, base: Path | None) -> Lengths:
+    sub = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(table).items()}
+    for key, cls in (("lognormal_mixture", LognormalMixture), ("gaussian_mixture", GaussianMixture),
+                     ("pareto", Pareto)):
+        if key in sub:
+            sub[key] = _build(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in dict(sub[key]).items()},
+                              f"[lengths.{key}]")
+    if sub.get("empirical"):
+        derived = sorted({"median_tokens", "prompt_sigma", "response_sigma"} & set(sub))
+        if derived:
+            raise ValueError(f"lengths.{derived[0]} is derived from lengths.empirical; leave {derived} out")
+        path = Path(sub["empirical"])
+        sub["empirical"] = str(path if path.is_absolute() or base is None else base / path)
+    return _build(Lengths, sub, "[lengths]")
+
+
+def _turns(table: dict, base: Path | None) -> Turns:
+    sub = dict(table)
+    if "probs" in sub:
+        sub["probs"] = tuple(sub["probs"])
+    return _build(Turns, sub, "[turns]")
+
+
+_SECTIONS: dict[str, Callable[[dict, Path | None], object]] = {
+    "lengths": _lengths,
+    "turns": _turns,
+    "tool": lambda t, _: _build(Tool, t, "[tool]"),
+    "reward": lambda t, _: _build(Reward, t, "[reward]"),
+    "dynamic_sampling": lambda t, _: _build(DynamicSampling, t, "[dynamic_sampling]"),
+}
+
+
+def _bind_trace(w: WorkloadSpec) -> WorkloadSpec:
+    """Check every step of an empirical trace against the batch and derive its spreads (used to
+    re-sample deferred prompts and to draw fresh prompt scales)."""
+    L = w.lengths
+    if not L.empirical:
+        return w
+    trace = lengths.load_trace(L.empirical, L.max_tokens)
+    prompt_sigma, response_sigma = lengths.trace_spreads(trace, w.prompts, w.group)
+    return dataclasses.replace(w, lengths=dataclasses.replace(L, prompt_sigma=prompt_sigma,
+                                                                response_sigma=response_sigma))
 
 
 def shipped() -> dict[str, Path]:
@@ -211,32 +354,107 @@ class StepSamples:
     context_tokens: list[np.ndarray]
     """Per sample: tokens appended before each later turn (len = turns - 1)."""
     tool_s: list[np.ndarray]
-    """Per sample: tool latency before each later turn (len = turns - 1; zeros without a tool)."""
+    """Per sample: tool latency before each later turn (len = turns - 1; zeros without a tool),
+    already cut at tool.timeout_s."""
     prompt_scale: np.ndarray
-    """(prompts,) difficulty scale, kept so a deferred prompt can be re-sampled (tail batching)."""
+    """(prompts,) difficulty scale, tokens, kept so a deferred prompt can be re-sampled (tail
+    batching); an empirical replay's is each prompt's mean recorded response length."""
+    reward_s: np.ndarray
+    """Reward time, seconds, already cut at reward.timeout_s: (samples,) per sample, or (1,) for
+    the whole batch when reward.per_batch.  Without [reward]: reward_s_per_sample each."""
+    reward_timed_out: np.ndarray
+    """Same shape as reward_s: the call hit reward.timeout_s, its sample(s) score as failed."""
 
 
-def sample_step(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.ndarray | None = None) -> StepSamples:
-    """Draw one step's samples; `prompt_scale` re-uses given prompts' difficulty."""
+def prompt_scales(w: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    """(n,) fresh prompt scales for sample_step(prompt_scale=...), e.g. tail batching's widened
+    round.  lognormal2: median × exp(N(0, prompt_sigma)), the same draw sample_step makes.
+    Empirical: drawn from the trace's per-prompt means (pass the workload's own batch, not a
+    widened group: the trace's prompts are grouped by it)."""
     L = w.lengths
-    n_prompts = w.prompts if prompt_scale is None else len(prompt_scale)
+    if not L.empirical:
+        return lengths.prompt_scales(L, rng, n)
+    trace = lengths.load_trace(L.empirical, L.max_tokens)
+    means = [lengths.replay(trace, k, w.prompts, w.group).prompt_scale for k in range(len(trace.steps))]
+    return rng.choice(np.concatenate(means), n)
+
+
+def sample_step(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.ndarray | None = None, *,
+                step: int = 0) -> StepSamples:
+    """Draw one step's samples; `prompt_scale` re-uses given prompts' difficulty, `step` (0-based)
+    sets the length drift and picks an empirical trace's step.
+
+    An empirical workload replays its trace's step exactly when prompt_scale is None
+    (lengths.replay: steps cycle when the simulation outlasts the file).  With prompt_scale (a
+    deferred prompt re-sampled by tail batching) it draws a lognormal with median at the given
+    scale, i.e. around the prompt's recorded mean, with the trace's pooled within-prompt spread."""
+    L = w.lengths
+    if L.empirical and prompt_scale is None:
+        b = lengths.replay(lengths.load_trace(L.empirical, L.max_tokens), step, w.prompts, w.group)
+        return _finish(w, rng, b.prompt_tokens, b.turn_tokens.__getitem__, b.prompt_scale)
+    factor = lengths.step_factor(L, rng, step)
     if prompt_scale is None:
-        prompt_scale = L.median_tokens * np.exp(rng.normal(0.0, L.prompt_sigma, n_prompts))
-    scale = np.repeat(prompt_scale, w.group)
-    n = len(scale)
+        prompt_scale = lengths.prompt_scales(L, rng, w.prompts)
+    n = len(prompt_scale) * w.group
     prompts = np.maximum(1, np.round(w.prompt_tokens * np.exp(rng.normal(0.0, w.prompt_sigma, n)))).astype(int)
     turns = rng.choice(len(w.turns.probs), size=n, p=np.asarray(w.turns.probs)) + 1
-    turn_tokens, ctx, tool = [], [], []
-    for i in range(n):
+    if w.tool.max_calls:
+        turns = np.minimum(turns, w.tool.max_calls + 1)
+    draw = _lognormal_turns if L.legacy or L.empirical else _shaped_turns
+    return _finish(w, rng, prompts, draw(w, rng, prompt_scale, turns, factor), prompt_scale)
+
+
+def _lognormal_turns(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.ndarray, turns: np.ndarray,
+                     factor: float) -> Callable[[int], np.ndarray]:
+    """The original sampler: each sample's turns drawn when the loop reaches it (between its
+    context and tool draws), so the random stream is the one existing workloads always had."""
+    L = w.lengths
+    scale = np.repeat(prompt_scale, w.group)
+    if factor != 1.0:
+        scale = scale * factor
+
+    def turn(i: int) -> np.ndarray:
         drawn = np.minimum(L.max_tokens, scale[i] * np.exp(rng.normal(0.0, L.response_sigma, int(turns[i]))))
-        turn_tokens.append(_within_cap(np.maximum(1, np.round(drawn)).astype(int), L.max_tokens))
+        return _within_cap(np.maximum(1, np.round(drawn)).astype(int), L.max_tokens)
+    return turn
+
+
+def _shaped_turns(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.ndarray, turns: np.ndarray,
+                  factor: float) -> Callable[[int], np.ndarray]:
+    """Every other shape: all turns of the step in one vectorised draw."""
+    owner = np.repeat(np.repeat(np.asarray(prompt_scale, dtype=float), w.group), turns)
+    parts = np.split(lengths.draw_turns(w.lengths, rng, owner, factor), np.cumsum(turns)[:-1])
+    return lambda i: _within_cap(parts[i], w.lengths.max_tokens)
+
+
+def _finish(w: WorkloadSpec, rng: np.random.Generator, prompts: np.ndarray, turn: Callable[[int], np.ndarray],
+            prompt_scale: np.ndarray) -> StepSamples:
+    turn_tokens, ctx, tool = [], [], []
+    for i in range(len(prompts)):
+        turn_tokens.append(turn(i))
         k = len(turn_tokens[-1])
         ctx.append(np.round(w.turns.context_tokens * np.exp(rng.normal(0.0, w.turns.context_sigma, k - 1)))
                    .astype(int))
-        tool.append(w.tool.latency_s * np.exp(rng.normal(0.0, w.tool.latency_sigma, k - 1)) if w.tool.latency_s
-                    else np.zeros(k - 1))
+        tool.append(_tool_s(w.tool, rng, k - 1))
+    reward_s, timed_out = _reward_s(w, rng, len(prompts))
     return StepSamples(prompt_tokens=prompts, turn_tokens=turn_tokens, context_tokens=ctx, tool_s=tool,
-                       prompt_scale=prompt_scale)
+                       prompt_scale=prompt_scale, reward_s=reward_s, reward_timed_out=timed_out)
+
+
+def _tool_s(t: Tool, rng: np.random.Generator, calls: int) -> np.ndarray:
+    s = t.latency_s * np.exp(rng.normal(0.0, t.latency_sigma, calls)) if t.latency_s else np.zeros(calls)
+    return np.minimum(s, t.timeout_s) if t.timeout_s else s
+
+
+def _reward_s(w: WorkloadSpec, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Without [reward] no draw at all (the stream stays as it was)."""
+    r = w.reward
+    if r is None:
+        return np.full(n, w.reward_s_per_sample), np.zeros(n, dtype=bool)
+    s = r.median_s * np.exp(rng.normal(0.0, r.sigma, 1 if r.per_batch else n))
+    if not r.timeout_s:
+        return s, np.zeros(len(s), dtype=bool)
+    return np.minimum(s, r.timeout_s), s > r.timeout_s
 
 
 def _within_cap(turns: np.ndarray, cap: int) -> np.ndarray:
