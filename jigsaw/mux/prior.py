@@ -429,8 +429,8 @@ class Roofline:
         state = m.params * c.state_bytes_per_param(train=train) / c.fsdp_degree
         gathered = 2 * m.weight_bytes / m.num_layers  # current + prefetched layer, unsharded
         budget = mem_frac * self.device.mem_bytes - state - gathered - c.train_reserve_bytes
-        if train and c.offload == "optimizer" and budget < m.params * 8.0 / c.fsdp_degree:
-            return None  # the update copies m, v back in beside the rest of the state
+        if train and c.offload == "optimizer" and budget + gathered < m.params * 8.0 / c.fsdp_degree:
+            return None  # the update copies m, v back in beside the state (no layer gathered then)
         # 34·hidden bytes per token: one layer's live activations with flash attention
         # (Korthikanti et al. 2022), plus FP32 logits (and their gradient when training).
         act_per_token = m.hidden_size * 34 + m.vocab * 4 * (2 if train else 1)

@@ -74,13 +74,18 @@ def analytic_pair_prior(device: DeviceInfo, a: Deployment, b: Deployment) -> Slo
 
 
 def mix_prior(device: DeviceInfo, deployments: Iterable[Deployment]) -> SlowdownGrid:
-    """Entrywise max over every ordered pair of the deployments' pair priors (module docstring)."""
-    unique = sorted(set(deployments), key=_key)
+    """Entrywise max over the pair priors of every ordered pair of two of the deployments (one
+    per pipeline: a deployment is paired with itself only when two pipelines run it), see
+    the module docstring."""
+    given = sorted(deployments, key=_key)
+    unique = sorted(set(given), key=_key)
     if not unique:
         raise ValueError("mix_prior needs at least one (model, config)")
     if len(unique) == 1:
         return analytic_pair_prior(device, unique[0], unique[0])
-    grids = [_pair_data(device, x, y) for x in unique for y in unique]
+    pairs = sorted({(x, y) for i, x in enumerate(given) for j, y in enumerate(given) if i != j},
+                   key=lambda p: (_key(p[0]), _key(p[1])))
+    grids = [_pair_data(device, x, y) for x, y in pairs]  # every deployment is some pair's first
     kinds = DEVICE_KIND_NAMES
     data = {**grids[0], "model": "+".join(name for name, _ in unique),
             "source": {"kind": "analytic-prior",

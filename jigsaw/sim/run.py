@@ -26,7 +26,7 @@ from jigsaw.mux.prior import DEVICES, PriorConfig
 from jigsaw.mux.slowdown import SlowdownGrid
 from jigsaw.sim import workload
 from jigsaw.sim.deploy import Deployment, Replicas
-from jigsaw.sim.node import NodeSim
+from jigsaw.sim.node import Infeasible, NodeSim
 from jigsaw.sim.physics import own_grid
 from jigsaw.sim.pipeline import PipelineRun
 from jigsaw.trace import Trace
@@ -145,7 +145,11 @@ def build(config: SimConfig, only: int | None = None):
                          offload=offload)
         prior_cfg = prior_config(spec, dep)
         keys.append((spec.model, prior_cfg))
-        cost = Replicas(_cost(device_name, spec.model, prior_cfg), dep.replicas, per_device)
+        try:
+            cost = Replicas(_cost(device_name, spec.model, prior_cfg), dep.replicas, per_device)
+        except ValueError as exc:  # this policy's placement gives its training too few GPUs
+            raise Infeasible(f"{pol.name}: {spec.name} on {len(train)} of {gpus // per_device} devices: {exc}; "
+                             "more GPUs per pipeline, a larger fsdp_degree or offload would fit") from exc
         runs.append(PipelineRun(k, spec, name=f"p{i}-{spec.name}", steps=config.steps, seed=config.seed * 1000 + i,
                                 cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch))
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
@@ -165,10 +169,9 @@ def _cost(device_name: str, model: str, cfg: PriorConfig) -> StepCost:
 def node_grid(device_name: str, keys: list[tuple]) -> SlowdownGrid:
     """The grid policies plan with: the pipelines' own prior when they all run one model and
     deployment, else the mix prior (entrywise the most pessimistic of every pair)."""
-    unique = sorted(set(keys), key=repr)
-    if len(unique) == 1:
-        return own_grid(device_name, unique[0])
-    return _mix(device_name, tuple(unique))
+    if len(set(keys)) == 1:
+        return own_grid(device_name, keys[0])
+    return _mix(device_name, tuple(sorted(keys, key=repr)))
 
 
 @lru_cache(maxsize=16)
