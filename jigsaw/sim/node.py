@@ -155,7 +155,7 @@ class NodeSim:
         wk = run.workers[rank]
         was_on = wk.on_device
         out = wk.commit()
-        abort = run.on_completed(out.completed)
+        abort = run.on_completed(wk.drain())
         if abort:
             self._abort(run, abort)
         self._reschedule_worker(run, rank)
@@ -267,7 +267,8 @@ class NodeSim:
         # could start a tool wait just as the migrated requests arrive.
         src.settle(t)
         dst.settle(t)
-        moved = src.take({q.rid for q in src._active()})
+        abort = run.on_completed(src.drain() + dst.drain())
+        moved = src.take({q.rid for q in src._active()} - abort)
         dst.add(moved, t)
         self._trace("migration", run.name, m.source, data={"target": m.target, "requests": len(moved),
                                                             "delta_s": m.delta_s})
@@ -275,7 +276,9 @@ class NodeSim:
             self._reschedule_worker(run, r)
             report.sync_worker(run, r, t, self.live)
         self._release(run, ("w", run.index, m.source_rank))
-        if run.rollout_done():
+        if abort:
+            self._abort(run, abort)
+        if run.rollout_done() and run.stage == ROLLOUT:
             self._end_rollout(run)
 
     # ------------------------------------------------------------ budgets
@@ -341,6 +344,7 @@ class NodeSim:
 
     def _retime(self, slots: dict[int, list[_Slot]], t: float) -> None:
         gangs: dict[int, dict[int, float]] = {}
+        finished: dict[int, dict[int, list]] = {}  # pipeline -> rank -> what an interrupt finished
         old = {s.key: s for ss in self.slots.values() for s in ss}
         for d, ss in slots.items():
             for s in ss:
@@ -357,6 +361,7 @@ class NodeSim:
                     end = run.workers[s.key[2]].interrupt(t, s.slowdown)
                     if end is not None:
                         self.push(end, Priority.SEGMENT, "segment", run.index, s.key[2])
+                    finished.setdefault(s.key[1], {})[s.key[2]] = run.workers[s.key[2]].drain()
                 elif s.key[0] == "g":
                     gangs.setdefault(s.key[1], {})[d] = s.slowdown
         now = {s.key for ss in slots.values() for s in ss}
@@ -372,7 +377,19 @@ class NodeSim:
                 g.rate, g.slowdowns = rate, slow
                 self.push(g.end_time(), Priority.STAGE, "gang", pipe)
         self.slots = slots
+        for pipe, ranks in finished.items():
+            self._report_finished(self.runs[pipe], ranks)
 
+    def _report_finished(self, run: PipelineRun, ranks: dict[int, list]) -> None:
+        """What interrupted segments finished: counted, tail batching's aborts applied, and
+        each worker's client told (its last sub-stage may have ended)."""
+        abort = run.on_completed([r for reqs in ranks.values() for r in reqs])
+        if abort:
+            self._abort(run, abort)
+        for rank in ranks:
+            report.sync_worker(run, rank, self.t, self.live)
+        if run.stage == ROLLOUT and run.rollout_done():
+            self._end_rollout(run)
     def _grant_pool(self, s: _Slot, t: float) -> bool:
         """A worker's KV pool follows its memory budget; whether its capacity changed."""
         wk = self.runs[s.key[1]].workers[s.key[2]]

@@ -10,8 +10,9 @@
 A Gang's replicas run in lockstep: it progresses at the balanced rate Σ(1/s_d)/n when the
 plan skews micro-batches (jigsaw), else at 1/max(s_d) (verl's equal split).
 
-Dynamic sampling (DAPO) generates ⌈prompts / keep_frac⌉ prompts in one batch and trains on
-the first `prompts` that pass the group filter; ppo_epochs repeats the training pass.
+Dynamic sampling (DAPO) generates batches of `prompts` prompts until enough pass the group
+filter (the batches of one step run as one rollout) and trains on the first `prompts` that
+pass; ppo_epochs repeats the training pass.
 A trajectory past trajectory_timeout_s is cut where it is (rollout.py).
 
 Tail batching (RollPacker §3): short rounds launch ⌈ηP⌉ prompts × ⌈ηR⌉ responses, keep the
@@ -22,7 +23,7 @@ once P prompts are deferred, a long round runs them without speculation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -172,8 +173,9 @@ class PipelineRun:
     def _requests(self) -> list[Request]:
         w, step = self.spec, self.step
         if not self.tailbatch:
-            smp = sample_step(_generated(w), self.rng, step=step)
-            self._round = {"kind": "plain", "group": w.group, **self._kept(smp)}
+            batches, kept = self._filter()
+            smp = sample_step(w if batches == 1 else replace(w, prompts=batches * w.prompts), self.rng, step=step)
+            self._round = {"kind": "plain", "group": w.group, **kept}
         elif len(self.deferred_scales) >= w.prompts:
             scales = np.array(self.deferred_scales[: w.prompts])
             self.deferred_scales = self.deferred_scales[w.prompts:]
@@ -224,16 +226,19 @@ class PipelineRun:
             self.deferred_scales += [float(s) for p, s in enumerate(rd["scales"]) if p not in kept]
         return abort
 
-    def _kept(self, smp) -> dict:
-        """Dynamic sampling (DAPO): which prompts of the generation batch pass the group filter,
-        the first `prompts` of them (drawn from the pipeline's own generator, so every policy
-        keeps the same); every prompt without it."""
+    def _filter(self) -> tuple[int, dict]:
+        """Dynamic sampling (DAPO): generation batches of `prompts` prompts until `prompts` of
+        them pass the group filter (probability keep_frac each, from the pipeline's own
+        generator, so every policy keeps the same), at most max_gen_batches; the first
+        `prompts` that pass are trained on.  Without it: one batch, every prompt."""
         ds, w = self.spec.dynamic_sampling, self.spec
         if ds is None:
-            return {}
-        n = len(smp.prompt_tokens) // w.group
-        passed = np.flatnonzero(self.rng.random(n) < ds.keep_frac)[: w.prompts]
-        return {"accepted": {p * w.group + k for p in passed.tolist() for k in range(w.group)}}
+            return 1, {}
+        passed = np.flatnonzero(self.rng.random(ds.max_gen_batches * w.prompts) < ds.keep_frac)
+        need = int(passed[w.prompts - 1]) + 1 if len(passed) >= w.prompts else ds.max_gen_batches * w.prompts
+        batches = math.ceil(need / w.prompts)
+        kept = passed[passed < batches * w.prompts][: w.prompts]
+        return batches, {"accepted": {p * w.group + k for p in kept.tolist() for k in range(w.group)}}
 
     def trained_samples(self) -> list[Request]:
         reqs = [q for wk in self.workers for q in wk.finished]
@@ -382,20 +387,7 @@ def _accepted(turn_tokens: list, wide_group: int, group: int, prompts: int) -> d
     return {"accepted": accepted, "left": {p: set(best[p]) for p in kept}}
 
 
-def _generated(w: WorkloadSpec) -> WorkloadSpec:
-    """What one step generates: with dynamic sampling, ⌈prompts / keep_frac⌉ prompts (at most
-    max_gen_batches batches) in one generation batch (verl DAPO's gen_batch_size)."""
-    ds = w.dynamic_sampling
-    if ds is None:
-        return w
-    from dataclasses import replace
-
-    return replace(w, prompts=min(ds.max_gen_batches * w.prompts, math.ceil(w.prompts / ds.keep_frac)))
-
-
 def _with_group(w: WorkloadSpec, group: int) -> WorkloadSpec:
-    from dataclasses import replace
-
     return replace(w, group=group)
 
 

@@ -133,6 +133,9 @@ class RolloutWorker:
         self.cost, self.mem_bytes, self.chunk = cost, mem_bytes, prefill_chunk
         self.blocking, self.max_new_tokens = blocking_tools, max_new_tokens
         self.deadline_s = deadline_s
+        self.unreported: list[Request] = []
+        """Requests finished since the pipeline last asked (`drain`): a segment cut short by an
+        interrupt or a migration finishes requests too."""
         """Trajectories still running then are cut where they are (a wall-clock limit)."""
         self.device_tokens = self.tokens_in(cost.device.mem_bytes)
         """KV tokens the whole device holds beside the weights and the reserve."""
@@ -286,6 +289,11 @@ class RolloutWorker:
         out.finished = self.done
         return out
 
+    def drain(self) -> list[Request]:
+        """Requests finished since the last call, for the pipeline's accounting."""
+        out, self.unreported = self.unreported, []
+        return out
+
     def _deadline(self) -> float:
         return np.inf if self.deadline_s is None else self.deadline_s
 
@@ -296,6 +304,7 @@ class RolloutWorker:
             r.appended, r.tool_s = r.appended[:r.turn], r.tool_s[:r.turn]
             self.finished.append(r)
             out.completed.append(r)
+            self.unreported.append(r)
         self.queue.clear()
         self.decoding, self.in_tool, self.barrier = [], [], []
 
@@ -422,6 +431,7 @@ class RolloutWorker:
         if r.turn + 1 == len(r.turns):
             self.finished.append(r)
             out.completed.append(r)
+            self.unreported.append(r)
             return
         r.turn, r.generated = r.turn + 1, 0
         added = int(r.appended[r.turn - 1])
