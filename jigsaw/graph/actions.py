@@ -128,8 +128,20 @@ class Context:
         if table is None:
             table = self._table[key] = {}
             for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
-                table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
+                if self._lasting(kind_a, kind_b, sm, mem):
+                    table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
         return table.get(round(sm_a, 9), [])
+
+    def _lasting(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> bool:
+        """A rollout moves through every rollout kind on the budget it was given (a running
+        engine cannot pause when its regime changes): a pair is only formed at a point where
+        every regime of each rollout side stays feasible beside the other."""
+        ka = _ROLLOUT_KINDS if kind_a in _ROLLOUT_KINDS else (kind_a,)
+        kb = _ROLLOUT_KINDS if kind_b in _ROLLOUT_KINDS else (kind_b,)
+        if len(ka) == len(kb) == 1:
+            return True
+        known = set(self.model.kinds)
+        return all(self.model.pair(x, y, sm_a, mem_a) is not None for x in ka for y in kb if x in known and y in known)
 
     def _min_slowdown(self) -> float:
         got = self._table.get("min_slowdown")
@@ -261,6 +273,9 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
     if ctx.bound_weight > 0.0:  # only the leaf's bound reads it
         ctx.pack = packing(P, S, ctx)
     return S
+
+
+_ROLLOUT_KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail")
 
 
 # ---------------------------------------------------------------- decisions

@@ -48,6 +48,8 @@ class _Builder:
     busy: dict[int, str] = field(default_factory=dict)
     assignments: list[Assignment] = field(default_factory=list)
     started: list[str] = field(default_factory=list)
+    kinds: dict[str, str] = field(default_factory=dict)
+    """Kind of every granted sub-stage (to check two that must share a device)."""
 
     def __post_init__(self) -> None:
         for ps in self.view.pipelines:
@@ -73,6 +75,7 @@ class _Builder:
         self.started.append(s.id)
 
     def _grant(self, ps: PipelineState, sid: str, d: int) -> None:
+        self.kinds[sid] = ps.graph[sid].kind.value
         self.assignments.append(Assignment(substage=sid, pipeline=ps.graph.pipeline, device=d, sm_frac=1.0,
                                            mem_bytes=self.view.node.mem_bytes, slowdown=1.0))
 
@@ -90,6 +93,11 @@ class _Builder:
         for a in self.assignments:
             count[a.device] = count.get(a.device, 0) + 1
         half = self.view.node.mem_bytes // 2
+        for d in {a.device for a in self.assignments if count[a.device] > 1}:
+            a, b = (self.kinds[x.substage] for x in self.assignments if x.device == d)
+            if self.view.model.shared(a, b, 0.5) is None:
+                raise ValueError(f"{a} and {b} of two pipelines must share device {d} (the placement puts both "
+                                 "there) and do not fit in half its memory each")
         return tuple(replace(a, mem_bytes=half) if count[a.device] > 1 else a for a in self.assignments)
 
 

@@ -127,7 +127,9 @@ def _balanced(P: Problem, S: State, ctx: act.Context, i: int) -> tuple[int, ...]
     slow = [S.split[(i, dd)].slowdown for dd in task.devices]
     if max(slow) <= min(slow):
         return None
-    return tuple(balance(round(task.batch_size), slow).batch_sizes)
+    sizes = balance(round(task.batch_size), slow).batch_sizes
+    # Every FSDP rank must run a micro-batch: too few samples to skew keep the even split.
+    return None if min(sizes) < 1 else tuple(sizes)
 
 
 def _migrations(P: Problem, S: State) -> tuple[Migration, ...]:

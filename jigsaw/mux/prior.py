@@ -175,7 +175,7 @@ def spec_dict(spec: ModelSpec) -> dict:
 
 
 # Values from the models' HF config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen3-4B,
-# meta-llama/Llama-3.1-8B, deepseek-ai/DeepSeek-R1-Distill-Qwen-14B, Qwen/Qwen3-32B,
+# meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, deepseek-ai/DeepSeek-R1-Distill-Qwen-14B, Qwen/Qwen3-32B,
 # Qwen/Qwen3-30B-A3B); `params` (and an MoE's `active_params`) from the model cards
 # (Qwen3-30B-A3B: 30.5B total, 3.3B activated).
 MODELS = {
@@ -195,6 +195,8 @@ MODELS = {
                                intermediate_size=6144, num_heads=32, num_kv_heads=4, head_dim=128, vocab=151936,
                                tie_word_embeddings=False, num_experts=128, experts_per_token=8,
                                moe_intermediate_size=768),
+    "llama-3.1-70b": ModelSpec(params=70.6e9, num_layers=80, hidden_size=8192, intermediate_size=28672,
+                               num_heads=64, num_kv_heads=8, head_dim=128, vocab=128256, tie_word_embeddings=False),
 }
 
 

@@ -54,6 +54,32 @@ class Physics:
                            pair_grid(self.device_name, self.keys[j], self.keys[i]), _unit(a), _unit(b))
 
 
+    def max_pack_efficiency(self) -> float:
+        """max over every pairing the node can have of 1/s_a + 1/s_b (the lower bound's packing)."""
+        if self.uniform:
+            return self.grid.max_pack_efficiency()
+        best = 1.0
+        keys = sorted(set(self.keys), key=repr)
+        for a in keys:
+            for b in keys:
+                if a == b and self.keys.count(a) < 2:
+                    continue
+                best = max(best, _pack(pair_grid(self.device_name, a, b), pair_grid(self.device_name, b, a)))
+        return best
+
+
+def _pack(ab: SlowdownGrid, ba: SlowdownGrid) -> float:
+    best = 1.0
+    for x in ab.kinds:
+        for y in ab.kinds:
+            for sm in ab.sm_levels[:-1]:
+                for mem in ab.mem_levels:
+                    got = pair_actual(ab, ba, (x, sm, mem), (y, 1.0 - sm, 1.0 - mem))
+                    if got is not None:
+                        best = max(best, 1.0 / got[0] + 1.0 / got[1])
+    return best
+
+
 def _unit(u: list) -> tuple[str, float, float]:
     kind, sm, mem = u
     return kind, 1.0 if sm >= 1.0 - LEVEL_TOL else sm, mem

@@ -15,6 +15,7 @@ same rollouts.  A device type is shared by the node: workloads must agree on it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -27,7 +28,7 @@ from jigsaw.mux.slowdown import SlowdownGrid
 from jigsaw.sim import workload
 from jigsaw.sim.deploy import Deployment, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
-from jigsaw.sim.physics import own_grid
+from jigsaw.sim.physics import Physics, own_grid
 from jigsaw.sim.pipeline import PipelineRun
 from jigsaw.trace import Trace
 
@@ -120,9 +121,10 @@ def pipelines(config: SimConfig) -> list[tuple[workload.WorkloadSpec, int, int |
     return sorted(out, key=lambda p: (p[0].name, p[1], p[2] or 0, p[3]))
 
 
-def build(config: SimConfig, only: int | None = None):
+def build(config: SimConfig, only: int | None = None, placed_as: str | None = None):
     """(runs, node, grid, policy) for a configuration; `only` keeps one pipeline (with its
-    own seed and placement as if alone, for the lower bound)."""
+    own seed and placement as if alone, for the lower bound), placed as policy `placed_as`
+    would place it alone (default: the configured policy)."""
     items = pipelines(config)
     devices = {s.device for s, *_ in items}
     if len(devices) > 1:
@@ -135,12 +137,18 @@ def build(config: SimConfig, only: int | None = None):
         raise ValueError(f"{gpus} GPUs do not split into scheduling devices of {per_device} (the largest rollout_tp)")
     pol = make(config.policy, config.sched)
     chosen = list(range(len(items))) if only is None else [only]
-    places = pol.placement(len(chosen), gpus // per_device)
+    try:
+        places = make(placed_as or config.policy).placement(len(chosen), gpus // per_device)
+    except ValueError as exc:
+        raise Infeasible(str(exc)) from exc
     device_name = items[0][0].device
     device = DEVICES[device_name]
     runs, keys = [], []
     for k, (i, (roll, train)) in enumerate(zip(chosen, places)):
         spec, tp, fsdp, offload = items[i]
+        if not roll or not train:
+            raise Infeasible(f"{pol.name}: its placement leaves {spec.name} no devices for rollout or training "
+                             f"on {gpus // per_device} scheduling devices of {per_device} GPUs")
         dep = Deployment(rollout_tp=tp, fsdp_degree=fsdp or len(train) * per_device, gpus_per_device=per_device,
                          offload=offload)
         prior_cfg = prior_config(spec, dep)
@@ -153,7 +161,11 @@ def build(config: SimConfig, only: int | None = None):
         runs.append(PipelineRun(k, spec, name=f"p{i}-{spec.name}", steps=config.steps, seed=config.seed * 1000 + i,
                                 cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch))
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
-    return runs, node, node_grid(device_name, keys), pol
+    try:
+        grid = node_grid(device_name, keys)
+    except ValueError as exc:  # a model whose weights or state do not fit a device at all
+        raise Infeasible(f"{pol.name}: {exc}") from exc
+    return runs, node, grid, pol
 
 
 def prior_config(spec: workload.WorkloadSpec, dep: Deployment) -> PriorConfig:
@@ -206,18 +218,44 @@ class LowerBound:
 
 
 def lower_bound(config: SimConfig) -> LowerBound:
-    """No policy can finish before this (the same samples, see the module docstring)."""
+    """No policy can finish before this (the same samples, see the module docstring).  A
+    pipeline alone is run on every placement a policy could give it (fewer GPUs can be faster:
+    FSDP within a node), and the fastest counts, and its least device-seconds."""
     alone, work = [], 0.0
     serial = replace(config, policy="serial", trace=False)
     for i in range(len(expand(config.workload))):
-        runs, node, grid_i, _ = build(serial, only=i)
-        NodeSim(runs, node, grid_i, make("serial"), trace=False).run()
-        alone.append(runs[0].metrics[-1].end_s)
-        work += runs[0].device_s
-    _, node, grid, _ = build(serial)
-    resource = work / (node.num_devices * max(1.0, grid.max_pack_efficiency()))
+        best_s = best_work = math.inf
+        for placed in _placements(serial):
+            try:
+                runs, node, grid_i, _ = build(serial, only=i, placed_as=placed)
+            except Infeasible:
+                continue
+            NodeSim(runs, node, grid_i, make("serial"), trace=False).run()
+            best_s, best_work = min(best_s, runs[0].metrics[-1].end_s), min(best_work, runs[0].device_s)
+        if math.isinf(best_s):
+            raise Infeasible(f"{expand(config.workload)[i]} cannot run alone on this node under any placement")
+        alone.append(best_s)
+        work += best_work
+    runs, node, grid, _ = build(serial)
+    physics = Physics(grid, runs[0].spec.device, [(r.spec.model, r.cost.config) for r in runs])
+    resource = work / (node.num_devices * max(1.0, physics.max_pack_efficiency()))
     cp = max(alone)
     return LowerBound(makespan_s=max(cp, resource), critical_path_s=cp, resource_s=resource, alone_s=tuple(alone))
+
+
+def _placements(config: SimConfig) -> list[str]:
+    """One policy per distinct way of placing a pipeline alone."""
+    from jigsaw.graph.policy import NAMES
+
+    items = pipelines(config)
+    devices = (config.gpus or max(s.gpus for s, *_ in items)) // max(tp for _, tp, _, _ in items)
+    seen: dict[tuple, str] = {}
+    for name in NAMES:
+        try:
+            seen.setdefault(tuple(make(name).placement(1, devices)), name)
+        except ValueError:
+            continue
+    return list(seen.values())
 
 
 def stage_shares(spec: workload.WorkloadSpec, gpus: int, steps: int, seed: int = 0) -> tuple[float, ...]:
