@@ -272,15 +272,18 @@ def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
 
     cost = StepCost(A100, "qwen3-4b")
     pool = cost.rollout_mem_bytes(200_000)
-    wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=cost, mem_bytes=pool)
+    wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=cost, mem_bytes=pool, max_new_tokens=200)
     wk.add([Request(rid=i, context=500, turns=[20 * (i + 1)], appended=[], tool_s=[]) for i in range(8)], 0.0)
     while wk.plan() is not None:
         wk.commit()
     cols = wk.columns()
-    floor = cost.weights_bytes() + cost.config.rollout_reserve_bytes
-    assert np.all(cols.mem_bytes >= floor) and np.all(cols.mem_bytes <= pool)
-    expected = floor + cols.kv_tokens_used * cost.kv_bytes_per_token()
-    assert np.allclose(cols.mem_bytes, expected, rtol=1e-6)
+    base = cost.weights_bytes() + cost.config.rollout_reserve_bytes
+    kv = cols.kv_tokens_used * cost.kv_bytes_per_token()
+    # what its KV needs, and never less than room for one request to reach the cap (500 + 200)
+    expected = base + np.maximum(kv, 700 * cost.kv_bytes_per_token())
+    busy = cols.kv_tokens_used > 700
+    assert busy.any() and np.allclose(cols.mem_bytes[busy], expected[busy], rtol=1e-6)
+    assert np.all(cols.mem_bytes >= base + 500 * cost.kv_bytes_per_token()) and np.all(cols.mem_bytes <= pool)
     assert cols.mem_bytes[-1] < cols.mem_bytes.max()  # the tail frees what finished requests held
     assert int(wk.need_bytes(10**9)) == pool
 

@@ -274,10 +274,6 @@ class MuxServe:
         if not fits:  # a worker back from a tool beside a gang: the best split the grid allows
             fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
                     if ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
-        if not fits and ka.kind.is_rollout and kb.kind.is_rollout:
-            # Two running engines whose pools do not both fit: each pool shrinks to its share
-            # (engines queue and retract); the grid prices the smaller pools.
-            fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value) if abs(o[0] - self.sm_frac) < 1e-9]
         if not fits:
             raise RuntimeError(f"muxserve: {a} and {b} do not fit together on device {d}")
         sm, mem, sa, sb = min(fits, key=lambda o: max(o[2], o[3]))

@@ -182,7 +182,7 @@ class RolloutWorker:
 
     def grant(self, mem_bytes: float) -> bool:
         """The plan's memory budget bounds the pool; whether the capacity changed."""
-        floor = max((r.final_context for r in self._active()), default=0)
+        floor = self.floor_tokens()
         cap = min(self.device_tokens, self.tokens_in(mem_bytes))
         self.undersized = cap < floor
         cap = max(cap, floor)
@@ -521,11 +521,21 @@ class RolloutWorker:
     def need_bytes(self, kv_tokens) -> np.ndarray:
         """Memory the engine needs to hold `kv_tokens` of KV cache: weights, that KV and the
         reserve, at most its pool (what a memory budget must leave it; less KV is a smaller
-        batch, which the slowdown grid's memory axis prices)."""
+        batch, which the slowdown grid's memory axis prices), and never less than room for the
+        largest response it runs to finish (`floor_tokens`)."""
         c = self.cost
-        kv = np.asarray(kv_tokens, dtype=float) * c.kv_bytes_per_token()
+        floor = self.floor_tokens()
+        kv = np.maximum(np.asarray(kv_tokens, dtype=float), floor) * c.kv_bytes_per_token()
         need = c.weights_bytes() + kv + c.config.rollout_reserve_bytes
-        return np.minimum(need, self.mem_bytes).astype(np.int64)
+        top = max(self.mem_bytes, c.weights_bytes() + floor * c.kv_bytes_per_token() + c.config.rollout_reserve_bytes)
+        return np.minimum(need, top).astype(np.int64)
+
+    def floor_tokens(self) -> int:
+        """KV the largest running request may still need to finish: its context, what the cap
+        lets it generate, the tool output still to come (SGLang fails a request that cannot
+        fit alone; retraction makes room for everything else)."""
+        return min(self.device_tokens, max((r.context + max(0, self.max_new_tokens - r.output_tokens)
+                                            + sum(r.appended[r.turn:]) for r in self._active()), default=0))
 
     def held_kv_tokens(self) -> int:
         """KV the engine holds now: every request it has started, waiting on a tool or not."""
