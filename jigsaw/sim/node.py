@@ -8,12 +8,14 @@
     after all events at one time, if anything changed:
         NodeState.decide()  (graph/node.py: the daemon's view, policy and applier)
         ─► admitted: workers and gangs start; migrations move requests; budgets from the
-           node state ─► actual slowdowns from the grid for what really shares a device
-           ─► workers re-timed (interrupt), gangs re-rated; invariants checked
+           node state ─► each worker's KV pool follows its memory budget ─► actual slowdowns
+           (physics.py) for what really shares a device ─► workers re-timed (interrupt),
+           gangs re-rated; requests an interrupt finished are counted; invariants checked
     every grant, release, migration and finished step goes to the Trace
 
-The simulator is the ground truth: slowdowns come from the grid for what really runs
-side by side, not from the plan's predictions.
+The simulator is the ground truth: slowdowns come from each model's own prior for what
+really runs side by side, not from the plan's predictions.  A deployment no engine could run
+(a response larger than a device's KV) or a plan a policy cannot make raises Infeasible.
 """
 
 from __future__ import annotations

@@ -15,18 +15,7 @@
 A migration takes requests out (`take`) and puts them into another worker (`add`),
 which prefills their whole context again: the KV recompute the paper charges.
 
-The KV pool is bounded like an engine's (SGLang's scheduler, vLLM's recompute preemption):
-    capacity = (granted memory − weights − reserve) / KV bytes per token
-    admission  a queued request is prefilled only if its context, plus a reserve for what the
-               running requests may still generate (SGLang's new_token_ratio), fits; else it
-               waits (head of line, first come first served)
-    tool waits their KV stays cached (radix cache) but is evicted first when room is needed;
-               they prefill their whole context again when they come back
-    decode     a segment ends where the pool is full; then requests are retracted (SGLang
-               `retract_decode`: fewest generated tokens first) until the rest can run
-               RETRACT_DECODE_STEPS more steps; a retracted request keeps what it generated
-               and recomputes its whole context when re-admitted
-A pool that cannot hold one whole response raises DoesNotFit: no engine could run it.
+Its KV pool (kvpool.py) is bounded by its memory grant, like an engine's.
 """
 
 from __future__ import annotations
@@ -41,19 +30,7 @@ from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.steps import StepColumns, kind_of_bucket
 from jigsaw.graph.substage import Stage, StepRecord, SubStageKind
 from jigsaw.mux.costmodel import StepCost
-
-NEW_TOKEN_RATIO = 0.1
-"""Share of its remaining generation budget a running request is expected to still use,
-reserved at admission: SGLang's floor (it starts at 0.7 and decays to 0.1 within a few
-hundred decode steps while nothing is retracted; a rollout runs thousands)."""
-CLIP_MAX_NEW_TOKENS = 4096
-"""SGLang caps the per-request reserve at this many tokens (CLIP_MAX_NEW_TOKENS)."""
-RETRACT_DECODE_STEPS = 20
-"""After a retraction the batch must fit this many more steps (SGLang retract_decode_steps)."""
-
-
-class DoesNotFit(ValueError):
-    """The rollout's KV pool cannot hold one whole response: the deployment cannot run."""
+from jigsaw.sim.kvpool import DoesNotFit, KVPool
 
 
 @dataclass(slots=True)
@@ -123,7 +100,7 @@ class Outcome:
     completed: list[Request] = field(default_factory=list)
 
 
-class RolloutWorker:
+class RolloutWorker(KVPool):
     """One DP worker's engine for one RL step."""
 
     def __init__(self, *, pipeline: str, step: int, rank: int, cost: StepCost, mem_bytes: int,
@@ -174,20 +151,6 @@ class RolloutWorker:
             r.pending = r.context
             self.queue.append(r)
         self.t = max(self.t, t)
-
-    def tokens_in(self, mem_bytes: float) -> int:
-        """KV tokens that fit beside the weights and the reserve in `mem_bytes`."""
-        c = self.cost
-        return max(0, int((mem_bytes - c.weights_bytes() - c.config.rollout_reserve_bytes) // c.kv_bytes_per_token()))
-
-    def grant(self, mem_bytes: float) -> bool:
-        """The plan's memory budget bounds the pool; whether the capacity changed."""
-        floor = self.floor_tokens()
-        cap = min(self.device_tokens, self.tokens_in(mem_bytes))
-        self.undersized = cap < floor
-        cap = max(cap, floor)
-        changed, self.cap_tokens = cap != self.cap_tokens, cap
-        return changed
 
     def take(self, rids: set[int]) -> list[Request]:
         """Abort these requests here and hand them over with what they generated so far."""
@@ -325,77 +288,6 @@ class RolloutWorker:
         self.t = max(self.t, t)
         return self.plan()
 
-    # ------------------------------------------------------------ KV pool
-
-    def _locked(self) -> int:
-        return sum(r.context - r.pending for r in [*self.queue, *self.decoding])
-
-    def _cached(self) -> int:
-        return sum(r.context - r.pending for r in [*self.in_tool, *self.barrier])
-
-    def _reserve(self) -> float:
-        return NEW_TOKEN_RATIO * sum(min(self.max_new_tokens - r.output_tokens, CLIP_MAX_NEW_TOKENS)
-                                     for r in self.decoding)
-
-    def _admit(self) -> list[tuple[Request, int]]:
-        """The next prefill chunk: queued requests in order while their KV fits (module docstring)."""
-        free = self.cap_tokens - self._locked() - self._cached() - self._reserve()
-        budget, batch = self.chunk, []
-        for r in self.queue:
-            if budget <= 0:
-                break
-            n = min(r.pending, budget)
-            started = r.pending < r.context and r.turn == 0 and r.generated == 0
-            need = n if started else r.pending + NEW_TOKEN_RATIO * min(
-                self.max_new_tokens - r.output_tokens, CLIP_MAX_NEW_TOKENS)
-            if need > free:
-                free += self._evict(need - free)
-            if need > free and (batch or self.decoding or self._locked()):
-                break  # head of line waits for decoding requests to free their KV
-            batch.append((r, n))
-            budget, free = budget - n, free - need
-        return batch
-
-    def _evict(self, tokens: float) -> int:
-        """Drop cached KV of requests waiting on tools (they recompute it when back)."""
-        freed = 0
-        for r in [*self.in_tool, *self.barrier]:
-            if freed >= tokens:
-                break
-            held = r.context - r.pending
-            if held > 0:
-                r.pending, freed = r.context, freed + held
-                self.retracted += 1
-        return freed
-
-    def _room_for(self, batch: int) -> int:
-        """KV tokens free for decoding `batch` requests, after evicting and retracting if needed."""
-        room = self.cap_tokens - self._locked() - self._cached()
-        if room < batch:
-            room += self._evict(batch - room)
-        if room < batch:
-            self._retract()
-            room = self.cap_tokens - self._locked() - self._cached()
-        return room
-
-    def _retract(self) -> None:
-        """SGLang's retract_decode: partial prefills, then the fewest generated tokens first,
-        until the rest can decode RETRACT_DECODE_STEPS more steps (one always stays)."""
-        victims = [r for r in self.queue if r.pending < r.context]
-        victims += sorted(self.decoding, key=lambda r: (r.output_tokens, -r.context))
-        for r in victims:
-            if len(self.decoding) <= 1 and r in self.decoding:
-                break
-            if self.cap_tokens - self._locked() - self._cached() >= RETRACT_DECODE_STEPS * len(self.decoding):
-                break
-            if r in self.decoding:
-                self.decoding.remove(r)
-            else:
-                self.queue.remove(r)
-            r.pending = r.context
-            self.queue.appendleft(r)  # the oldest requests come back first
-            self.retracted += 1
-
     # ------------------------------------------------------------ committing
 
     def _commit_prefill(self, seg: _Segment, n: int, out: Outcome) -> None:
@@ -517,29 +409,6 @@ class RolloutWorker:
             "flops": np.full(n, self.cost.flops_per_token * (prefill + decode)),
             "slowdown": np.full(n, self.s),
         })
-
-    def need_bytes(self, kv_tokens) -> np.ndarray:
-        """Memory the engine needs to hold `kv_tokens` of KV cache: weights, that KV and the
-        reserve, at most its pool (what a memory budget must leave it; less KV is a smaller
-        batch, which the slowdown grid's memory axis prices), and never less than room for the
-        largest response it runs to finish (`floor_tokens`)."""
-        c = self.cost
-        floor = self.floor_tokens()
-        kv = np.maximum(np.asarray(kv_tokens, dtype=float), floor) * c.kv_bytes_per_token()
-        need = c.weights_bytes() + kv + c.config.rollout_reserve_bytes
-        top = max(self.mem_bytes, c.weights_bytes() + floor * c.kv_bytes_per_token() + c.config.rollout_reserve_bytes)
-        return np.minimum(need, top).astype(np.int64)
-
-    def floor_tokens(self) -> int:
-        """KV the largest running request may still need to finish: its context, what the cap
-        lets it generate, the tool output still to come (SGLang fails a request that cannot
-        fit alone; retraction makes room for everything else)."""
-        return min(self.device_tokens, max((r.context + max(0, self.max_new_tokens - r.output_tokens)
-                                            + sum(r.appended[r.turn:]) for r in self._active()), default=0))
-
-    def held_kv_tokens(self) -> int:
-        """KV the engine holds now: every request it has started, waiting on a tool or not."""
-        return int(sum(r.context - r.pending for r in [*self.queue, *self.decoding, *self.in_tool, *self.barrier]))
 
     def columns(self) -> StepColumns | None:
         if not self._cols:
