@@ -146,6 +146,8 @@ class NodeSim:
         if ev.kind == "gang":
             self._gang_end(run)
             return True
+        if ev.kind == "wake":  # a worker asked for a new sub-stage outside its own event
+            return True
         raise ValueError(f"unknown event kind {ev.kind!r}")
 
     def _begin_step(self, run: PipelineRun, t: float) -> None:
@@ -389,7 +391,10 @@ class NodeSim:
         if abort:
             self._abort(run, abort)
         for rank in ranks:
+            was = self.live.get((run.index, rank))
             report.sync_worker(run, rank, self.t, self.live)
+            if self.live.get((run.index, rank)) != was:  # a new regime asks now: decide again
+                self.push(self.t, Priority.SEGMENT, "wake", run.index, rank)
         if run.stage == ROLLOUT and run.rollout_done():
             self._end_rollout(run)
     def _grant_pool(self, s: _Slot, t: float) -> bool:
