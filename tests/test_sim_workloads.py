@@ -174,3 +174,12 @@ def test_violations_are_printed_and_make_the_exit_code_nonzero(capsys):
     bad = replace(res, violations=("t=1.000: x runs on device 0 without a grant",))
     assert _violations({"serial": res, "jigsaw": bad}, log) is True
     assert "jigsaw: 1 violation(s), first: t=1.000: x runs on device 0 without a grant" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", ["greedy", "jigsaw"])
+def test_an_engine_whose_regime_changes_is_placed_by_what_it_holds(policy):
+    # Two long-CoT pipelines: a worker's prefill ends into its tail beside the other's tail.
+    # Planned with its history's peak memory (the whole batch's KV) the two tails did not fit
+    # together, the tail was left waiting and ran without a budget (violations).
+    res = simulate(SimConfig(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy=policy, trace=False))
+    assert not res.violations, res.violations[:3]

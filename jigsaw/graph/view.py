@@ -259,7 +259,10 @@ def _live_node(p: LivePipeline, f: Waiting | Running, at: SubStage | None) -> Su
     else:
         node = at if at.id == f.sid and at.duration_s == expected else \
             replace(at, id=f.sid, kind=f.kind, duration_s=expected)
-        if f.need_bytes > node.mem_bytes:
+        running_engine = isinstance(f, Waiting) and f.urgent and f.kind.is_rollout and f.need_bytes > 0
+        if f.need_bytes > node.mem_bytes or running_engine:
+            # A running engine whose regime changed holds what it reports, not its history's peak
+            # (its pool follows the budget it is given).
             node = replace(node, mem_bytes=f.need_bytes)
     if f.batch_size > 0 and node.batch_size != f.batch_size:
         node = replace(node, batch_size=f.batch_size)
