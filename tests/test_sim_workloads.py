@@ -183,3 +183,22 @@ def test_an_engine_whose_regime_changes_is_placed_by_what_it_holds(policy):
     # together, the tail was left waiting and ran without a budget (violations).
     res = simulate(SimConfig(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy=policy, trace=False))
     assert not res.violations, res.violations[:3]
+
+
+def test_the_physics_price_each_side_by_its_own_model_not_the_planning_mix():
+    from jigsaw.mux.prior import A100
+    from jigsaw.mux.prior_mix import analytic_pair_prior, pair_actual
+    from jigsaw.sim.physics import Physics
+
+    runs, _, grid, _ = build(SimConfig(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=1,
+                                       policy="serial", trace=False))
+    keys = [(r.spec.model, r.cost.config) for r in runs]
+    physics = Physics(grid, "a100", keys)
+    small, big = (0, 1) if runs[0].spec.model == "qwen3-4b" else (1, 0)
+    units = [(small, "rollout_decode", 0.5, 0.4), (big, "rollout_decode", 0.5, 0.6)]
+    want = pair_actual(analytic_pair_prior(A100, keys[small], keys[big]),
+                       analytic_pair_prior(A100, keys[big], keys[small]), units[0][1:], units[1][1:])
+    got = physics.actual(units)
+    assert want is not None and got == pytest.approx(want)
+    planned = grid.actual(units[0][1:], units[1][1:])  # the mix is never more optimistic than the truth
+    assert planned is None or (planned[0] >= got[0] - 1e-9 and planned[1] >= got[1] - 1e-9 and planned != got)

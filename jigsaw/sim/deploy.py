@@ -1,6 +1,6 @@
 """How one simulated pipeline is deployed on the node's scheduling devices.
 
-    WorkloadSpec (+ per-pipeline flags) ─► Deployment: rollout_tp, fsdp_degree, offload
+    WorkloadSpec (+ per-pipeline flags) ─► Parallelism: rollout_tp, fsdp_degree, offload
         ─► PriorConfig ─► StepCost of ONE engine (tp GPUs) ─► Replicas(cost, n)
     a scheduling device is one group of `gpus_per_device` GPUs (the largest TP of the node);
     a pipeline with a smaller TP runs n = gpus_per_device / tp engines on it, which the
@@ -21,8 +21,8 @@ from jigsaw.mux.costmodel import DecodeCoeffs, StepCost
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Deployment:
-    """Parallelism of one pipeline on the node."""
+class Parallelism:
+    """Parallelism of one pipeline on the node (prior_mix.Deployment is the (model, PriorConfig) pair)."""
 
     rollout_tp: int
     """GPUs per rollout engine (tensor parallelism)."""

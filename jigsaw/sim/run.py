@@ -2,7 +2,7 @@
 
     SimConfig ─► pipelines(): workloads (sim/workload.py) + per-pipeline TP / FSDP / offload
               flags, in a canonical order (the listing order never changes a result)
-              ─► placement (policy) ─► Deployment ─► PipelineRun × K (sim/deploy.py costs)
+              ─► placement (policy) ─► Parallelism ─► PipelineRun × K (sim/deploy.py costs)
               ─► node grid: the pipelines' own analytic prior, or the mix prior of several
               ─► NodeSim(runs, node, grid, policy).run() ─► SimResult (physics: each side
                  of a pair priced by its own model, sim/physics.py)
@@ -26,7 +26,7 @@ from jigsaw.mux.costmodel import StepCost
 from jigsaw.mux.prior import DEVICES, PriorConfig
 from jigsaw.mux.slowdown import SlowdownGrid
 from jigsaw.sim import workload
-from jigsaw.sim.deploy import Deployment, Replicas
+from jigsaw.sim.deploy import Parallelism, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
 from jigsaw.sim.physics import Physics, own_grid
 from jigsaw.sim.pipeline import PipelineRun
@@ -149,7 +149,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
         if not roll or not train:
             raise Infeasible(f"{pol.name}: its placement leaves {spec.name} no devices for rollout or training "
                              f"on {gpus // per_device} scheduling devices of {per_device} GPUs")
-        dep = Deployment(rollout_tp=tp, fsdp_degree=fsdp or len(train) * per_device, gpus_per_device=per_device,
+        dep = Parallelism(rollout_tp=tp, fsdp_degree=fsdp or len(train) * per_device, gpus_per_device=per_device,
                          offload=offload)
         prior_cfg = prior_config(spec, dep)
         keys.append((spec.model, prior_cfg))
@@ -168,7 +168,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
     return runs, node, grid, pol
 
 
-def prior_config(spec: workload.WorkloadSpec, dep: Deployment) -> PriorConfig:
+def prior_config(spec: workload.WorkloadSpec, dep: Parallelism) -> PriorConfig:
     return PriorConfig(rollout_tp=dep.rollout_tp, fsdp_degree=dep.fsdp_degree,
                        train_forward_passes=4.0 if spec.gradient_checkpointing else 3.0, offload=dep.offload)
 
