@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jigsaw.graph.policy import NAMES
@@ -91,8 +91,22 @@ def _check(result, bound) -> None:
     assert result.makespan_s >= bound.makespan_s * (1 - 1e-9)
 
 
+def _long_tool_node() -> tuple[list[dict], int]:
+    """Found at 100 examples: a worker re-enters its tail before its first tool wait (tail/1
+    then tool/0), the prediction has tail/1 after tool/0, so tool/1 was taken as ready while
+    tool/0 ran; its hold filled the device and the other pipeline's urgent tail ran ungranted."""
+    one = {"model": "qwen3-0.6b", "device": "h100", "gpus": 8, "rollout_tp": 1, "offload": "none", "prompts": 16,
+           "group": 8, "prompt_tokens": 60.0, "prompt_sigma": 0.3, "mini_batch_prompts": 4, "micro_batch_seqs": 4,
+           "logprob_micro_batch_seqs": 8, "gradient_checkpointing": True, "reward_s_per_sample": 0.0005,
+           "lengths": {"median_tokens": 16384.0, "prompt_sigma": 0.4, "response_sigma": 0.6, "max_tokens": 32768},
+           "turns": {"probs": [1 / 3] * 3, "context_tokens": 200, "context_sigma": 0.3},
+           "tool": {"latency_s": 30.0, "latency_sigma": 0.5, "blocking": True}}
+    return [one, {**one, "mini_batch_prompts": 16}], 8
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@example(node=_long_tool_node())
 @given(node=nodes())
 def test_every_policy_runs_or_says_why_on_any_drawn_node(node, tmp_path_factory):
     pipes, gpus = node

@@ -155,8 +155,12 @@ def _current(p, base, live, anchors, started):
         placed = {sid for sid in (*p.finished, *live) if sid in base} | places
         done |= (_finished_ancestors(p, base) | _ancestors(base, placed - set(p.finished))) - set(live) - kept
         done |= places
-        # a worker back in an earlier regime runs the rest of its predicted chain again
-        done -= {s for a in places for s in _chain_after(base, a)}
+        # A worker runs the rest of its predicted chain after the piece it is in now: back in
+        # an earlier regime, or in a piece whose id the base has at another place (a tail
+        # re-entered before its first tool wait finishes tail/1 before tool/0; the base's
+        # tail/1 comes after tool/0 and is still to run, and so is the tool wait after it).
+        now = places | {sid for sid in live if sid in base}
+        done -= {s for a in now for s in _chain_after(base, a)}
         if p.ended:  # a worker out of requests will run nothing more of its predicted rollout
             done |= {s.id for s in base if s.dp_rank in p.ended and s.id not in live
                      and (s.kind.is_rollout or s.kind is SubStageKind.TOOL)}
@@ -259,10 +263,10 @@ def _live_node(p: LivePipeline, f: Waiting | Running, at: SubStage | None) -> Su
     else:
         node = at if at.id == f.sid and at.duration_s == expected else \
             replace(at, id=f.sid, kind=f.kind, duration_s=expected)
-        running_engine = isinstance(f, Waiting) and f.urgent and f.kind.is_rollout and f.need_bytes > 0
+        running_engine = f.kind.is_rollout and f.need_bytes > 0 and (isinstance(f, Running) or f.urgent)
         if f.need_bytes > node.mem_bytes or running_engine:
-            # A running engine whose regime changed holds what it reports, not its history's peak
-            # (its pool follows the budget it is given).
+            # A running engine (or one whose regime changed) holds what it reports, not its
+            # history's peak: its pool follows the budget it is given.
             node = replace(node, mem_bytes=f.need_bytes)
     if f.batch_size > 0 and node.batch_size != f.batch_size:
         node = replace(node, batch_size=f.batch_size)
