@@ -191,3 +191,28 @@ def test_mix_prior_is_the_entrywise_max_of_the_pair_priors():
     # It is strictly more pessimistic than the 0.6B's own grid somewhere: the 4B is a heavier neighbour.
     small = analytic_prior(H100, *SMALL)
     assert (_table(mix, "rollout_tail", "training") > _table(small, "rollout_tail", "training") + 0.05).any()
+
+
+# --- the pair views the scheduler and the physics share (jigsaw.mux.pairing) ---------------------
+
+
+def test_pair_view_answers_as_pair_actual_and_as_the_own_prior_for_one_model(views):
+    from jigsaw.mux.pairing import PairGrids, PairView
+
+    ab, ba = views
+    view = PairView(ab, ba)
+    opts = view.pair_options("rollout_decode", "training")
+    assert opts  # the small decode fits beside the big training somewhere
+    for sm, mem, sa, sb in opts:
+        assert (sa, sb) == pair_actual(ab, ba, ("rollout_decode", sm, mem), ("training", 1.0 - sm, 1.0 - mem))
+    assert view.actual(("rollout_decode", 1.0, 0.5), ("training", 1.0, 0.5)) == \
+        pair_actual(ab, ba, ("rollout_decode", 1.0, 0.5), ("training", 1.0, 0.5))
+    # Options where only the mix is infeasible are kept: the mix has fewer points.
+    mix = mix_prior(H100, [SMALL, BIG])
+    assert len(mix.pair_options("rollout_decode", "training")) <= len(opts)
+    with pytest.raises(ValueError, match="not the two views"):
+        PairView(ab, ab)
+    grids = PairGrids(H100, {"p0": SMALL, "p1": BIG, "p2": SMALL})
+    assert grids.between("p0", "p2") == analytic_prior(H100, *SMALL)  # one model: its own prior
+    assert grids.between("p0", "p1").ab == ab and grids.between("p1", "p0").ab == ba
+    assert grids.deployment_class("p0") == grids.deployment_class("p2") != grids.deployment_class("p1")

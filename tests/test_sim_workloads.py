@@ -185,15 +185,25 @@ def test_an_engine_whose_regime_changes_is_placed_by_what_it_holds(policy):
     assert not res.violations, res.violations[:3]
 
 
+@pytest.mark.parametrize("policy", ["greedy", "jigsaw"])
+def test_a_running_engine_beside_a_new_one_is_planned_by_what_it_holds(policy):
+    # A small model's prefill ends into its tail beside the long-CoT tail that keeps running.
+    # Planned with the running tail's history peak the new tail found no split beside it
+    # ("no grid split fits beside the partner") and ran without a budget (38 violations).
+    res = simulate(SimConfig(workload=("qwen3-4b-longcot-empirical", "qwen3-0.6b-math"), steps=2, policy=policy,
+                             trace=False))
+    assert not res.violations, res.violations[:3]
+
+
 def test_the_physics_price_each_side_by_its_own_model_not_the_planning_mix():
     from jigsaw.mux.prior import A100
     from jigsaw.mux.prior_mix import analytic_pair_prior, pair_actual
-    from jigsaw.sim.physics import Physics
+    from jigsaw.sim.physics import Physics, pair_grids
 
     runs, _, grid, _ = build(SimConfig(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=1,
                                        policy="serial", trace=False))
     keys = [(r.spec.model, r.cost.config) for r in runs]
-    physics = Physics(grid, "a100", keys)
+    physics = Physics(grid, pair_grids(runs), [r.name for r in runs])
     small, big = (0, 1) if runs[0].spec.model == "qwen3-4b" else (1, 0)
     units = [(small, "rollout_decode", 0.5, 0.4), (big, "rollout_decode", 0.5, 0.6)]
     want = pair_actual(analytic_pair_prior(A100, keys[small], keys[big]),
@@ -202,3 +212,34 @@ def test_the_physics_price_each_side_by_its_own_model_not_the_planning_mix():
     assert want is not None and got == pytest.approx(want)
     planned = grid.actual(units[0][1:], units[1][1:])  # the mix is never more optimistic than the truth
     assert planned is None or (planned[0] >= got[0] - 1e-9 and planned[1] >= got[1] - 1e-9 and planned != got)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "jigsaw"])
+def test_a_mixed_pair_is_planned_with_its_own_models_not_the_mix(policy):
+    # The plan's predicted slowdown of every co-located pair of two models is the exact pair
+    # view's (each side its own model), the one the physics charges; the mix prior (the worst
+    # pairing, entrywise) differs on them, so a scheduler planning with it fails this.
+    from jigsaw.graph.ids import SubStageId
+    from jigsaw.sim.node import NodeSim
+
+    runs, node, grid, pol = build(SimConfig(workload=("qwen3-4b-longcot-empirical", "qwen3-0.6b-math"), steps=1,
+                                            policy=policy, trace=False))
+    plans = []
+    plan = pol.plan
+    pol.plan = lambda view: plans.append(plan(view)) or plans[-1]
+    sim = NodeSim(runs, node, grid, pol, trace=False)
+    sim.run()
+    assert not sim.violations, sim.violations[:3]
+    pairs, checked, off_mix = sim.state.pairs, 0, 0
+    for p in plans:
+        by_device: dict[int, list] = {}
+        for a in p.assignments:
+            by_device.setdefault(a.device, []).append(a)
+        for a, b in (v for v in by_device.values() if len(v) == 2 and v[0].pipeline != v[1].pipeline):
+            ka, kb = SubStageId.parse(a.substage).kind.value, SubStageId.parse(b.substage).kind.value
+            mem = a.mem_bytes / node.mem_bytes
+            exact = pairs.between(a.pipeline, b.pipeline).pair(ka, kb, a.sm_frac, mem)
+            assert exact is not None and (a.slowdown, b.slowdown) == pytest.approx(exact, rel=1e-6)
+            checked += 1
+            off_mix += grid.pair(ka, kb, a.sm_frac, mem) != pytest.approx(exact, rel=1e-6)
+    assert checked > 0 and off_mix > 0, (checked, off_mix)

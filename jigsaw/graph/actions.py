@@ -96,10 +96,10 @@ class Context:
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
                  "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
-                 "bound_weight", "min_slowdown", "pack", "solo")
+                 "bound_weight", "min_slowdown", "pack", "solo", "_pairs", "_names", "_cls")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
-                 pipelines: Sequence[PipelineState] = ()):
+                 pipelines: Sequence[PipelineState] = (), pairs=None):
         self.config, self.balanced, self.model = config, config.balance, model
         self.mem_bytes, self.sm_budgets_frac = node.mem_bytes, config.budgets(model)
         self.min_pack_efficiency = config.min_pack_efficiency
@@ -112,7 +112,10 @@ class Context:
         self.multi_turn = tuple(ps.multi_turn for ps in pipelines)
         self.peak_flops = model.device.peak_flops
         self.start_beside = {b: Option(Verb.START, b) for b in self.sm_budgets_frac}
-        self._table = cache.tables_for(model)
+        self._table = cache.tables_for(model, pairs)
+        self._pairs, self._names = pairs, tuple(ps.graph.pipeline for ps in pipelines)
+        # Per pipeline, its deployment class in `pairs` (None: priced by `model`).
+        self._cls = tuple(None if pairs is None else pairs.deployment_class(n) for n in self._names)
         self._feasible: dict[tuple, list] = {}
         self._merge_configs: dict[tuple[float, float], MergeConfig] = {}
         self.solo = self._solo()
@@ -121,18 +124,26 @@ class Context:
         if missing:
             raise ValueError(f"SM budgets {missing} are not levels of the slowdown grid {model.sm_levels}")
 
-    def splits(self, kind_a: str, kind_b: str, sm_a: float) -> list[PairPoint]:
-        """Feasible grid points for A at SM share sm_a beside B."""
-        key = (kind_a, kind_b)
+    def _grid(self, pa: int, pb: int) -> tuple[object, tuple[int, int] | None]:
+        """The grid pricing pipeline pa's sub-stage beside pb's, and its tag in the tables
+        (None: the node grid, for everything when the pipelines run one model)."""
+        if self._pairs is None or pa < 0 or pb < 0 or self._cls[pa] is None or self._cls[pb] is None:
+            return self.model, None
+        return self._pairs.between(self._names[pa], self._names[pb]), (self._cls[pa], self._cls[pb])
+
+    def splits(self, kind_a: str, kind_b: str, sm_a: float, pa: int = -1, pb: int = -1) -> list[PairPoint]:
+        """Feasible grid points for A (of pipeline pa) at SM share sm_a beside B (of pb)."""
+        grid, tag = self._grid(pa, pb)
+        key = (kind_a, kind_b, tag)
         table = self._table.get(key)
         if table is None:
             table = self._table[key] = {}
-            for sm, mem, sa, sb in self.model.pair_options(kind_a, kind_b):
-                if self._lasting(kind_a, kind_b, sm, mem):
+            for sm, mem, sa, sb in grid.pair_options(kind_a, kind_b):
+                if self._lasting(grid, kind_a, kind_b, sm, mem):
                     table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
         return table.get(round(sm_a, 9), [])
 
-    def _lasting(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> bool:
+    def _lasting(self, grid, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> bool:
         """A rollout moves through every rollout kind on the budget it was given (a running
         engine cannot pause when its regime changes): a pair is only formed at a point where
         every regime of each rollout side stays feasible beside the other."""
@@ -140,15 +151,22 @@ class Context:
         kb = _ROLLOUT_KINDS if kind_b in _ROLLOUT_KINDS else (kind_b,)
         if len(ka) == len(kb) == 1:
             return True
-        known = set(self.model.kinds)
-        return all(self.model.pair(x, y, sm_a, mem_a) is not None for x in ka for y in kb if x in known and y in known)
+        known = set(grid.kinds)
+        return all(grid.pair(x, y, sm_a, mem_a) is not None for x in ka for y in kb if x in known and y in known)
+
+    def _grids(self) -> list:
+        """Every grid a pair of this call's pipelines is priced by (bounds take the best)."""
+        if self._pairs is None or None in self._cls:
+            return [self.model]
+        first = {c: n for n, c in zip(self._names, self._cls)}
+        return [self._pairs.between(first[a], first[b]) for a in sorted(first) for b in sorted(first)]
 
     def _min_slowdown(self) -> float:
         got = self._table.get("min_slowdown")
         if got is None:
-            m = self.model
             got = self._table["min_slowdown"] = min(
-                [1.0] + [v for a in m.kinds for b in m.kinds for _, _, x, y in m.pair_options(a, b) for v in (x, y)]
+                [1.0] + [v for m in self._grids() for a in m.kinds for b in m.kinds
+                         for _, _, x, y in m.pair_options(a, b) for v in (x, y)]
                 + [s.slowdown for s in self.solo.values()])
         return got
 
@@ -176,7 +194,7 @@ class Context:
         if got is None:
             (ka, gang_a), (kb, gang_b) = a, b
             got = self._table[key] = max([1.0] + [(1.0 if gang_a else 1 / x) + (1.0 if gang_b else 1 / y)
-                                                  for _, _, x, y in self.model.pair_options(ka, kb)])
+                                                  for m in self._grids() for _, _, x, y in m.pair_options(ka, kb)])
         return got
 
     def continuations(self, P: Problem, h: int, d: int) -> tuple[int, ...]:
@@ -222,24 +240,27 @@ class Context:
             self._merge_configs[key] = cfg
         return cfg
 
-    def complementary(self, kind_a: str, kind_b: str) -> bool:
-        """Do these kinds pack well enough to share a device (SchedulerConfig.min_pack_efficiency)?"""
+    def complementary(self, kind_a: str, kind_b: str, pa: int = -1, pb: int = -1) -> bool:
+        """Do these kinds (of pipelines pa, pb) pack well enough to share a device
+        (SchedulerConfig.min_pack_efficiency)?"""
         if self.min_pack_efficiency <= 1.0:
             return True
-        key = ("eta", kind_a, kind_b)
+        grid, tag = self._grid(pa, pb)
+        key = ("eta", kind_a, kind_b, tag)
         eta = self._table.get(key)
         if eta is None:
-            eta = self._table[key] = max((1 / sa + 1 / sb for _, _, sa, sb in self.model.pair_options(kind_a, kind_b)),
+            eta = self._table[key] = max((1 / sa + 1 / sb for _, _, sa, sb in grid.pair_options(kind_a, kind_b)),
                                          default=0.0)
         return eta >= self.min_pack_efficiency
 
-    def grid_pair(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> tuple[float, float] | None:
+    def grid_pair(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float,
+                  pa: int = -1, pb: int = -1) -> tuple[float, float] | None:
         """(s_a, s_b) of a running pair: a table hit for grid budgets (all the scheduler
         grants), interpolation otherwise (budgets set by someone else)."""
-        for mem, sa, sb in self.splits(kind_a, kind_b, sm_a):
+        for mem, sa, sb in self.splits(kind_a, kind_b, sm_a, pa, pb):
             if abs(mem - mem_a) < 1e-9:
                 return sa, sb
-        return self.model.pair(kind_a, kind_b, sm_a, mem_a)
+        return self._grid(pa, pb)[0].pair(kind_a, kind_b, sm_a, mem_a)
 
     def feasible(self, P: Problem, x: int, y: int, sm_x: float) -> list[PairPoint]:
         """Grid splits at which task x (share sm_x) and task y both fit in memory."""
@@ -248,7 +269,7 @@ class Context:
         if out is None:
             mx, my, cap = P.tasks[x].mem_bytes, P.tasks[y].mem_bytes, self.mem_bytes
             out = self._feasible[key] = [  # pt[0] is pt.mem_frac (indexed: this runs a lot)
-                pt for pt in self.splits(P.kinds[x], P.kinds[y], sm_x)
+                pt for pt in self.splits(P.kinds[x], P.kinds[y], sm_x, P.tasks[x].pipe, P.tasks[y].pipe)
                 if mx <= pt[0] * cap + 0.5 and my <= (1.0 - pt[0]) * cap + 0.5]
         return out
 
@@ -261,7 +282,7 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
         if len(tasks) == 2:
             a, b = tasks
             sa, sb = S.split[(a, d)], S.split[(b, d)]
-            pair = ctx.grid_pair(P.kinds[a], P.kinds[b], sa.sm_frac, sa.mem_frac)
+            pair = ctx.grid_pair(P.kinds[a], P.kinds[b], sa.sm_frac, sa.mem_frac, P.tasks[a].pipe, P.tasks[b].pipe)
             if pair is None:
                 raise ValueError(f"running pair on device {d} is infeasible under the slowdown grid")
             S.split[(a, d)] = Split(sa.sm_frac, sa.mem_frac, pair[0])
@@ -372,7 +393,8 @@ def _joinable(P: Problem, S: State, ctx: Context, i: int) -> bool:
     """May ready task i start beside what runs on its devices? (complementary, or urgent)"""
     if i in S.urgent:
         return True
-    return all(ctx.complementary(P.dominant[i], P.dominant[S.dev[d][0]]) for d in P.tasks[i].devices if S.dev[d])
+    return all(ctx.complementary(P.dominant[i], P.dominant[j], P.tasks[i].pipe, P.tasks[j].pipe)
+               for d in P.tasks[i].devices if S.dev[d] for j in (S.dev[d][0],))
 
 
 def _fits(P: Problem, S: State, ctx: Context, i: int, sm: float) -> bool:

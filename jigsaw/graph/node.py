@@ -63,8 +63,8 @@ class NodeState:
     """The pipelines sharing one node, and the decisions about them (module docstring)."""
 
     def __init__(self, node: NodeSpec, grid, policy: Policy, *, next_step: bool = True,
-                 max_wait_s: float | None = None, liveness: bool = False, fallback: bool = True):
-        self.node, self.grid, self.policy = node, grid, policy
+                 max_wait_s: float | None = None, liveness: bool = False, fallback: bool = True, pairs=None):
+        self.node, self.grid, self.policy, self.pairs = node, grid, policy, pairs
         self.next_step, self.max_wait_s, self.liveness = next_step, max_wait_s, liveness
         self.fallback = fallback
         """A failing policy's group is decided by the fallback (live pipelines go on); False:
@@ -106,7 +106,7 @@ class NodeState:
         live = [p for p in self.pipelines.values() if p.live]
         built = [pipeline_state(p, now_s, next_step=self.next_step) for p in live]
         view = View(time_s=now_s, pipelines=tuple(s for s, _ in built), progress=tuple(g for _, g in built),
-                    node=self.node, model=self.grid)
+                    node=self.node, model=self.grid, pairs=self.pairs)
         return view, live
 
     def decide(self, now_s: float) -> Decision | None:
@@ -149,7 +149,7 @@ class NodeState:
         if len(group) == len(self.pipelines):
             return self
         part = NodeState(self.node, self.grid, self.policy, next_step=self.next_step, max_wait_s=self.max_wait_s,
-                         liveness=self.liveness, fallback=self.fallback)
+                         liveness=self.liveness, fallback=self.fallback, pairs=self.pairs)
         part.pipelines = {p.name: p for p in group}
         return part
 

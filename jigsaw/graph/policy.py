@@ -35,6 +35,9 @@ class View:
     node: NodeSpec
     model: object
     """The slowdown grid (jigsaw.mux.slowdown.SlowdownGrid)."""
+    pairs: object = None
+    """Where the pipelines run different models: the exact grid of each ordered pair
+    (jigsaw.mux.pairing.PairGrids, by pipeline name); None: `model` prices every pair."""
 
 
 class Policy(Protocol):
@@ -79,7 +82,8 @@ class Jigsaw:
 
         if self.cache is None:
             self.cache = SchedulerCache()
-        return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache)
+        return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache,
+                        pairs=view.pairs)
 
 
 NAMES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")

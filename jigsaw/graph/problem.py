@@ -86,15 +86,16 @@ class SchedulerCache:
 
     def __init__(self):
         self.grid: object = None
+        """(grid, pairs) the tables are of."""
         self.tables: dict = {}
-        """Lookups on `grid` (actions.Context): pair points by SM share, packing efficiencies."""
+        """Lookups on them (actions.Context): pair points by SM share, packing efficiencies."""
         self._parts: OrderedDict[tuple, _Part] = OrderedDict()
         self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
         self._problems: OrderedDict[tuple, Problem] = OrderedDict()
 
-    def tables_for(self, grid) -> dict:
-        if grid is not self.grid:
-            self.grid, self.tables = grid, {}
+    def tables_for(self, grid, pairs=None) -> dict:
+        if self.grid is None or grid is not self.grid[0] or pairs is not self.grid[1]:
+            self.grid, self.tables = (grid, pairs), {}
         return self.tables
 
     def problem(self, pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:

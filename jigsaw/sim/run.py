@@ -28,7 +28,7 @@ from jigsaw.mux.slowdown import SlowdownGrid
 from jigsaw.sim import workload
 from jigsaw.sim.deploy import Parallelism, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
-from jigsaw.sim.physics import Physics, own_grid
+from jigsaw.sim.physics import Physics, own_grid, pair_grids
 from jigsaw.sim.pipeline import PipelineRun
 from jigsaw.trace import Trace
 
@@ -237,7 +237,7 @@ def lower_bound(config: SimConfig) -> LowerBound:
         alone.append(best_s)
         work += best_work
     runs, node, grid, _ = build(serial)
-    physics = Physics(grid, runs[0].spec.device, [(r.spec.model, r.cost.config) for r in runs])
+    physics = Physics(grid, pair_grids(runs), [r.name for r in runs])
     resource = work / (node.num_devices * max(1.0, physics.max_pack_efficiency()))
     cp = max(alone)
     return LowerBound(makespan_s=max(cp, resource), critical_path_s=cp, resource_s=resource, alone_s=tuple(alone))
