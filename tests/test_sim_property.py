@@ -91,22 +91,50 @@ def _check(result, bound) -> None:
     assert result.makespan_s >= bound.makespan_s * (1 - 1e-9)
 
 
-def _long_tool_node() -> tuple[list[dict], int]:
-    """Found at 100 examples: a worker re-enters its tail before its first tool wait (tail/1
-    then tool/0), the prediction has tail/1 after tool/0, so tool/1 was taken as ready while
-    tool/0 ran; its hold filled the device and the other pipeline's urgent tail ran ungranted."""
-    one = {"model": "qwen3-0.6b", "device": "h100", "gpus": 8, "rollout_tp": 1, "offload": "none", "prompts": 16,
-           "group": 8, "prompt_tokens": 60.0, "prompt_sigma": 0.3, "mini_batch_prompts": 4, "micro_batch_seqs": 4,
-           "logprob_micro_batch_seqs": 8, "gradient_checkpointing": True, "reward_s_per_sample": 0.0005,
-           "lengths": {"median_tokens": 16384.0, "prompt_sigma": 0.4, "response_sigma": 0.6, "max_tokens": 32768},
-           "turns": {"probs": [1 / 3] * 3, "context_tokens": 200, "context_sigma": 0.3},
-           "tool": {"latency_s": 30.0, "latency_sigma": 0.5, "blocking": True}}
-    return [one, {**one, "mini_batch_prompts": 16}], 8
+def _drawn(model: str, **fields) -> dict:
+    """A pipeline as `workloads` draws it; `fields` override (nested tables whole)."""
+    base = {"model": model, "device": "h100", "gpus": 8, "rollout_tp": 1, "offload": "none", "prompts": 16,
+            "group": 8, "prompt_tokens": 60.0, "prompt_sigma": 0.3, "mini_batch_prompts": 4, "micro_batch_seqs": 4,
+            "logprob_micro_batch_seqs": 8, "gradient_checkpointing": True, "reward_s_per_sample": 0.0005,
+            "lengths": {"median_tokens": 16384.0, "prompt_sigma": 0.4, "response_sigma": 0.6, "max_tokens": 32768},
+            "turns": {"probs": [1 / 3] * 3, "context_tokens": 200, "context_sigma": 0.3},
+            "tool": {"latency_s": 30.0, "latency_sigma": 0.5, "blocking": True}}
+    return {**base, **fields}
+
+
+def _lengths(median: float, cap: int) -> dict:
+    return {"median_tokens": median, "prompt_sigma": 0.4, "response_sigma": 0.6, "max_tokens": cap}
+
+
+def _tool(s: float, blocking: bool) -> dict:
+    return {"latency_s": s, "latency_sigma": 0.5 if s else 0.0, "blocking": blocking}
+
+
+FOUND = [
+    # A worker re-enters its tail before its first tool wait (tail/1, then tool/0); the
+    # prediction has tail/1 after tool/0, so tool/1 was taken as ready while tool/0 ran: its
+    # hold filled the device and the other pipeline's urgent tail ran ungranted.
+    ([_drawn("qwen3-0.6b"), _drawn("qwen3-0.6b", mini_batch_prompts=16)], 8),
+    # A 30B MoE engine back from a tool needs 69.0 GB where 66.1 GB was predicted and a 14B
+    # reference took the rest of the device meanwhile: its whole need fits nowhere beside
+    # it, and it ran ungranted; an urgent engine now takes what the partner leaves.
+    ([_drawn("qwen3-30b-a3b", prompts=32, group=13, prompt_tokens=1500.0, gradient_checkpointing=False,
+             lengths=_lengths(204.8, 1024), tool=_tool(30.0, False)),
+      _drawn("deepseek-r1-distill-qwen-14b", prompts=32, group=12, prompt_tokens=1500.0, mini_batch_prompts=16,
+             lengths=_lengths(1638.4, 8192), turns={"probs": [0.5, 0.5], "context_tokens": 200, "context_sigma": 0.3},
+             tool=_tool(0.0, True)),
+      _drawn("qwen3-4b", offload="optimizer", prompts=8, group=4, prompt_tokens=300.0, mini_batch_prompts=16,
+             gradient_checkpointing=False, lengths=_lengths(4096.0, 8192), tool=_tool(5.0, False)),
+      _drawn("qwen3-30b-a3b", prompts=8, group=3, prompt_tokens=300.0, mini_batch_prompts=16,
+             gradient_checkpointing=False, tool=_tool(5.0, False))], 8),
+]
+"""Nodes the 100-example runs found failing, run every time (each fixed, see the comments)."""
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@example(node=_long_tool_node())
+@example(node=FOUND[0])
+@example(node=FOUND[1])
 @given(node=nodes())
 def test_every_policy_runs_or_says_why_on_any_drawn_node(node, tmp_path_factory):
     pipes, gpus = node

@@ -96,7 +96,7 @@ class Context:
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
                  "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
-                 "bound_weight", "min_slowdown", "pack", "solo", "_pairs", "_names", "_cls")
+                 "bound_weight", "min_slowdown", "pack", "solo", "_pairs", "_names", "_cls", "elastic")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = (), pairs=None):
@@ -106,6 +106,10 @@ class Context:
         self.bound_weight = config.bound_weight
         self.pack: Packing | None = None
         """`packing()` of the call's initial state (set by `initial`)."""
+        self.elastic: frozenset[int] = frozenset()
+        """Urgent rollout engines (set by `initial`): they cannot wait, and their KV pool
+        follows the memory they are given, so where their whole need fits nowhere beside the
+        partner they take what the partner leaves (a smaller batch, priced by the grid)."""
         # Per pipeline, what its history says (PipelineState): decode fit, prefill work, multi-turn.
         self.decode = tuple(ps.decode_fit for ps in pipelines)
         self.prefill_work = tuple(ps.prefill_work for ps in pipelines)
@@ -268,9 +272,11 @@ class Context:
         out = self._feasible.get(key)
         if out is None:
             mx, my, cap = P.tasks[x].mem_bytes, P.tasks[y].mem_bytes, self.mem_bytes
+            points = self.splits(P.kinds[x], P.kinds[y], sm_x, P.tasks[x].pipe, P.tasks[y].pipe)
             out = self._feasible[key] = [  # pt[0] is pt.mem_frac (indexed: this runs a lot)
-                pt for pt in self.splits(P.kinds[x], P.kinds[y], sm_x, P.tasks[x].pipe, P.tasks[y].pipe)
-                if mx <= pt[0] * cap + 0.5 and my <= (1.0 - pt[0]) * cap + 0.5]
+                pt for pt in points if mx <= pt[0] * cap + 0.5 and my <= (1.0 - pt[0]) * cap + 0.5]
+            if not out and x in self.elastic:
+                out[:] = [pt for pt in points if my <= (1.0 - pt[0]) * cap + 0.5]
         return out
 
 
@@ -278,6 +284,7 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
     """State at `time_s` with the slowdowns of already running pairs looked up."""
     S = st.initial_state(P, pipelines, time_s, ctx.balanced)
     S.solo = ctx.solo
+    ctx.elastic = frozenset(i for i in S.urgent if P.kinds[i].startswith("rollout"))
     for d, tasks in enumerate(S.dev):
         if len(tasks) == 2:
             a, b = tasks

@@ -4,5 +4,7 @@
     prior.analytic_prior(device, model) ──────────┘  (roofline prior until a device is measured)
 
 `slowdown` holds the grid file format, its validation and interpolation; `prior`
-builds a labelled analytic stand-in for a measured grid.  Nothing here imports torch.
+builds a labelled analytic stand-in for a measured grid; `prior_mix` the priors of two
+different models sharing a device, and `pairing` the per-pair views a node of several
+models is planned and simulated with.  Nothing here imports torch.
 """
