@@ -91,6 +91,26 @@ def test_tool_waits_lose_their_cached_kv_first_and_recompute_it():
     assert wk.columns().num_prefill_tokens.sum() >= 2000 + 2800 + 2010 + 50
 
 
+def test_queued_prefixes_are_evicted_for_the_head_of_the_queue_when_nothing_decodes():
+    # Found by the property test (hrrs, four 14B pipelines): the pool held the cached prefixes
+    # of queued requests back from a tool call, the head of the queue (retracted, its whole
+    # context to recompute) did not fit beside them, nothing decoded to free KV, and the
+    # worker stopped with requests left.  SGLang's radix cache evicts unlocked prefixes.
+    wk = _worker(grant_tokens=5_000)
+    head = Request(rid=0, context=3000, turns=[800, 100], appended=[200], tool_s=[0.0], turn=1, pending=3000)
+    back = [Request(rid=i, context=1500, turns=[300, 100], appended=[100], tool_s=[0.0], turn=1, pending=100)
+            for i in (1, 2, 3)]
+    wk.queue.extend([head, *back])
+    assert wk._locked() == 3 * 1400 and not wk.decoding  # 800 tokens free: the head does not fit
+    for _ in range(10_000):
+        if wk.plan() is None:
+            break
+        wk.commit()
+    assert sorted(r.rid for r in wk.finished) == [0, 1, 2, 3] and wk.num_active == 0
+    assert {r.rid: r.context for r in wk.finished} == {0: 3100, 1: 1600, 2: 1600, 3: 1600}
+    assert wk.retracted >= 1  # a prefix was dropped, and prefilled again
+
+
 def test_trajectories_past_the_wall_clock_limit_end_where_they_are():
     wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=COST, mem_bytes=COST.rollout_mem_bytes(10**5),
                        deadline_s=2.0)

@@ -5,8 +5,9 @@ What SGLang's scheduler and vLLM's recompute preemption do, per RolloutWorker:
     admission  a queued request is prefilled only if its context, plus a reserve for what the
                running requests may still generate (SGLang's new_token_ratio), fits; else it
                waits (head of line, first come first served)
-    tool waits their KV stays cached (radix cache) but is evicted first when room is needed;
-               they prefill their whole context again when they come back
+    tool waits their KV stays cached (radix cache) but is evicted first when room is needed,
+               then the cached prefixes of queued requests (last queued first); they prefill
+               their whole context again when admitted
     decode     a segment ends where the pool is full; then requests are retracted (SGLang
                `retract_decode`: fewest generated tokens first) until the rest can run
                RETRACT_DECODE_STEPS more steps; a retracted request keeps what it generated
@@ -78,17 +79,22 @@ class KVPool:
             need = n if started else r.pending + NEW_TOKEN_RATIO * min(
                 self.max_new_tokens - r.output_tokens, CLIP_MAX_NEW_TOKENS)
             if need > free:
-                free += self._evict(need - free)
+                free += self._evict(need - free, keep={id(q) for q, _ in batch} | {id(r)})
             if need > free and (batch or self.decoding or self._locked()):
                 break  # head of line waits for decoding requests to free their KV
             batch.append((r, n))
             budget, free = budget - n, free - need
         return batch
 
-    def _evict(self, tokens: float) -> int:
-        """Drop cached KV of requests waiting on tools (they recompute it when back)."""
+    def _evict(self, tokens: float, keep: set[int] = frozenset()) -> int:
+        """Drop cached KV of requests not running: those waiting on tools, then queued ones
+        (last queued first) but those in `keep`; they recompute it when admitted.  A queued
+        request's cached prefix is an unlocked radix-cache entry in SGLang: evictable until
+        it is scheduled.  Keeping it locked let a pool full of queued prefixes starve the
+        head of the queue with nothing decoding."""
         freed = 0
-        for r in [*self.in_tool, *self.barrier]:
+        queued = [r for r in reversed(self.queue) if id(r) not in keep]
+        for r in [*self.in_tool, *self.barrier, *queued]:
             if freed >= tokens:
                 break
             held = r.context - r.pending
