@@ -400,8 +400,12 @@ def _joinable(P: Problem, S: State, ctx: Context, i: int) -> bool:
     """May ready task i start beside what runs on its devices? (complementary, or urgent)"""
     if i in S.urgent:
         return True
-    return all(ctx.complementary(P.dominant[i], P.dominant[j], P.tasks[i].pipe, P.tasks[j].pipe)
-               for d in P.tasks[i].devices if S.dev[d] for j in (S.dev[d][0],))
+    for d in P.tasks[i].devices:
+        if S.dev[d]:
+            j = S.dev[d][0]
+            if not ctx.complementary(P.dominant[i], P.dominant[j], P.tasks[i].pipe, P.tasks[j].pipe):
+                return False
+    return True
 
 
 def _fits(P: Problem, S: State, ctx: Context, i: int, sm: float) -> bool:
