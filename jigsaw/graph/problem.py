@@ -81,21 +81,21 @@ class SchedulerCache:
     of a running pipeline) has only its changed tasks rebuilt.  Each table is bounded.
     """
 
-    __slots__ = ("grid", "tables", "_parts", "_shapes", "_problems")
+    __slots__ = ("tables_of", "tables", "_parts", "_shapes", "_problems")
     MAX_PARTS, MAX_SHAPES, MAX_PROBLEMS = 64, 32, 16
 
     def __init__(self):
-        self.grid: object = None
+        self.tables_of: tuple | None = None
         """(grid, pairs) the tables are of."""
         self.tables: dict = {}
-        """Lookups on them (actions.Context): pair points by SM share, packing efficiencies."""
+        """Lookups on them (context.Context): pair points by SM share, packing efficiencies."""
         self._parts: OrderedDict[tuple, _Part] = OrderedDict()
         self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
         self._problems: OrderedDict[tuple, Problem] = OrderedDict()
 
     def tables_for(self, grid, pairs=None) -> dict:
-        if self.grid is None or grid is not self.grid[0] or pairs is not self.grid[1]:
-            self.grid, self.tables = (grid, pairs), {}
+        if self.tables_of is None or grid is not self.tables_of[0] or pairs is not self.tables_of[1]:
+            self.tables_of, self.tables = (grid, pairs), {}
         return self.tables
 
     def problem(self, pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:

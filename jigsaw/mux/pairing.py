@@ -14,12 +14,11 @@ a kind without knowing whose it is (whole-stage baselines, packing bounds).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from functools import lru_cache
 
 from jigsaw.mux.prior import Deployment
-from jigsaw.mux.prior_mix import analytic_pair_prior, pair_actual
+from jigsaw.mux.prior_mix import analytic_pair_prior, check_views, pair_slowdowns
 from jigsaw.mux.slowdown import LEVEL_TOL, DeviceInfo, SlowdownGrid
 
 
@@ -36,7 +35,7 @@ class PairView:
     __slots__ = ("ab", "ba", "kinds", "sm_levels", "mem_levels", "device", "_options", "_actual")
 
     def __init__(self, ab: SlowdownGrid, ba: SlowdownGrid):
-        pair_actual(ab, ba, (ab.kinds[0], 1.0, ab.mem_levels[-1]), (ba.kinds[0], 1.0, ba.mem_levels[-1]))  # checks
+        check_views(ab, ba)
         self.ab, self.ba = ab, ba
         self.kinds, self.sm_levels, self.mem_levels, self.device = ab.kinds, ab.sm_levels, ab.mem_levels, ab.device
         self._options: dict[tuple[str, str], tuple] = {}
@@ -48,9 +47,7 @@ class PairView:
     def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float] | None:
         """(s_a, s_b), B's kind holding the complement (σ = 1.0: both share every SM)."""
         sm_b = 1.0 if sm_frac_a >= 1.0 - LEVEL_TOL else 1.0 - sm_frac_a
-        s_a = self.ab.slowdown(kind_a, kind_b, sm_frac_a, mem_frac_a)
-        s_b = self.ba.slowdown(kind_b, kind_a, sm_b, 1.0 - mem_frac_a)
-        return None if math.isinf(s_a) or math.isinf(s_b) else (s_a, s_b)
+        return pair_slowdowns(self.ab, self.ba, (kind_a, sm_frac_a, mem_frac_a), (kind_b, sm_b, 1.0 - mem_frac_a))
 
     def pair_options(self, kind_a: str, kind_b: str) -> tuple[tuple[float, float, float, float], ...]:
         """Every partitioned grid point where both sides fit, as (σ_a, m_a, s_a, s_b)."""
@@ -95,9 +92,6 @@ class PairGrids:
             got = self._views[key] = pair_prior(self.device, da, da) if da == db else \
                 PairView(pair_prior(self.device, da, db), pair_prior(self.device, db, da))
         return got
-
-    def own(self, name: str) -> SlowdownGrid:
-        return self.between(name, name)
 
     def max_pack_efficiency(self) -> float:
         """max over the pairings this node can have of 1/s_a + 1/s_b (at least 1.0)."""

@@ -102,8 +102,18 @@ def pair_actual(ab: SlowdownGrid, ba: SlowdownGrid, unit_a: Unit, unit_b: Unit) 
     """Exact (s_a, s_b) of A's unit beside B's unit: s_a from A's view `ab`
     (analytic_pair_prior(device, A, B)), s_b from B's view `ba`.  Both σ 1.0 is unpartitioned
     sharing, else σ_b should be 1 - σ_a and mem_b 1 - mem_a.  None if infeasible."""
+    check_views(ab, ba)
+    return pair_slowdowns(ab, ba, unit_a, unit_b)
+
+
+def check_views(ab: SlowdownGrid, ba: SlowdownGrid) -> None:
+    """Raise unless `ab` and `ba` are the two views of one pair (A beside B, B beside A)."""
     if ab.device != ba.device or _partner(ab) != ba.model or _partner(ba) != ab.model:
         raise ValueError(f"{ab!r} and {ba!r} are not the two views of one pair")
+
+
+def pair_slowdowns(ab: SlowdownGrid, ba: SlowdownGrid, unit_a: Unit, unit_b: Unit) -> tuple[float, float] | None:
+    """`pair_actual` without the check (the search asks often; check once with `check_views`)."""
     (ka, sa, ma), (kb, sb, mb) = unit_a, unit_b
     s_a, s_b = ab.slowdown(ka, kb, sa, ma), ba.slowdown(kb, ka, sb, mb)
     return None if math.isinf(s_a) or math.isinf(s_b) else (s_a, s_b)
