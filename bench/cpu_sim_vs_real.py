@@ -2,15 +2,17 @@
 
     python bench/cpu_sim_vs_real.py [--steps 7] [--repeats 3] [--out-dir /tmp/jigsaw-sim-vs-real]
 
-The demo's serial, static, static-live and jigsaw modes run interleaved and repeated
-(jigsaw.recipes.demo).  Every daemon run (static-live, jigsaw) leaves a trace holding each
-sub-stage of both pipelines as granted, released and host intervals; its exclusive time is
-its granted time over the grid's slowdown for what ran beside it (jigsaw.sim.replay).  Those
-sub-stages, warm-up steps left out, are re-packed by the simulator under serial, static and
-jigsaw with the CPU grid the daemon used, and the predictions are set against the runs:
+The demo's serial, static, serial-live, static-live and jigsaw modes run interleaved and
+repeated (jigsaw.recipes.demo).  Every daemon run leaves a trace holding each sub-stage of both
+pipelines as granted, released and host intervals.
 
-    measured  tokens/s over the measured steps (median, min-max), mean step latency
-    simulated the same from each trace's replay (median, min-max over the traces)
+    repeat 1:  serial-live trace (every sub-stage alone)  ┐ jigsaw.sim.calibrate: per kind, the
+               static-live trace (every sub-stage on half)┘ factor the CPU grid misjudges a
+                                                            half by ─► calibrated grid
+    repeats 2+ (held out): each daemon trace, warm-up steps left out, re-packed by the simulator
+               under serial, static and jigsaw (jigsaw.sim.replay), once with the grid the
+               daemon used and once calibrated ─► tokens/s and mean step latency, set against
+               the same repeats' measured serial, static and jigsaw runs
 
 The simulator's work is the recipe's own (its lengths, batches and regimes, bucketed into
 sub-stages by the builder); its timing of a sub-stage beside another is the grid's.  What it
@@ -33,18 +35,20 @@ from jigsaw.mux.slowdown import load_grid
 from jigsaw.profiles import CPU_DEFAULT
 from jigsaw.recipes.demo import DemoConfig, run_demo
 from jigsaw.recipes.demo_report import print_report
+from jigsaw.sim.calibrate import Calibration, calibrate
 from jigsaw.sim.replay import recorded, replay
 from jigsaw.trace import Trace
 
-MODES = ("serial", "static", "static-live", "jigsaw")
+MODES = ("serial", "static", "serial-live", "static-live", "jigsaw")
+LIVE = ("serial-live", "static-live", "jigsaw")
 PREDICTED = ("serial", "static", "jigsaw")
 """Policies the simulator replays; `static` is set against the measured static mode (a fixed
 core split with no daemon), static-live is its runtime twin."""
 
 
-def predict(trace: Trace, first_step: int, grid) -> dict[str, tuple[float, float]]:
+def predict(trace: Trace, first_step: int, grid, factors=None) -> dict[str, tuple[float, float]]:
     """{policy: (tokens/s, mean step latency s)} of the trace's measured steps, re-packed."""
-    rec = recorded(trace, first_step=first_step)
+    rec = recorded(trace, first_step=first_step, factors=factors)
     tokens = sum(rec.tokens.values())
     out = {}
     for name in PREDICTED:
@@ -80,27 +84,46 @@ def outside_share(trace: Trace, first_step: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=7)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="at least 2: the first calibrates, the rest are predicted")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/jigsaw-sim-vs-real"))
     args = ap.parse_args()
-    console = Console(width=120)
+    if args.repeats < 2:
+        ap.error("--repeats must be at least 2: repeat 1 calibrates the grid, the others are predicted")
+    console = Console(width=130)
     cfg = DemoConfig(steps=args.steps, repeats=args.repeats, modes=MODES, out_dir=args.out_dir)
     runs = run_demo(cfg, say=console.print)
     print_report(runs, console)
     grid = load_grid(cfg.profile or CPU_DEFAULT)
-    traces = [Trace.read(p) for mode in ("static-live", "jigsaw")
-              for p in sorted(args.out_dir.glob(f"{mode}-trace-r*.jsonl"))]
-    predicted = [predict(t, cfg.warmup_steps, grid) for t in traces]
-    measured = {m: [(r.tokens_per_s, statistics.fmean(r.step_latency_s.values())) for r in runs if r.mode == m]
-                for m in PREDICTED}
-    console.print(table(measured, predicted))
-    gaps = [outside_share(t, cfg.warmup_steps) for t in traces]
+    read = {m: {r: Trace.read(args.out_dir / f"{m}-trace-r{r}.jsonl") for r in range(1, args.repeats + 1)}
+            for m in LIVE}
+    cal = calibrate(grid, [read["serial-live"][1]], [read["static-live"][1]], first_step=cfg.warmup_steps,
+                    sources=("serial-live r1", "static-live r1"))
+    console.print(fits(cal))
+    held_out = [t for m in LIVE for r, t in read[m].items() if r > 1]
+    measured = {m: [(r.tokens_per_s, statistics.fmean(r.step_latency_s.values())) for r in runs
+                    if r.mode == m and r.repeat > 0] for m in PREDICTED}
+    for title, g, factors in (("the grid the daemon used", grid, None), ("calibrated on repeat 1", cal.grid,
+                                                                          cal.factors)):
+        predicted = [predict(t, cfg.warmup_steps, g, factors) for t in held_out]
+        console.print(table(measured, predicted, f"repeats 2-{args.repeats}, simulated with {title}"))
+    gaps = [outside_share(t, cfg.warmup_steps) for t in held_out]
     console.print(f"outside every sub-stage (not simulated): {statistics.median(gaps):.1%} of a measured step "
                   f"(median of {len(gaps)} traces, {min(gaps):.1%}-{max(gaps):.1%})")
 
 
-def table(measured: dict[str, list[tuple[float, float]]], predicted: list[dict[str, tuple[float, float]]]) -> Table:
-    t = Table(title="the CPU demo, simulated against measured (median, min-max)")
+def fits(cal: Calibration) -> Table:
+    t = Table(title="calibration (repeat 1): a sub-stage on half the cores over alone on all of them")
+    for col in ("kind", "matched", "alone s", "on half s", "measured ×", "grid said ×", "factor"):
+        t.add_column(col, justify="left" if col == "kind" else "right")
+    for f in cal.fits:
+        t.add_row(f.kind, str(f.matched), f"{f.alone_s:.2f}", f"{f.shared_s:.2f}", f"{f.shared_s / f.alone_s:.2f}",
+                  f"{f.shared_s / f.grid_exclusive_s:.2f}", f"{f.factor:.2f}" if f.applied else "(too little)")
+    return t
+
+
+def table(measured: dict[str, list[tuple[float, float]]], predicted: list[dict[str, tuple[float, float]]],
+          title: str) -> Table:
+    t = Table(title=f"the CPU demo, simulated against measured (median, min-max): {title}")
     for col in ("mode", "measured tokens/s", "simulated tokens/s", "error", "measured step s", "simulated step s",
                 "error"):
         t.add_column(col, justify="left" if col == "mode" else "right")

@@ -413,3 +413,23 @@ def test_a_kind_faster_on_a_share_keeps_that_share_when_alone():
     ex = execute(states(tail, other), NODE, _tail_faster_on_half())
     last = [iv for iv in ex.intervals if iv.pipeline == "A"][-1]
     assert last.sm_frac == 0.5 and last.slowdown == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("host_on_device, host_busy, share", [(True, True, 0.5), (False, True, 1.0),
+                                                              (True, False, 1.0)])
+def test_a_sub_stage_alone_does_not_grow_into_the_share_of_a_pipeline_working_on_the_host(host_on_device, host_busy,
+                                                                                         share):
+    """On a CPU the pipelines' own processes (their Python, a host reward, exit) run on the
+    device's cores: beside one that works there, a sub-stage alone keeps to its half."""
+    grid = load_grid("cpu/tiny-qwen3")
+    train = chain("A", [("train", K.TRAINING, 1.0, 1)])
+    rewarding = chain("B", [("rew", K.REWARD, 5.0, 0), ("ref", K.REFERENCE, 1.0, 1)])
+    b = PipelineState(graph=rewarding, devices=(0,), running={"B/0/r0/rew": Budget(sm_frac=0.0, mem_frac=0.0)},
+                      remaining_s={"B/0/r0/rew": 5.0}, host_busy=host_busy)
+    cfg = SchedulerConfig(host_on_device=host_on_device)
+    (a,) = [x for x in schedule([*states(train), b], NODE, grid, cfg).assignments if x.substage == "A/0/r0/train"]
+    assert a.sm_frac == share
+    assert a.slowdown == pytest.approx(grid.alone("training", share, grid.mem_levels[-1]))
+    if host_busy:  # the executor's views see B's host reward the same way
+        ex = execute([*states(train), states(rewarding)[0]], NODE, grid, cfg)
+        assert {iv.sm_frac for iv in ex.intervals if iv.pipeline == "A"} == {share}

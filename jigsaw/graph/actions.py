@@ -65,7 +65,7 @@ class Logged(NamedTuple):
 def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: Context) -> State:
     """State at `time_s` with the slowdowns of already running pairs looked up."""
     S = st.initial_state(P, pipelines, time_s, ctx.balanced)
-    S.solo = ctx.solo
+    S.solo, S.capped = ctx.solo, ctx.capped
     ctx.elastic = frozenset(i for i in S.urgent if P.kinds[i].startswith("rollout"))
     for d, tasks in enumerate(S.dev):
         if len(tasks) == 2:
@@ -77,7 +77,7 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
             S.split[(a, d)] = Split(sa.sm_frac, sa.mem_frac, pair[0])
             S.split[(b, d)] = Split(sb.sm_frac, sb.mem_frac, pair[1])
         elif len(tasks) == 1:
-            S.split[(tasks[0], d)] = ctx.solo.get(P.kinds[tasks[0]], st.SOLO)  # the partner is gone
+            S.split[(tasks[0], d)] = st.alone(S, P.kinds[tasks[0]], d)  # the partner is gone
     for i in S.running:
         st.refresh_rate(P, S, i, ctx.balanced)
     if ctx.bound_weight > 0.0:  # only the leaf's bound reads it

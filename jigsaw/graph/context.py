@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
@@ -64,7 +65,7 @@ class Context:
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
                  "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
-                 "bound_weight", "min_slowdown", "pack", "solo", "_pairs", "_names", "_cls", "elastic")
+                 "bound_weight", "min_slowdown", "pack", "solo", "capped", "_pairs", "_names", "_cls", "elastic")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = (), pairs=None):
@@ -91,6 +92,7 @@ class Context:
         self._feasible: dict[tuple, list] = {}
         self._merge_configs: dict[tuple[float, float], MergeConfig] = {}
         self.solo = self._solo()
+        self.capped = self._capped(pipelines) if config.host_on_device else {}
         self.min_slowdown = self._min_slowdown()
         missing = [b for b in self.sm_budgets_frac if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
@@ -156,6 +158,23 @@ class Context:
                     got[kind] = st.Split(sm, 1.0, s)
             self._table["solo"] = got
         return got
+
+    def _capped(self, pipelines: Sequence[PipelineState]) -> dict[int, dict[str, st.Split]]:
+        """Devices where a pipeline works on the host (SchedulerConfig.host_on_device), and on
+        each every kind's best split alone within what the host-busy pipelines' equal shares
+        leave: a sub-stage alone there grows no further."""
+        on, busy = Counter(), Counter()
+        for ps in pipelines:
+            for d in set(ps.devices):
+                on[d] += 1
+                busy[d] += ps.host_busy
+        m, top, out = self.model, self.model.mem_levels[-1], {}
+        for d, n in busy.items():
+            levels = [sm for sm in m.sm_levels if n and sm <= 1.0 - n / on[d] + 1e-9]
+            if levels:
+                out[d] = {k: st.Split(sm, 1.0, s) for k in m.kinds
+                          for s, sm in [min((m.alone(k, sm, top), sm) for sm in levels)]}
+        return out
 
     def clearing(self, a: tuple[str, bool], b: tuple[str, bool]) -> float:
         """Most exclusive seconds per second one device clears running (kind, is a gang) a

@@ -56,6 +56,12 @@ class SchedulerConfig:
     next_step: bool = True
     """Show the scheduler each pipeline's predicted next step behind its step barrier (each
     worker's rollout summarised), so the window can see past the barrier."""
+    host_on_device: bool | None = None
+    """The pipelines' own processes run on the device's cores (a CPU): a pipeline working
+    outside every sub-stage (its Python between them, a host reward, start-up, exit) keeps its
+    share of its devices, so a sub-stage alone beside it does not grow into cores in use (two
+    threads where one core is busy wait on each other).  None: yes when the daemon partitions
+    CPU cores (`--partitioner cpu`), no in the simulator (a GPU's host work uses no SMs)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -122,6 +128,9 @@ class PipelineState:
     prefill_work: tuple[float, float] | None = None
     """(FLOPs, exclusive seconds) of the pipeline's prefill sub-stages: their MFU prices a
     migration's KV recompute (None: read from the graph's prefill sub-stages)."""
+    host_busy: bool = False
+    """Nothing of it holds or waits for a device: its processes work on the host (between
+    sub-stages, a host sub-stage, start-up or exit).  See SchedulerConfig.host_on_device."""
 
 
 @dataclass(frozen=True, slots=True)

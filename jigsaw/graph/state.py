@@ -47,7 +47,7 @@ class State:
 
     __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
                  "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged",
-                 "solo")
+                 "solo", "capped")
 
     def copy(self) -> State:
         c = State.__new__(State)
@@ -59,7 +59,7 @@ class State:
         c.load_s, c.held = self.load_s[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         c.merged = self.merged  # replaced, never mutated, by a merge
-        c.solo = self.solo  # fixed for the whole call
+        c.solo, c.capped = self.solo, self.capped  # fixed for the whole call
         return c
 
 
@@ -74,6 +74,8 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.solo = {}
     """Kinds that run faster alone on a share of the device than on all of it, and that split
     (the grid's, set by actions.initial); every other kind alone takes the whole device."""
+    S.capped = {}
+    """Devices a host-busy pipeline keeps its share of: every kind's split alone there."""
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
@@ -160,6 +162,12 @@ def refresh_rate(P: Problem, S: State, i: int, balanced: bool) -> None:
         S.rate[i] = gang_rate([S.split[(i, d)].slowdown for d in devs], balanced)
 
 
+def alone(S: State, kind: str, d: int) -> Split:
+    """A replica's split alone on device d: the whole device, its kind's better share, or what
+    a host-busy pipeline there leaves."""
+    return (S.capped.get(d) or S.solo).get(kind, SOLO)
+
+
 def start(P: Problem, S: State, i: int) -> None:
     """Mark task i running on its devices alone (pairing, if any, is set by place_pair)."""
     S.status[i] = RUNNING
@@ -168,10 +176,9 @@ def start(P: Problem, S: State, i: int) -> None:
     S.started.append(i)
     if (h := P.tasks[i].hold_device) is not None:
         S.held[h] = S.held[h] + (i,)
-    alone = S.solo.get(P.kinds[i], SOLO)
     for d in P.tasks[i].devices:
         S.dev[d] = S.dev[d] + (i,)
-        S.split[(i, d)] = alone
+        S.split[(i, d)] = alone(S, P.kinds[i], d)
         S.touched.add(d)
 
 
@@ -200,7 +207,7 @@ def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
         del S.split[(i, d)]
         S.touched.add(d)
         for j in S.dev[d]:  # the survivor gets the whole device back (or its best share alone)
-            S.split[(j, d)] = S.solo.get(P.kinds[j], SOLO)
+            S.split[(j, d)] = alone(S, P.kinds[j], d)
             refresh_rate(P, S, j, balanced)
     for j in task.succs:
         S.npred[j] -= 1

@@ -57,8 +57,12 @@ def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True) -> 
     fit, prefill, turns = _measured(p, base)
     state = PipelineState(graph=graph, devices=p.devices, done=frozenset(done), running=running,
                           remaining_s=remaining, urgent=frozenset(urgent), decode_fit=fit, prefill_work=prefill,
-                          multi_turn=turns)
+                          multi_turn=turns, host_busy=_host_busy(p))
     return state, _progress(p, nodes, done, remaining, now_s)
+
+
+def _host_busy(p: LivePipeline) -> bool:
+    return not p.waiting and not any(r.on_device for r in p.running.values())
 
 
 # ---------------------------------------------------------------- base graph

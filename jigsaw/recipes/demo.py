@@ -10,6 +10,9 @@
                     (every process it starts inherits it): a fixed split, the free baseline
         static-live the daemon's `static` policy: the same split, through jigsaw's runtime
                     (admission, grants, partitions): static against it is what the runtime costs
+        serial-live serial through jigsaw's runtime (daemon policy `serial`, one pipeline after
+                    the other): its trace times every sub-stage alone on every core, what
+                    calibrating a grid needs (jigsaw.sim.calibrate)
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
         between runs: how busy the machine is without us (psutil, a short sample)
@@ -38,9 +41,11 @@ from pathlib import Path
 from jigsaw import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("serial", "naive", "naive-fair", "static", "static-live", "jigsaw")
-DAEMON_POLICY = {"static-live": "static", "jigsaw": "jigsaw"}
+MODES = ("serial", "naive", "naive-fair", "static", "serial-live", "static-live", "jigsaw")
+DAEMON_POLICY = {"serial-live": "serial", "static-live": "static", "jigsaw": "jigsaw"}
 """Modes run under a daemon, and its policy."""
+SEQUENTIAL = ("serial", "serial-live")
+"""Modes that run one pipeline to the end, then the next."""
 DEFAULT_MODES = ("serial", "naive-fair", "static", "jigsaw")
 """naive is opt-in: oversubscribed, its tokens/s swings by 2× from run to run (551 to 1,746 over
 nine runs on a quiet 2-core VM), so it cannot anchor a comparison; naive-fair and static are
@@ -61,8 +66,9 @@ class DemoConfig:
     seeds: tuple[int, ...] = (1, 2)
     """One pipeline per seed."""
     modes: tuple[str, ...] = DEFAULT_MODES
-    """Which of serial, naive, naive-fair, static, static-live, jigsaw to run (naive,
-    oversubscribed and erratic, and static-live, the runtime's own cost, only when asked)."""
+    """Which of serial, naive, naive-fair, static, serial-live, static-live, jigsaw to run
+    (naive, oversubscribed and erratic, and the -live twins, the runtime's own cost and
+    calibration traces, only when asked)."""
     out_dir: Path = Path("jigsaw-demo")
     """Trace, timeline, logs and per-pipeline results go here."""
     profile: str | None = None
@@ -229,8 +235,13 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
         if not wait_for_daemon(f"ipc://{rt / 'rt' / 'daemon.sock'}", 30.0):
             raise RuntimeError(f"the demo's daemon did not start; see {cfg.out_dir / 'daemon.log'}")
         wrap = (sys.executable, "-m", "jigsaw.cli.main", "run", "--name")
-        run.wait([run.pipeline(s, r, wrap=(*wrap, f"grpo-seed{s}", "--")) for s, r in zip(cfg.seeds, results)],
-                 mode)
+        start = [lambda s=s, r=r: run.pipeline(s, r, wrap=(*wrap, f"grpo-seed{s}", "--"))
+                 for s, r in zip(cfg.seeds, results)]
+        if mode in SEQUENTIAL:
+            for one in start:
+                run.wait([one()], mode)
+        else:
+            run.wait([one() for one in start], mode)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(10)
@@ -243,7 +254,7 @@ def _summarise(mode: str, rep: int, wall_s: float, results: list[Path], warmup_s
     docs = [json.loads(r.read_text()) for r in results]
     measured = [d["steps"][warmup_steps:] for d in docs]
     spans = [(m[0]["start_s"], m[-1]["end_s"]) for m in measured]
-    if mode == "serial":
+    if mode in SEQUENTIAL:
         steps_s = sum(end - start for start, end in spans)
     else:
         steps_s = max(end for _, end in spans) - min(start for start, _ in spans)

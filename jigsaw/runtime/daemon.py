@@ -33,7 +33,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -140,14 +140,17 @@ class Daemon:
         """`clock` times the scheduler's facts, `wall` arrivals, leases and the loop's stalls:
         a test that scripts them gets decisions that do not depend on machine load.
         `auto_trace`: without `config.trace`, `serve` writes a fresh trace under traces/."""
-        self.config, self.clock, self.wall, self.auto_trace = config, clock, wall, auto_trace
+        self.clock, self.wall, self.auto_trace = clock, wall, auto_trace
         self.dir = directory or runtime_dir()
         self.grid = node_grid(config.profile)
+        self.partitioner = partitioner or grants.partitioner(config.partitioner, config.devices,
+                                                             config.sched.budgets(self.grid))
+        if config.sched.host_on_device is None:  # resolved here, so the trace records what was decided with
+            config = replace(config, sched=replace(config.sched, host_on_device=self.partitioner.kind == "cpu"))
+        self.config = config
         node = NodeSpec(num_devices=config.devices, mem_bytes=self.grid.device.mem_bytes)
         self.state = NodeState(node, self.grid, make(config.policy, config.sched), next_step=config.sched.next_step,
                                max_wait_s=config.max_wait_s, liveness=True)
-        self.partitioner = partitioner or grants.partitioner(config.partitioner, config.devices,
-                                                             config.sched.budgets(self.grid))
         self.t0 = clock()
         self.sessions: dict[str, Session] = {}
         self.owners: dict[str, str] = {}

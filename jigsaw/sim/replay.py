@@ -20,6 +20,7 @@ so it must reproduce every plan exactly.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from jigsaw.graph.builder import assemble_step_graph
@@ -42,10 +43,11 @@ class Recorded:
     """A daemon trace's node event (policy, scheduler config, profile), None for a simulator's."""
 
 
-def recorded(trace: Trace, first_step: int = 0) -> Recorded:
+def recorded(trace: Trace, first_step: int = 0, factors: Mapping[str, float] | None = None) -> Recorded:
     """Rebuild every pipeline's step graphs from a trace; steps before `first_step` (a
-    warm-up a measurement left out) are left out too."""
-    pieces, starts = _pieces(trace)
+    warm-up a measurement left out) are left out too.  `factors` (a calibration's, per kind)
+    read every partitioned interval as the calibrated grid would have timed it."""
+    pieces, starts = _pieces(trace, factors or {})
     pieces = [s for s in pieces if s.step >= first_step]
     tokens: dict[str, int] = defaultdict(int)
     meta = {e.pipeline: e.data for e in trace.events if e.event == "pipeline"}
@@ -70,33 +72,61 @@ def recorded(trace: Trace, first_step: int = 0) -> Recorded:
                     node=node)
 
 
-def _pieces(trace: Trace) -> tuple[list[SubStage], dict[str, float]]:
+def _pieces(trace: Trace, factors: Mapping[str, float]) -> tuple[list[SubStage], dict[str, float]]:
     """SubStages with exclusive durations from grant/release pairs and host events."""
-    excl: dict[str, float] = defaultdict(float)
+    times, first = held_times(trace, factors)
     mem: dict[str, int] = defaultdict(int)
+    for e in trace.events:
+        if e.event == "grant":
+            # The footprint, not the budget (a sub-stage alone is granted the whole device).
+            mem[e.substage] = max(mem[e.substage], int(e.data.get("need_bytes", e.mem_bytes)))
+    out = []
+    for sid, t in times.items():
+        name, step, rank, kind = _parse_id(sid)
+        out.append(SubStage(id=sid, pipeline=name, step=step, kind=kind, dp_rank=rank,
+                            duration_s=t.exclusive_s, mem_bytes=mem.get(sid, 0)))
+    return _one_per_replica(out), first
+
+
+@dataclass(slots=True)
+class Held:
+    """How long one sub-stage of a trace ran, in all its intervals."""
+
+    held_s: float = 0.0
+    """Wall time under its grants (a host sub-stage: its host interval)."""
+    exclusive_s: float = 0.0
+    """The same intervals, each over the slowdown the grid gave it: its time on a whole device
+    alone, as the grid sees it."""
+    min_sm_frac: float = 1.0
+    """The smallest share of a device it was granted."""
+
+
+def held_times(trace: Trace, factors: Mapping[str, float] | None = None) -> tuple[dict[str, Held], dict[str, float]]:
+    """Per sub-stage id, its `Held` times, and when it first started.  A kind in `factors` has
+    each interval on a partition (σ < 1) over its recorded slowdown × the factor: what a grid
+    calibrated by jigsaw.sim.calibrate gives that interval."""
+    factors = factors or {}
+    times: dict[str, Held] = defaultdict(Held)
     first: dict[str, float] = {}
     held: dict[tuple[str, int], tuple[str, float, float]] = {}
     for e in trace.events:
         if e.event == "grant":
-            _close(held, excl, (e.pipeline, e.device), e.t_s)
-            held[(e.pipeline, e.device)] = (e.substage, e.t_s, e.slowdown)
-            # The footprint, not the budget (a sub-stage alone is granted the whole device).
-            mem[e.substage] = max(mem[e.substage], int(e.data.get("need_bytes", e.mem_bytes)))
+            _close(held, times, (e.pipeline, e.device), e.t_s)
+            scale = factors.get(SubStageId.parse(e.substage).kind.value, 1.0) if e.sm_frac < 1.0 else 1.0
+            held[(e.pipeline, e.device)] = (e.substage, e.t_s, e.slowdown * scale)
+            times[e.substage].min_sm_frac = min(times[e.substage].min_sm_frac, e.sm_frac)
             first.setdefault(e.substage, e.t_s)
         elif e.event == "release":
-            _close(held, excl, (e.pipeline, e.device), e.t_s)
+            _close(held, times, (e.pipeline, e.device), e.t_s)
         elif e.event == "host":
-            excl[e.substage] += float(e.data["end_s"]) - e.t_s
+            dur = float(e.data["end_s"]) - e.t_s
+            times[e.substage].held_s += dur
+            times[e.substage].exclusive_s += dur
             first.setdefault(e.substage, e.t_s)
     end = max((e.t_s for e in trace.events), default=0.0)
     for key in list(held):  # a trace cut short: what still held a device ran until its end
-        _close(held, excl, key, end)
-    out = []
-    for sid, dur in excl.items():
-        name, step, rank, kind = _parse_id(sid)
-        out.append(SubStage(id=sid, pipeline=name, step=step, kind=kind, dp_rank=rank,
-                            duration_s=dur, mem_bytes=mem.get(sid, 0)))
-    return _one_per_replica(out), first
+        _close(held, times, key, end)
+    return dict(times), first
 
 
 def _parse_id(sid: str) -> tuple[str, int, int, SubStageKind]:
@@ -105,11 +135,12 @@ def _parse_id(sid: str) -> tuple[str, int, int, SubStageKind]:
     return i.pipeline, i.step, i.rank, i.kind
 
 
-def _close(held: dict, excl: dict, key: tuple, t: float) -> None:
+def _close(held: dict, times: dict[str, Held], key: tuple, t: float) -> None:
     got = held.pop(key, None)
     if got is not None:
         sid, t0, slow = got
-        excl[sid] += (t - t0) / slow
+        times[sid].held_s += t - t0
+        times[sid].exclusive_s += (t - t0) / slow
 
 
 def _one_per_replica(pieces: list[SubStage]) -> list[SubStage]:
