@@ -95,3 +95,22 @@ def test_runs_that_cannot_calibrate_are_refused_with_the_reason():
         calibrate(GRID, [_alone_run()], [])
     with pytest.raises(ValueError, match="no sub-stage in common"):
         calibrate(GRID, [_alone_run(steps=1)], [_shared_run(steps=1)], first_step=1)
+
+
+def test_jigsaw_profile_calibrate_writes_the_calibrated_grid_of_the_shared_runs_profile(tmp_path, capsys):
+    from jigsaw.cli.main import main
+
+    alone, shared = tmp_path / "alone.jsonl", tmp_path / "shared.jsonl"
+    _alone_run().write(alone)
+    node = TraceEvent(t_s=0.0, event="node", pipeline="", data={"profile": GRID.path})
+    Trace([node, *_shared_run().events]).write(shared)
+    out = tmp_path / "calibrated.json"
+    assert main(["profile", "--calibrate", str(alone), str(shared), "--out", str(out)]) == 0
+    got = SlowdownGrid.load(out)
+    assert got.source["calibration"]["runs"] == [str(alone), str(shared)]
+    for kind, f in TRUE.items():  # the CLI leaves the warm-up step out as well
+        assert got.alone(kind, 0.5, 0.5) == pytest.approx(GRID.alone(kind, 0.5, 0.5) * f, abs=1e-3)
+    assert "rollout_tail" in capsys.readouterr().out
+    _shared_run().write(shared)  # no node event: not a daemon's trace
+    assert main(["profile", "--calibrate", str(alone), str(shared), "--out", str(out)]) != 0
+    assert main(["profile", "--calibrate", str(alone), "--out", str(out)]) != 0  # not a pair

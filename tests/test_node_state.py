@@ -268,3 +268,19 @@ def test_groups_of_pipelines_sharing_no_device_are_planned_apart_and_fail_apart(
     serial.register("A", (0,))
     serial.register("C", (3,))
     assert not serial.policy.separable  # node-wide turns: planned as one
+
+
+def test_a_pipeline_with_nothing_asked_is_working_on_the_host_and_keeps_its_cpu_share():
+    """A registered pipeline that asks for nothing is in its own Python (between sub-stages,
+    exiting): not in the view, yet on a CPU it uses its cores, so the other's training alone
+    is kept to its half there.  Once it is gone, the training may take the whole device."""
+    cpu = load_grid("cpu/tiny-qwen3")
+    ns = NodeState(NodeSpec(num_devices=1, mem_bytes=cpu.device.mem_bytes), cpu,
+                   make("jigsaw", SchedulerConfig(host_on_device=True)))
+    a, _ = ns.register("A"), ns.register("B")
+    w = a.request(K.TRAINING, 0, 0, 0.0)
+    d = ns.decide(0.0)
+    assert [x.running.sid for x in d.admitted] == [w.sid] and d.admitted[0].assignment.sm_frac == 0.5
+    ns.remove("B")
+    d = ns.decide(0.1)
+    assert [b.sm_frac for _, b in d.changed] == [1.0]

@@ -336,3 +336,26 @@ def test_a_trace_that_cannot_be_written_stops_and_the_daemon_keeps_serving(tmp_p
         assert n.daemon.poll() is None and isinstance(n.status(), pr.StatusReply)
     finally:
         n.stop()
+
+
+def test_a_change_of_memory_alone_moves_no_process_a_change_of_cores_does(monkeypatch):
+    """A budget change whose partition is the one the worker is on (on a CPU: memory from
+    half to whole when a partner ends) updates the handle but re-pins nothing; new cores do."""
+    from jigsaw.mux.partition import Cpu
+    from jigsaw.runtime import protocol as pr
+    from jigsaw.runtime.client import GrantHandle
+
+    c = connect(pipeline="P", endpoint=None)
+    bound = []
+    monkeypatch.setattr(c, "_bind", lambda h: bound.append((h.substage, h.partition)))
+    half = Cpu(cores=(0,), threads=1)
+    c._live["P/0/r0/rollout_tail/0"] = GrantHandle(substage="P/0/r0/rollout_tail/0", device=0, sm_frac=0.5,
+                                                   mem_bytes=1, partition=half)
+    c._live["P/0/r0/training/0"] = GrantHandle(substage="P/0/r0/training/0", device=0, sm_frac=0.5, mem_bytes=1,
+                                               partition=half)
+    whole = Cpu(cores=(0, 1), threads=2)
+    c._changed((pr.Grant(substage="P/0/r0/rollout_tail/0", device=0, sm_frac=0.5, mem_bytes=2, partition=half),
+                pr.Grant(substage="P/0/r0/training/0", device=0, sm_frac=1.0, mem_bytes=2, partition=whole)))
+    assert bound == [("P/0/r0/training/0", whole)]
+    assert [h.mem_bytes for h in c._live.values()] == [2, 2]
+    c.close()

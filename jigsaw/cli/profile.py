@@ -9,6 +9,9 @@
                         degenerate ─► <out stem>.rejected.json, exit 1 (the name keeps its old grid)
                         otherwise  ─► out, exit 0: the name <sku>/<model> now resolves to it
     --check FILE_OR_NAME ─► check_grid() on an existing grid, nothing measured: exit 1 if degenerate
+    --calibrate ALONE SHARED [...] ─► daemon traces of the same pipelines (serial; static or jigsaw)
+                  ─► jigsaw.sim.calibrate scales the grid the shared runs used, per kind
+                  ─► the same checks, the same out
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def run(args: Args) -> int:
     cfg = args.profile
     if cfg.check is not None:
         return _check(Console(soft_wrap=True), cfg.check)
+    if cfg.calibrate is not None:
+        return _calibrate(Console(soft_wrap=True), cfg)
     return _measure(Console(stderr=True, soft_wrap=True), cfg)
 
 
@@ -60,6 +65,32 @@ def _check(console: Console, ref: str) -> int:
         return 1
     console.print(f"ok: {grid.path} is usable ({len(findings)} warning{'s' * (len(findings) != 1)})", markup=False)
     return 0
+
+
+def _calibrate(console: Console, cfg: ProfileConfig) -> int:
+    from jigsaw.mux.prior import node_grid
+    from jigsaw.mux.validate import check_grid
+    from jigsaw.sim.calibrate import calibrate
+    from jigsaw.trace import Trace
+
+    paths = cfg.calibrate
+    if not paths or len(paths) % 2:
+        raise ValueError(f"--calibrate takes pairs of traces, ALONE SHARED [ALONE SHARED ...], got {len(paths)}")
+    runs = [Trace.read(p) for p in paths]
+    profiles = {str(next((e.data for e in t.events if e.event == "node"), {}).get("profile", "?")) for t in runs[1::2]}
+    if "?" in profiles or len(profiles) != 1:
+        raise ValueError("the shared traces must be daemon traces (jigsaw daemon --trace) decided with one grid, "
+                         f"got {sorted(profiles)}")
+    cal = calibrate(node_grid(profiles.pop()), runs[0::2], runs[1::2], sources=tuple(str(p) for p in paths))
+    say = _printer(console)
+    say(f"  {'kind':<16} {'matched':>7} {'alone s':>8} {'shared s':>8} {'measured x':>10} {'grid said x':>11}  factor")
+    for f in cal.fits:
+        say(f"  {f.kind:<16} {f.matched:>7} {f.alone_s:>8.2f} {f.shared_s:>8.2f} {f.shared_s / f.alone_s:>10.2f} "
+            f"{f.shared_s / f.grid_exclusive_s:>11.2f}  {f'{f.factor:.2f}' if f.applied else 'kept (too little time)'}")
+    out, ref = _target(cfg, cal.grid.device, cal.grid.model)
+    findings = check_grid(cal.grid)
+    _report(console, cal.grid, findings)
+    return _save(console, cal.grid, findings, out, ref)
 
 
 def _measure(console: Console, cfg: ProfileConfig) -> int:

@@ -1,12 +1,13 @@
 """The scheduler's per-call constants: its options, and the slowdown lookups it searches with.
 
-    Context(grid, config, node, cache, pipelines, pairs)
+    Context(grid, config, node, cache, pipelines, pairs, host_frac)
       ├─ splits(kind_a, kind_b, σ, pa, pb)   grid points of a pair (the pipelines' own pair view
       │                                        when `pairs` knows them, else the node grid), kept
       │                                        only where every rollout regime stays feasible
       ├─ feasible(P, x, y, σ)                 ... where both tasks' memory fits (an urgent engine:
       │                                        where its partner's does)
       ├─ complementary / clearing / min_slowdown / solo   pair filter, packing bounds, solo shares
+      ├─ capped                               splits alone where pipelines work on a CPU's cores
       └─ tables memoised per (grid, pairs) in the SchedulerCache, per call in `_feasible`
     ─► actions.py (the decisions and their effects) and schedule.py (the search)
 """
@@ -14,8 +15,7 @@
 from __future__ import annotations
 
 import enum
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -68,7 +68,7 @@ class Context:
                  "bound_weight", "min_slowdown", "pack", "solo", "capped", "_pairs", "_names", "_cls", "elastic")
 
     def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
-                 pipelines: Sequence[PipelineState] = (), pairs=None):
+                 pipelines: Sequence[PipelineState] = (), pairs=None, host_frac: Mapping[int, float] | None = None):
         self.config, self.balanced, self.model = config, config.balance, model
         self.mem_bytes, self.sm_budgets_frac = node.mem_bytes, config.budgets(model)
         self.min_pack_efficiency = config.min_pack_efficiency
@@ -92,7 +92,7 @@ class Context:
         self._feasible: dict[tuple, list] = {}
         self._merge_configs: dict[tuple[float, float], MergeConfig] = {}
         self.solo = self._solo()
-        self.capped = self._capped(pipelines) if config.host_on_device else {}
+        self.capped = self._capped(host_frac or {}) if config.host_on_device else {}
         self.min_slowdown = self._min_slowdown()
         missing = [b for b in self.sm_budgets_frac if not any(abs(b - s) < 1e-9 for s in model.sm_levels)]
         if missing:
@@ -159,18 +159,13 @@ class Context:
             self._table["solo"] = got
         return got
 
-    def _capped(self, pipelines: Sequence[PipelineState]) -> dict[int, dict[str, st.Split]]:
-        """Devices where a pipeline works on the host (SchedulerConfig.host_on_device), and on
-        each every kind's best split alone within what the host-busy pipelines' equal shares
-        leave: a sub-stage alone there grows no further."""
-        on, busy = Counter(), Counter()
-        for ps in pipelines:
-            for d in set(ps.devices):
-                on[d] += 1
-                busy[d] += ps.host_busy
+    def _capped(self, host_frac: Mapping[int, float]) -> dict[int, dict[str, st.Split]]:
+        """Devices where pipelines work on the host (SchedulerConfig.host_on_device), and on
+        each every kind's best split alone within what their share leaves: a sub-stage alone
+        there grows no further."""
         m, top, out = self.model, self.model.mem_levels[-1], {}
-        for d, n in busy.items():
-            levels = [sm for sm in m.sm_levels if n and sm <= 1.0 - n / on[d] + 1e-9]
+        for d, frac in host_frac.items():
+            levels = [sm for sm in m.sm_levels if sm <= 1.0 - frac + 1e-9]
             if levels:
                 out[d] = {k: st.Split(sm, 1.0, s) for k in m.kinds
                           for s, sm in [min((m.alone(k, sm, top), sm) for sm in levels)]}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from jigsaw.graph.live import HOST, LivePipeline, Running, Waiting
 from jigsaw.graph.plan import Assignment, Budget, NodeSpec, Plan
 from jigsaw.graph.policy import Policy, View
-from jigsaw.graph.view import pipeline_state
+from jigsaw.graph.view import host_frac, pipeline_state
 
 log = logging.getLogger("jigsaw.node")
 EPS = 1e-9
@@ -106,7 +106,7 @@ class NodeState:
         live = [p for p in self.pipelines.values() if p.live]
         built = [pipeline_state(p, now_s, next_step=self.next_step) for p in live]
         view = View(time_s=now_s, pipelines=tuple(s for s, _ in built), progress=tuple(g for _, g in built),
-                    node=self.node, model=self.grid, pairs=self.pairs)
+                    node=self.node, model=self.grid, pairs=self.pairs, host_frac=host_frac(self.pipelines.values()))
         return view, live
 
     def decide(self, now_s: float) -> Decision | None:

@@ -128,9 +128,6 @@ class PipelineState:
     prefill_work: tuple[float, float] | None = None
     """(FLOPs, exclusive seconds) of the pipeline's prefill sub-stages: their MFU prices a
     migration's KV recompute (None: read from the graph's prefill sub-stages)."""
-    host_busy: bool = False
-    """Nothing of it holds or waits for a device: its processes work on the host (between
-    sub-stages, a host sub-stage, start-up or exit).  See SchedulerConfig.host_on_device."""
 
 
 @dataclass(frozen=True, slots=True)

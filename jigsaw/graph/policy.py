@@ -14,7 +14,7 @@ caches); the Plan they return depends only on the views they were given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -38,6 +38,9 @@ class View:
     pairs: object = None
     """Where the pipelines run different models: the exact grid of each ordered pair
     (jigsaw.mux.pairing.PairGrids, by pipeline name); None: `model` prices every pair."""
+    host_frac: Mapping[int, float] = field(default_factory=dict)
+    """Per device, the share of the pipelines placed there that work on the host, outside
+    every sub-stage (view.host_frac; what SchedulerConfig.host_on_device keeps free)."""
 
 
 class Policy(Protocol):
@@ -83,7 +86,7 @@ class Jigsaw:
         if self.cache is None:
             self.cache = SchedulerCache()
         return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache,
-                        pairs=view.pairs)
+                        pairs=view.pairs, host_frac=view.host_frac)
 
 
 NAMES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")

@@ -21,7 +21,7 @@ share it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from jigsaw.graph import actions as act
 from jigsaw.graph import state as st
@@ -35,14 +35,15 @@ _TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier 
 
 def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
              config: SchedulerConfig = SchedulerConfig(), time_s: float = 0.0,
-             cache: SchedulerCache | None = None, pairs=None) -> Plan:
+             cache: SchedulerCache | None = None, pairs=None, host_frac: Mapping[int, float] | None = None) -> Plan:
     """Decide what runs on every device from `time_s` on.
 
     `model` is a `jigsaw.mux.slowdown.SlowdownGrid` (anything with `pair`,
     `pair_options`, `sm_levels` and `device.peak_flops`).  `cache` keeps lookup tables
     and task tables between calls on one node (the same Plan with or without it).
     `pairs` (jigsaw.mux.pairing.PairGrids): the exact grid of two pipelines running
-    different models, by name; co-locations are planned with it, the rest with `model`."""
+    different models, by name; co-locations are planned with it, the rest with `model`.
+    `host_frac`: per device, the share of its pipelines working on the host (View.host_frac)."""
     cache = cache or SchedulerCache()
     if len(pipelines) < 1:
         raise ValueError("schedule needs at least one pipeline")
@@ -50,7 +51,7 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     if len(set(names)) != len(names):
         raise ValueError(f"pipeline names must be unique, got {names}")
     P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
-    ctx = act.Context(model, config, node, cache, pipelines, pairs)
+    ctx = act.Context(model, config, node, cache, pipelines, pairs, host_frac)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:

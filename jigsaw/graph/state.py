@@ -47,7 +47,7 @@ class State:
 
     __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
                  "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged",
-                 "solo", "capped")
+                 "solo", "capped", "pace")
 
     def copy(self) -> State:
         c = State.__new__(State)
@@ -59,7 +59,7 @@ class State:
         c.load_s, c.held = self.load_s[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         c.merged = self.merged  # replaced, never mutated, by a merge
-        c.solo, c.capped = self.solo, self.capped  # fixed for the whole call
+        c.solo, c.capped, c.pace = self.solo, self.capped, self.pace  # fixed for the whole call
         return c
 
 
@@ -76,13 +76,16 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     (the grid's, set by actions.initial); every other kind alone takes the whole device."""
     S.capped = {}
     """Devices a host-busy pipeline keeps its share of: every kind's split alone there."""
+    S.pace = None
+    """Per task, its seconds alone at its kind's best share per exclusive second (`solo`'s
+    slowdown, else 1): device loads count work in that time (see `set_pace`); None: all 1."""
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
     for p, ps in enumerate(pipelines):
         for i in P.pipe_tasks[p]:
             _init_task(P, S, P.tasks[i], ps)
-    S.load_s = [0.0] * P.num_devices  # exclusive seconds of unfinished work per device
+    S.load_s = [0.0] * P.num_devices  # seconds of unfinished work per device, alone at each one's pace
     S.urgent = frozenset(i for p, ps in enumerate(pipelines) if ps.urgent
                          for i in P.pipe_tasks[p] if set(P.tasks[i].ids) & ps.urgent)
     status, rem, load, npred = S.status, S.rem_s, S.load_s, S.npred
@@ -162,6 +165,21 @@ def refresh_rate(P: Problem, S: State, i: int, balanced: bool) -> None:
         S.rate[i] = gang_rate([S.split[(i, d)].slowdown for d in devs], balanced)
 
 
+def set_pace(P: Problem, S: State, solo: dict[str, Split]) -> None:
+    """Count device loads in time alone at each kind's best share: a kind faster on a share
+    (a CPU tail on one core) clears its work in less than its exclusive time, and a load in
+    exclusive seconds would make idling beside it look as cheap as pairing."""
+    pace = [min(1.0, solo[k].slowdown) if k in solo else 1.0 for k in P.kinds]
+    if all(x == 1.0 for x in pace):
+        return
+    S.pace = pace
+    S.load_s = [0.0] * P.num_devices
+    for t in P.tasks:
+        if S.status[t.idx] != DONE:
+            for d in t.devices:
+                S.load_s[d] += S.rem_s[t.idx] * pace[t.idx]
+
+
 def alone(S: State, kind: str, d: int) -> Split:
     """A replica's split alone on device d: the whole device, its kind's better share, or what
     a host-busy pipeline there leaves."""
@@ -193,8 +211,9 @@ def place_pair(S: State, i: int, y: int, d: int, point: tuple[float, float, floa
 
 def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
     task = P.tasks[i]
+    left = S.rem_s[i] * (1.0 if S.pace is None else S.pace[i])
     for d in task.devices:
-        S.load_s[d] -= S.rem_s[i]  # rounding residue, or the whole tail of a merged-away source
+        S.load_s[d] -= left  # rounding residue, or the whole tail of a merged-away source
     S.status[i] = DONE
     S.running.discard(i)
     S.rem_s[i] = 0.0
@@ -224,9 +243,12 @@ def advance(P: Problem, S: State, balanced: bool) -> None:
     S.now_s += dt
     ended = []
     load, tasks = S.load_s, P.tasks
+    pace = S.pace
     for i in S.running:
         done_s = dt * S.rate[i]
         S.rem_s[i] -= done_s
+        if pace is not None:
+            done_s *= pace[i]
         for d in tasks[i].devices:
             load[d] -= done_s
         if S.rem_s[i] <= EPS_S * max(1.0, tasks[i].excl_s):
@@ -240,6 +262,7 @@ def advance(P: Problem, S: State, balanced: bool) -> None:
 
 def set_remaining(P: Problem, S: State, i: int, rem_s: float) -> None:
     """Change a task's exclusive time left (a merge grows the target's tail)."""
+    more = (rem_s - S.rem_s[i]) * (1.0 if S.pace is None else S.pace[i])
     for d in P.tasks[i].devices:
-        S.load_s[d] += rem_s - S.rem_s[i]
+        S.load_s[d] += more
     S.rem_s[i] = rem_s

@@ -15,6 +15,7 @@ the graph executor.
       └─ the predicted next step behind the barrier, each worker's rollout summarised
     ─► PipelineState(graph, devices, running budgets, remaining, urgent, decode fit)
        + Progress (stage, step, rollout share done, since when) for whole-stage baselines
+    every registered pipeline ─► host_frac: per device, the share working on the host
 
 Pure: it reads the facts and `now_s`, and caches only derived data on the pipeline (its
 prediction, the summarised next step, the last graph, so an unchanged graph is the same
@@ -23,6 +24,8 @@ object and the scheduler's per-graph tables stay valid).
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
 
 from jigsaw.graph.builder import predict_next
@@ -57,12 +60,23 @@ def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True) -> 
     fit, prefill, turns = _measured(p, base)
     state = PipelineState(graph=graph, devices=p.devices, done=frozenset(done), running=running,
                           remaining_s=remaining, urgent=frozenset(urgent), decode_fit=fit, prefill_work=prefill,
-                          multi_turn=turns, host_busy=_host_busy(p))
+                          multi_turn=turns)
     return state, _progress(p, nodes, done, remaining, now_s)
 
 
-def _host_busy(p: LivePipeline) -> bool:
-    return not p.waiting and not any(r.on_device for r in p.running.values())
+def host_frac(pipelines: Iterable[LivePipeline]) -> dict[int, float]:
+    """Per device, the share of the pipelines placed on it that work on the host: nothing of
+    theirs holds or waits for a device (their Python between sub-stages, a host sub-stage,
+    start-up, exit).  Those are not in the view; on a CPU they still use its cores
+    (SchedulerConfig.host_on_device)."""
+    placed: Counter[int] = Counter()
+    busy: Counter[int] = Counter()
+    for p in pipelines:
+        on_host = not p.waiting and not any(r.on_device for r in p.running.values())
+        for d in set(p.devices):
+            placed[d] += 1
+            busy[d] += on_host
+    return {d: busy[d] / placed[d] for d in placed if busy[d]}
 
 
 # ---------------------------------------------------------------- base graph

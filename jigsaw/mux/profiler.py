@@ -68,6 +68,12 @@ class ProfileConfig:
     check: str | None = None
     """Measure nothing: validate an existing grid (a file, or a name like cpu/tiny-qwen3) and
     exit 1 if it is degenerate, 0 otherwise (see jigsaw.mux.validate)."""
+    calibrate: tuple[Path, ...] | None = None
+    """Measure nothing: ALONE SHARED [ALONE SHARED ...], pairs of daemon traces of the same
+    pipelines and seeds, one run under `--policy serial` (every sub-stage alone), one under
+    `--policy static` or `jigsaw` (on partitions).  Scales the grid the shared runs used, per
+    kind, to what the pipelines really did on a partition (jigsaw.sim.calibrate) and writes it
+    like a measurement (`jigsaw demo --modes serial-live static-live` makes such traces)."""
     layers: int = 4
     """Decoder layers instantiated: slowdowns are ratios of time per token and every layer has
     the same shape, so a few stand for the model while bounding memory and time."""

@@ -211,6 +211,19 @@ class Client:
         if cores:
             pin(os.getpid(), cores)
 
+    def _changed(self, grants: tuple[pr.Grant, ...]) -> None:
+        """Budget changes of running sub-stages: the handles follow, and the processes move at
+        once, unless the partition is the one they are on (a change of memory alone moves
+        nothing: re-pinning every thread of a worker mid-step costs it for nothing)."""
+        for g in grants:
+            with self._binding:
+                if (h := self._live.get(g.substage)) is None or h.lost:
+                    continue  # it ended meanwhile: its processes belong to the next piece
+                moved = g.partition != h.partition
+                h._update(g)
+                if moved:
+                    self._bind(h)
+
     def _close(self, h: GrantHandle, why: str) -> None:
         if h.substage and not (h.exclusive or h.lost):
             done = pr.Done(session=self.session or "", substage=h.substage, final=h.final, **h.numbers,
@@ -362,12 +375,7 @@ class Client:
                 if not (isinstance(reply, pr.Beat) and reply.grants):  # never faster than one per heartbeat_s
                     self._stop.wait(max(0.0, sent + self.heartbeat_s - time.monotonic()))
                 if isinstance(reply, pr.Beat):
-                    for g in reply.grants:
-                        with self._binding:
-                            if (h := self._live.get(g.substage)) is None or h.lost:
-                                continue  # it ended meanwhile: its processes belong to the next piece
-                            h._update(g)
-                            self._bind(h)  # mid-sub-stage: the processes move at once
+                    self._changed(reply.grants)
                 elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
                     self._forgotten(beat.session)  # a new daemon, or a lost lease: register again
         finally:

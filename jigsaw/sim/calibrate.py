@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jigsaw.graph.ids import SubStageId
@@ -87,7 +88,8 @@ def calibrate(grid: SlowdownGrid, alone: list[Trace], shared: list[Trace], *, fi
         raise ValueError("the alone and shared runs have no sub-stage in common after the warm-up steps: "
                          "were they run with the same seeds and steps?")
     fits = tuple(_fit(kind, *sums[kind], min_matched_s=min_matched_s) for kind in sorted(sums))
-    return Calibration(grid=_scaled(grid, fits, sources), fits=fits)
+    factors = {f.kind: f.factor for f in fits if f.applied}
+    return Calibration(grid=scaled(grid, factors, sources), fits=fits)
 
 
 def _times(trace: Trace, first_step: int, *, whole: bool) -> dict[str, Held]:
@@ -117,10 +119,11 @@ def _fit(kind: str, matched: int, alone_s: float, shared_s: float, excl_s: float
                    factor=excl_s / alone_s if applied else 1.0, applied=applied)
 
 
-def _scaled(grid: SlowdownGrid, fits: tuple[KindFit, ...], sources: tuple[str, ...]) -> SlowdownGrid:
+def scaled(grid: SlowdownGrid, factors: Mapping[str, float], runs: tuple[str, ...] = ()) -> SlowdownGrid:
+    """`grid` with every partitioned entry of each kind in `factors` multiplied by its factor
+    (alone on a share, and beside every partner); `runs` says where the factors came from."""
     data = grid.to_dict()
     part = [i for i, x in enumerate(data["sm_levels"]) if x < 1.0]
-    factors = {f.kind: f.factor for f in fits if f.applied}
     for kind, f in factors.items():
         tables = [data["alone"][kind], *data["pairs"][kind].values()]
         for table in tables:
@@ -128,6 +131,6 @@ def _scaled(grid: SlowdownGrid, fits: tuple[KindFit, ...], sources: tuple[str, .
                 table[i] = [None if v is None else max(NOISE_FLOOR, round(v * f, 4)) for v in table[i]]
     source = copy.deepcopy(data["source"])
     source["note"] = f"{source['note']}; calibrated on the pipelines' own runs"
-    source["calibration"] = {"factors": {k: round(v, 4) for k, v in factors.items()}, "runs": list(sources)}
+    source["calibration"] = {"factors": {k: round(v, 4) for k, v in factors.items()}, "runs": list(runs)}
     data["source"] = source
     return SlowdownGrid.from_dict(data)
