@@ -1,4 +1,4 @@
-"""Serial, naive, naive-fair, static, static-live and jigsaw: two real GRPO pipelines on this CPU, repeated.
+"""Every demo mode, serial to jigsaw: two real GRPO pipelines on this CPU, repeated.
 
     python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3]
 
@@ -9,7 +9,8 @@ and the spread over the repeats, with the ratio to serial paired by repeat.  The
 says whether the machine was quiet and the repeats agree.  static pins each pipeline to its own
 half of the cores (the free baseline); static-live is the same split made by the daemon's
 `static` policy, so static against it is what jigsaw's runtime costs, and static-live against
-jigsaw what its decisions are worth.  Goals: jigsaw ≥ 1.3× serial, ≥ 1.15× static.  Uses the CPU
+jigsaw what its decisions are worth; serial-live is serial through the daemon (its traces
+calibrate a grid: `jigsaw profile --calibrate`).  Goals: jigsaw ≥ 1.3× serial, ≥ 1.15× static.  Uses the CPU
 grid cpu/tiny-qwen3 (yours if `jigsaw profile --device cpu` measured one).
 """
 

@@ -42,6 +42,17 @@ def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     halves = [(e["sm_frac"], len(e["data"]["partition"]["cores"])) for e in live_static if e["event"] == "grant"]
     cores = len(os.sched_getaffinity(0))
     assert halves and set(halves) == {(0.5, cores // 2)}  # the daemon's static policy: half the cores, always
+    alone = [json.loads(line) for line in (out / "serial-live-trace.jsonl").read_text().splitlines()]
+    assert {e["sm_frac"] for e in alone if e["event"] == "grant"} == {1.0}  # every sub-stage on every core
+    first = {p: min(e["t_s"] for e in alone if e["pipeline"] == p) for p in ("grpo-seed1", "grpo-seed2")}
+    assert max(e["t_s"] for e in alone if e["pipeline"] == "grpo-seed1" and e["event"] == "step") < first["grpo-seed2"]
+    from jigsaw.mux.slowdown import load_grid
+    from jigsaw.sim.calibrate import calibrate
+    from jigsaw.trace import Trace
+
+    cal = calibrate(load_grid("cpu/tiny-qwen3"), [Trace.read(out / "serial-live-trace.jsonl")],
+                    [Trace.read(out / "static-live-trace.jsonl")], min_matched_s=0.0)
+    assert {"reference", "training"} <= {f.kind for f in cal.fits if f.matched == 2}  # same ids in both runs
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon
