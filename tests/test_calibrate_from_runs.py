@@ -78,6 +78,10 @@ def test_the_shared_run_read_with_the_calibrated_grid_takes_the_alone_runs_times
         assert len(pieces) == 2 * 2 * len(WORK_S)
         got = [s.duration_s == pytest.approx(WORK_S[s.kind.value], rel=1e-6) for s in pieces]
         assert all(got) if right else not any(got)
+    # The whole device alone is the grid's normalisation point: the factors leave it alone.
+    whole = recorded(_alone_run(), first_step=1, factors=cal.factors)
+    assert all(s.duration_s == pytest.approx(WORK_S[s.kind.value], rel=1e-6)
+               for ps in whole.pipelines for s in ps.graph.substages)
 
 
 def test_a_kind_with_too_little_time_keeps_its_entries():
