@@ -12,7 +12,14 @@ from jigsaw.trace import Trace, TraceEvent
 
 pytestmark = pytest.mark.timeout(60)
 
-GRID = SlowdownGrid.load(CPU_DEFAULT)
+def _uncalibrated(name: str) -> SlowdownGrid:
+    """A grid with no calibration on record (the shipped CPU grid, its entries as they are)."""
+    doc = SlowdownGrid.load(name).to_dict()
+    doc["source"].pop("calibration", None)
+    return SlowdownGrid.from_dict(doc)
+
+
+GRID = _uncalibrated(CPU_DEFAULT)
 WORK_S = {"rollout_tail": 1.0, "training": 2.0}
 """Whole-device seconds of each sub-stage, every step."""
 TRUE = {"rollout_tail": 1.6, "training": 0.7}
@@ -106,7 +113,9 @@ def test_jigsaw_profile_calibrate_writes_the_calibrated_grid_of_the_shared_runs_
 
     alone, shared = tmp_path / "alone.jsonl", tmp_path / "shared.jsonl"
     _alone_run().write(alone)
-    node = TraceEvent(t_s=0.0, event="node", pipeline="", data={"profile": GRID.path})
+    base = tmp_path / "grid.json"
+    GRID.save(base)
+    node = TraceEvent(t_s=0.0, event="node", pipeline="", data={"profile": str(base)})
     Trace([node, *_shared_run().events]).write(shared)
     out = tmp_path / "calibrated.json"
     assert main(["profile", "--calibrate", str(alone), str(shared), "--out", str(out)]) == 0
@@ -118,3 +127,14 @@ def test_jigsaw_profile_calibrate_writes_the_calibrated_grid_of_the_shared_runs_
     _shared_run().write(shared)  # no node event: not a daemon's trace
     assert main(["profile", "--calibrate", str(alone), str(shared), "--out", str(out)]) != 0
     assert main(["profile", "--calibrate", str(alone), "--out", str(out)]) != 0  # not a pair
+
+
+def test_calibrating_a_calibrated_grid_records_the_product_of_the_factors():
+    from jigsaw.sim.calibrate import scaled
+
+    once = scaled(GRID, {"training": 2.0}, ("run 1",))
+    twice = scaled(once, {"training": 0.25, "reference": 3.0}, ("run 2",))
+    assert twice.source["calibration"] == {"factors": {"training": 0.5, "reference": 3.0}, "runs": ["run 1", "run 2"]}
+    assert twice.source["note"].count("calibrated") == 1
+    assert twice.alone("training", 0.5, 0.5) == pytest.approx(max(0.5, GRID.alone("training", 0.5, 0.5) * 0.5),
+                                                              abs=1e-3)

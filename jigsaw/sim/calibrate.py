@@ -15,7 +15,7 @@
 
 Why: a profiled grid times kernels (`jigsaw profile`); a real pipeline adds its Python, its
 threads' synchronisation and its batch shapes, and on a small CPU those decide how much a second
-core is worth (the demo's tails gain from it, its training does not).  One factor per kind keeps
+core is worth (the demo's training gains 1.7x from it, its tails run slower with it).  One factor per kind keeps
 the grid's shape (which partner hurts more) and fixes its scale.  A kind with less matched time
 than `min_matched_s` keeps its entries: a few short sub-stages are mostly grant latency.
 """
@@ -32,6 +32,8 @@ from jigsaw.mux.slowdown import NOISE_FLOOR, SlowdownGrid
 from jigsaw.sim.replay import Held, held_times
 from jigsaw.trace import Trace
 
+NOTE = "calibrated on the pipelines' own runs"
+"""What a calibrated grid's source.note says (once)."""
 MIN_MATCHED_S = 0.5
 """Least alone time of a kind's matched sub-stages for its factor to be applied."""
 
@@ -121,7 +123,8 @@ def _fit(kind: str, matched: int, alone_s: float, shared_s: float, excl_s: float
 
 def scaled(grid: SlowdownGrid, factors: Mapping[str, float], runs: tuple[str, ...] = ()) -> SlowdownGrid:
     """`grid` with every partitioned entry of each kind in `factors` multiplied by its factor
-    (alone on a share, and beside every partner); `runs` says where the factors came from."""
+    (alone on a share, and beside every partner); `runs` says where the factors came from.  A
+    grid calibrated before records the product of both calibrations' factors."""
     data = grid.to_dict()
     part = [i for i, x in enumerate(data["sm_levels"]) if x < 1.0]
     for kind, f in factors.items():
@@ -130,7 +133,13 @@ def scaled(grid: SlowdownGrid, factors: Mapping[str, float], runs: tuple[str, ..
             for i in part:
                 table[i] = [None if v is None else max(NOISE_FLOOR, round(v * f, 4)) for v in table[i]]
     source = copy.deepcopy(data["source"])
-    source["note"] = f"{source['note']}; calibrated on the pipelines' own runs"
-    source["calibration"] = {"factors": {k: round(v, 4) for k, v in factors.items()}, "runs": list(runs)}
+    before = source.get("calibration", {})
+    if NOTE not in source["note"]:
+        source["note"] = f"{source['note']}; {NOTE}"
+    total = dict(before.get("factors", {}))
+    for kind, f in factors.items():
+        total[kind] = total.get(kind, 1.0) * f
+    source["calibration"] = {"factors": {k: round(v, 4) for k, v in total.items()},
+                             "runs": [*before.get("runs", ()), *runs]}
     data["source"] = source
     return SlowdownGrid.from_dict(data)
