@@ -64,10 +64,7 @@ class Logged(NamedTuple):
 
 def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: Context) -> State:
     """State at `time_s` with the slowdowns of already running pairs looked up."""
-    S = st.initial_state(P, pipelines, time_s, ctx.balanced)
-    S.solo, S.capped = ctx.solo, ctx.capped
-    if ctx.solo:
-        st.set_pace(P, S, ctx.solo)
+    S = st.initial_state(P, pipelines, time_s, ctx.balanced, ctx.solo, ctx.capped)
     ctx.elastic = frozenset(i for i in S.urgent if P.kinds[i].startswith("rollout"))
     for d, tasks in enumerate(S.dev):
         if len(tasks) == 2:

@@ -150,12 +150,11 @@ class Context:
         sub-stage alone keeps that share, the rest stays free for a partner."""
         got = self._table.get("solo")
         if got is None:
-            m, got = self.model, {}
-            top = m.mem_levels[-1]
-            for kind in m.kinds:
-                s, sm = min((m.alone(kind, sm, top), sm) for sm in m.sm_levels)
-                if s < 1.0 - SOLO_GAIN:
-                    got[kind] = st.Split(sm, 1.0, s)
+            got = {}
+            for kind in self.model.kinds:
+                best = self._best_alone(kind, self.model.sm_levels)
+                if best.slowdown < 1.0 - SOLO_GAIN:
+                    got[kind] = best
             self._table["solo"] = got
         return got
 
@@ -163,13 +162,18 @@ class Context:
         """Devices where pipelines work on the host (SchedulerConfig.host_on_device), and on
         each every kind's best split alone within what their share leaves: a sub-stage alone
         there grows no further."""
-        m, top, out = self.model, self.model.mem_levels[-1], {}
+        out = {}
         for d, frac in host_frac.items():
-            levels = [sm for sm in m.sm_levels if sm <= 1.0 - frac + 1e-9]
+            levels = [sm for sm in self.model.sm_levels if sm <= 1.0 - frac + 1e-9]
             if levels:
-                out[d] = {k: st.Split(sm, 1.0, s) for k in m.kinds
-                          for s, sm in [min((m.alone(k, sm, top), sm) for sm in levels)]}
+                out[d] = {k: self._best_alone(k, levels) for k in self.model.kinds}
         return out
+
+    def _best_alone(self, kind: str, levels) -> st.Split:
+        """`kind` alone at the fastest of these SM levels (all the memory)."""
+        m = self.model
+        s, sm = min((m.alone(kind, sm, m.mem_levels[-1]), sm) for sm in levels)
+        return st.Split(sm, 1.0, s)
 
     def clearing(self, a: tuple[str, bool], b: tuple[str, bool]) -> float:
         """Most exclusive seconds per second one device clears running (kind, is a gang) a

@@ -63,22 +63,22 @@ class State:
         return c
 
 
-def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float, balanced: bool) -> State:
-    """State at `time_s` from the pipelines' done / running / remaining bookkeeping."""
+def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float, balanced: bool,
+                  solo: dict[str, Split] | None = None, capped: dict[int, dict[str, Split]] | None = None) -> State:
+    """State at `time_s` from the pipelines' done / running / remaining bookkeeping; `solo`
+    and `capped` are the call's splits alone (Context.solo, Context.capped)."""
     S = State()
     n = len(P.tasks)
     S.now_s, S.rem_s, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
     S.dev, S.split, S.rate = [()] * P.num_devices, {}, [0.0] * n
     S.held = [()] * P.num_devices
     S.merged = {}
-    S.solo = {}
+    S.solo = solo or {}
     """Kinds that run faster alone on a share of the device than on all of it, and that split
-    (the grid's, set by actions.initial); every other kind alone takes the whole device."""
-    S.capped = {}
+    (the grid's); every other kind alone takes the whole device."""
+    S.capped = capped or {}
     """Devices a host-busy pipeline keeps its share of: every kind's split alone there."""
-    S.pace = None
-    """Per task, its seconds alone at its kind's best share per exclusive second (`solo`'s
-    slowdown, else 1): device loads count work in that time (see `set_pace`); None: all 1."""
+    S.pace = _pace(P, S.solo)
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
@@ -88,13 +88,13 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.load_s = [0.0] * P.num_devices  # seconds of unfinished work per device, alone at each one's pace
     S.urgent = frozenset(i for p, ps in enumerate(pipelines) if ps.urgent
                          for i in P.pipe_tasks[p] if set(P.tasks[i].ids) & ps.urgent)
-    status, rem, load, npred = S.status, S.rem_s, S.load_s, S.npred
+    status, rem, load, npred, pace = S.status, S.rem_s, S.load_s, S.npred, S.pace
     for t in P.tasks:  # done tasks (most of a long graph) need nothing: skip them fast
         i = t.idx
         if status[i] == DONE:
             continue
         for d in t.devices:
-            load[d] += rem[i]
+            load[d] += rem[i] if pace is None else rem[i] * pace[i]
         if status[i] == PENDING:
             left = 0
             for j in t.preds:
@@ -165,19 +165,15 @@ def refresh_rate(P: Problem, S: State, i: int, balanced: bool) -> None:
         S.rate[i] = gang_rate([S.split[(i, d)].slowdown for d in devs], balanced)
 
 
-def set_pace(P: Problem, S: State, solo: dict[str, Split]) -> None:
-    """Count device loads in time alone at each kind's best share: a kind faster on a share
-    (a CPU tail on one core) clears its work in less than its exclusive time, and a load in
-    exclusive seconds would make idling beside it look as cheap as pairing."""
+def _pace(P: Problem, solo: dict[str, Split]) -> list[float] | None:
+    """Per task, its seconds alone at its kind's best share per exclusive second (`solo`'s
+    slowdown, else 1); None when all are 1.  Device loads count work in that time: a kind
+    faster on a share (a CPU tail on one core) clears its work in less than its exclusive
+    time, and a load in exclusive seconds would make idling beside it look as cheap as pairing."""
+    if not solo:
+        return None
     pace = [min(1.0, solo[k].slowdown) if k in solo else 1.0 for k in P.kinds]
-    if all(x == 1.0 for x in pace):
-        return
-    S.pace = pace
-    S.load_s = [0.0] * P.num_devices
-    for t in P.tasks:
-        if S.status[t.idx] != DONE:
-            for d in t.devices:
-                S.load_s[d] += S.rem_s[t.idx] * pace[t.idx]
+    return None if all(x == 1.0 for x in pace) else pace
 
 
 def alone(S: State, kind: str, d: int) -> Split:
