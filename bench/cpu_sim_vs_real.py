@@ -116,8 +116,8 @@ def fits(cal: Calibration) -> Table:
     for col in ("kind", "matched", "alone s", "on half s", "measured ×", "grid said ×", "factor"):
         t.add_column(col, justify="left" if col == "kind" else "right")
     for f in cal.fits:
-        t.add_row(f.kind, str(f.matched), f"{f.alone_s:.2f}", f"{f.shared_s:.2f}", f"{f.shared_s / f.alone_s:.2f}",
-                  f"{f.shared_s / f.grid_exclusive_s:.2f}", f"{f.factor:.2f}" if f.applied else "(too little)")
+        t.add_row(f.kind, str(f.matched), f"{f.alone_s:.2f}", f"{f.shared_s:.2f}", f"{f.measured_x:.2f}",
+                  f"{f.grid_x:.2f}", f"{f.factor:.2f}" if f.applied else "(too little)")
     return t
 
 

@@ -85,8 +85,8 @@ def _calibrate(console: Console, cfg: ProfileConfig) -> int:
     say = _printer(console)
     say(f"  {'kind':<16} {'matched':>7} {'alone s':>8} {'shared s':>8} {'measured x':>10} {'grid said x':>11}  factor")
     for f in cal.fits:
-        say(f"  {f.kind:<16} {f.matched:>7} {f.alone_s:>8.2f} {f.shared_s:>8.2f} {f.shared_s / f.alone_s:>10.2f} "
-            f"{f.shared_s / f.grid_exclusive_s:>11.2f}  {f'{f.factor:.2f}' if f.applied else 'kept (too little time)'}")
+        say(f"  {f.kind:<16} {f.matched:>7} {f.alone_s:>8.2f} {f.shared_s:>8.2f} {f.measured_x:>10.2f} "
+            f"{f.grid_x:>11.2f}  {f'{f.factor:.2f}' if f.applied else 'kept (too little time)'}")
     out, ref = _target(cfg, cal.grid.device, cal.grid.model)
     findings = check_grid(cal.grid)
     _report(console, cal.grid, findings)

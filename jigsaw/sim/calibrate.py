@@ -55,6 +55,16 @@ class KindFit:
     """What the kind's partitioned entries were multiplied by (1.0 where not applied)."""
     applied: bool
 
+    @property
+    def measured_x(self) -> float:
+        """On a partition beside a partner over alone on the whole device, as the runs measured."""
+        return self.shared_s / self.alone_s
+
+    @property
+    def grid_x(self) -> float:
+        """The same ratio as the grid said it (its time-weighted slowdown over the shared run)."""
+        return self.shared_s / self.grid_exclusive_s
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
