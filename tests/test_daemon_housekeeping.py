@@ -305,10 +305,25 @@ def test_run_says_nothing_when_the_command_admits_a_sub_stage(node, tmp_path):
 def test_run_names_a_framework_without_an_integration_at_start(node):
     node.start()
     out = jigsaw("run", "--name", "v", "--warn-unscheduled-s", "1", "--", sys.executable, "-c",
-                 "import time; time.sleep(2)", "verl.trainer.main_ppo", env=node.env)
+                 "import time; time.sleep(2)", "sglang.launch_server", env=node.env)
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if "unscheduled" in ln]
-    assert len(lines) == 1 and "verl has no jigsaw integration in this version" in lines[0], out.stderr
+    assert len(lines) == 1 and "sglang has no jigsaw integration in this version" in lines[0], out.stderr
+
+
+def test_run_hands_a_verl_job_rays_runtime_env_hook(node):
+    """A verl command gets the hook that gives every Ray worker jigsaw's env; a command that
+    is not verl does not, and a hook the user set is kept."""
+    node.start()
+    show = "import os; print('HOOK=' + os.environ.get('RAY_RUNTIME_ENV_HOOK', '-'))"
+    verl = jigsaw("run", "--name", "v", "--warn-unscheduled-s", "0", "--", sys.executable, "-c", show,
+                  "verl.trainer.main_ppo", env=node.env)
+    plain = jigsaw("run", "--name", "p", "--warn-unscheduled-s", "0", "--", sys.executable, "-c", show, env=node.env)
+    own = jigsaw("run", "--name", "o", "--framework", "verl", "--warn-unscheduled-s", "0", "--", sys.executable,
+                 "-c", show, env={**node.env, "RAY_RUNTIME_ENV_HOOK": "mine.hook"})
+    assert "HOOK=jigsaw.integrations.verl.ray_env.runtime_env_hook" in verl.stdout, verl.stderr
+    assert "HOOK=-" in plain.stdout and "HOOK=mine.hook" in own.stdout, own.stderr
+    assert "already 'mine.hook'" in own.stderr, own.stderr
 
 
 @pytest.mark.parametrize("argv, framework", [

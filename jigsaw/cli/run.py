@@ -10,9 +10,12 @@
     another job holds is refused: exit 2) ─► CMD as a child with JIGSAW_ENDPOINT /
     JIGSAW_PIPELINE / JIGSAW_OWNER ─► signals forwarded ─► unregister on exit
         ─► CMD's exit code (128 + N when it died of signal N)
-    unscheduled?  CMD of a framework without a jigsaw integration (verl, ...): said at start;
-        otherwise, still running after warn_unscheduled_s and the daemon counts no sub-stage
-        asked for by the pipeline: said once
+    verl (detected in CMD, or --framework verl): CMD also gets RAY_RUNTIME_ENV_HOOK, so every Ray
+        worker of the job gets the endpoint and the pipeline name; jigsaw's verl plugin (loaded
+        by verl itself) admits each stage (jigsaw/integrations/verl/)
+    unscheduled?  CMD of a framework without a jigsaw integration (sglang, openrlhf): said at
+        start; otherwise, still running after warn_unscheduled_s and the daemon counts no
+        sub-stage asked for by the pipeline: said once
 
 A runtime directory that cannot be used (not private, not creatable) is said once and CMD
 runs unscheduled: the pipeline never fails because the daemon cannot run.
@@ -39,8 +42,9 @@ from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
 ON_DEMAND_IDLE_EXIT_S = 600.0
 """A daemon `jigsaw run` starts exits after this long with no pipeline registered."""
 FRAMEWORKS = ("verl", "sglang", "openrlhf")
-"""Frameworks recognised in CMD that have no jigsaw integration in this version: nothing in them
-asks the daemon for sub-stages, so their stages run unscheduled."""
+"""Frameworks recognised in CMD."""
+INTEGRATED = ("verl",)
+"""Those whose jobs jigsaw schedules without a change to them (the others run unscheduled)."""
 DETECTED = tyro.conf.arg(help_behavior_hint="(default: detected from the node)")
 
 
@@ -59,6 +63,9 @@ class Args:
     Detected: one per GPU that NVML sees, else 1 (a CPU device over this process's cores)."""
     start_daemon: bool = True
     """Start a daemon when none answers (--no-start-daemon: run CMD unscheduled instead)."""
+    framework: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: detected from CMD)")] = None
+    """The RL framework CMD runs: verl | sglang | openrlhf | none.  verl jobs are scheduled
+    through jigsaw's verl plugin (install jigsaw[verl] where verl runs)."""
     start_timeout_s: float = 10.0
     """How long to wait for a daemon started on demand."""
     warn_unscheduled_s: float = 60.0
@@ -76,10 +83,11 @@ def run(args: Args) -> int:
     from jigsaw.runtime.protocol import check_name, safe_name
 
     name = check_name(args.name) if args.name else safe_name(f"{Path(args.cmd[0]).name}-{os.getpid()}")
+    framework = _framework(args)
     ep, why = _daemon(args)
     if ep is None:
         print(f"jigsaw run: {why}; running {name} unscheduled", file=sys.stderr)
-    elif framework := recognise(args.cmd):
+    elif framework and framework not in INTEGRATED:
         _say(f"{framework} has no jigsaw integration in this version: {name}'s stages run unscheduled "
              f"(nothing in {framework} asks the jigsaw daemon for them)")
     token = secrets.token_hex(16)
@@ -88,6 +96,8 @@ def run(args: Args) -> int:
         owner.close()
         raise ValueError(owner.refusal.message)
     env = dict(os.environ, **{ENV_PIPELINE: name, ENV_OWNER: token}, **({ENV_ENDPOINT: ep} if ep else {}))
+    if framework == "verl" and ep is not None:
+        env = _verl_env(env, name)
     try:
         proc = subprocess.Popen(list(args.cmd), env=env)
     except OSError as exc:
@@ -95,7 +105,7 @@ def run(args: Args) -> int:
         raise ValueError(f"cannot run {args.cmd[0]!r}: {exc}") from None
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, f: proc.send_signal(s))
-    watch = ep is not None and not recognise(args.cmd) and args.warn_unscheduled_s > 0
+    watch = ep is not None and framework in (None, *INTEGRATED) and args.warn_unscheduled_s > 0
     rc = _wait(proc, args.warn_unscheduled_s if watch else 0.0, lambda: _check_scheduled(ep, name, args))
     owner.close(pipeline_done=True)
     return 128 - rc if rc < 0 else rc
@@ -106,6 +116,31 @@ def _say(line: str) -> None:
 
 
 # ------------------------------------------------------------------ unscheduled pipelines
+
+def _framework(args: Args) -> str | None:
+    if args.framework is None:
+        return recognise(args.cmd)
+    if args.framework not in (*FRAMEWORKS, "none"):
+        raise ValueError(f"--framework {args.framework!r}: one of {', '.join(FRAMEWORKS)}, none")
+    return None if args.framework == "none" else args.framework
+
+
+def _verl_env(env: dict, name: str) -> dict:
+    """CMD's environment with Ray's runtime-env hook set to hand jigsaw's env to every worker."""
+    import importlib.util
+
+    from jigsaw.integrations.verl.ray_env import HOOK
+
+    if importlib.util.find_spec("verl") is None:
+        _say(f"verl is not installed next to jigsaw ({sys.executable}): install jigsaw[verl] in verl's "
+             f"environment, or {name}'s stages run unscheduled")
+    if env.get("RAY_RUNTIME_ENV_HOOK", HOOK) != HOOK:
+        _say(f"RAY_RUNTIME_ENV_HOOK is already {env['RAY_RUNTIME_ENV_HOOK']!r}: kept; Ray workers get jigsaw's "
+             "env only by inheritance (a local Ray cluster)")
+        return env
+    _say(f"verl: {name}'s stages are admitted by the jigsaw daemon (jigsaw's verl plugin)")
+    return dict(env, RAY_RUNTIME_ENV_HOOK=HOOK)
+
 
 def recognise(cmd: Sequence[str]) -> str | None:
     """The framework CMD runs, from its argv: a word that is a framework's package, a module in it

@@ -24,6 +24,7 @@ torch / transformers are imported lazily so a worker can pin its threads before 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -147,8 +148,11 @@ class RolloutEngine:
         """torch intra-op threads of the CB thread at its last forward (None before the first)."""
         self._recording = True
         self._serial = itertools.count()
+        self._gate = threading.RLock()
+        """Held by every forward of the CB thread: whoever holds it (a weight update, a logprob
+        recomputation) runs between two forwards.  transformers < 5.11 has no manager pause."""
         self._hooks = [model.register_forward_pre_hook(self._on_pre, with_kwargs=True),
-                       model.register_forward_hook(self._on_post, with_kwargs=True)]
+                       model.register_forward_hook(self._on_post, with_kwargs=True, always_call=True)]
         self._mgr = model.init_continuous_batching(generation_config=self._generation_config(tokenizer),
                                                    continuous_batching_config=self._cb_config())
         self._mgr.start()
@@ -219,7 +223,7 @@ class RolloutEngine:
         unknown = sorted(set(state_dict) - set(self.model.state_dict()))
         if unknown:  # checked first: a rejected update must not be half applied
             raise ValueError(f"update_weights: unknown parameters {unknown[:5]}")
-        with self._mgr.pause(), self._torch.no_grad():
+        with self._gate, self._torch.no_grad():
             self.model.load_state_dict(state_dict, strict=False)  # a subset is fine (tied lm_head)
 
     def close(self) -> None:
@@ -255,9 +259,13 @@ class RolloutEngine:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         c = self.config
-        return ContinuousBatchingConfig(page_size=c.page_size, num_blocks=c.num_blocks,
-                                        max_batch_tokens=c.max_batch_tokens, return_logprobs=True,
-                                        auto_switch_to_flash=False, use_cuda_graph=False, seed=c.seed)
+        known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        # transformers < 5.11 (verl 0.9.1's pin) calls the page `block_size` and never switches
+        # attention to flash by itself
+        page = {"page_size": c.page_size} if "page_size" in known else {"block_size": c.page_size}
+        flash = {"auto_switch_to_flash": False} if "auto_switch_to_flash" in known else {}
+        return ContinuousBatchingConfig(**page, **flash, num_blocks=c.num_blocks, max_batch_tokens=c.max_batch_tokens,
+                                        return_logprobs=True, use_cuda_graph=False, seed=c.seed)
 
     def _drain(self, timeout_s: float) -> None:
         """Take every output CB has delivered; block up to timeout_s for the first one."""
@@ -290,7 +298,7 @@ class RolloutEngine:
             return []
         torch = self._torch
         ids = torch.tensor([req.prompt_ids + req.partial_ids])
-        with self._mgr.pause(), torch.no_grad():
+        with self._gate, torch.no_grad():
             self._recording = False  # this forward is not a CB step
             try:
                 logits = self.model(input_ids=ids).logits[0, len(req.prompt_ids) - 1:-1].float()
@@ -302,6 +310,7 @@ class RolloutEngine:
         return picked[:, 0].tolist()
 
     def _on_pre(self, module, args, kwargs) -> None:
+        self._gate.acquire()  # released by _on_post, which runs even when the forward raises
         if not self._recording:
             return
         # the CB thread's OpenMP setting is its own: it follows the cores it may use now
@@ -310,6 +319,12 @@ class RolloutEngine:
         self._step_start = (time.monotonic(), prefill, decode)
 
     def _on_post(self, module, args, kwargs, output) -> None:
+        try:
+            self._record()
+        finally:
+            self._gate.release()
+
+    def _record(self) -> None:
         if not self._recording or self._step_start is None:
             return
         t0, prefill, decode = self._step_start

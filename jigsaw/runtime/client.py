@@ -127,13 +127,14 @@ class Client:
 
     @contextlib.contextmanager
     def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
-                 mem_bytes: int = 0, pids: Sequence[int] = ()) -> Iterator[GrantHandle]:
+                 mem_bytes: int = 0, pids: Sequence[int] = (), label: str = "") -> Iterator[GrantHandle]:
         """Block until the scheduler admits this sub-stage and its processes (`pids`, default
-        this one) are on its partition; report it done on exit."""
+        this one) are on its partition; report it done on exit.  `label`: the framework's name
+        for the work, kept in the trace."""
         t0 = time.monotonic()
         if self.session is None and self._reachable():  # forgotten by a live daemon: join it again now
             self._register(self._sock, self.connect_timeout_s)
-        handle, why = self._admit(kind, dp_rank, step, urgent, mem_bytes, tuple(pids)) if self.connected \
+        handle, why = self._admit(kind, dp_rank, step, urgent, mem_bytes, tuple(pids), label) if self.connected \
             else (None, "unreachable")
         if handle is None:
             handle = GrantHandle(substage="", device=dp_rank, exclusive=True, pids=tuple(pids))
@@ -150,9 +151,9 @@ class Client:
                 self._live.pop(key, None)
             self._close(handle, why)
 
-    def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = ()) -> Rollout:
+    def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = (), label: str = "") -> Rollout:
         """A rollout worker's regimes from its forward steps (client-side bucketing)."""
-        return Rollout(self, dp_rank, step, tuple(pids))
+        return Rollout(self, dp_rank, step, tuple(pids), label)
 
     def step_end(self, step: int, *, tokens: int = 0, samples: int = 0, flops: float = 0.0) -> None:
         if self.connected:
@@ -341,16 +342,16 @@ class Client:
             self.session = None
         self._lose_grants()
 
-    def _admit(self, kind, dp_rank, step, urgent, mem_bytes, pids,
+    def _admit(self, kind, dp_rank, step, urgent, mem_bytes, pids, label="",
                retry: bool = True) -> tuple[GrantHandle | None, str]:
         msg = pr.Admit(session=self.session or "", kind=kind, dp_rank=dp_rank, step=step, urgent=urgent,
-                       mem_bytes=mem_bytes, pids=pids, req=self._next_req())
+                       mem_bytes=mem_bytes, pids=pids, label=label[:32], req=self._next_req())
         reply = self._call(self._sock, msg, None, give_up=lambda: not self.connected)
         if isinstance(reply, pr.Error) and reply.code == "unknown-session" and retry:
             self._forgotten(msg.session)
             self._register(self._sock, self.connect_timeout_s)
             if self.connected:
-                return self._admit(kind, dp_rank, step, urgent, mem_bytes, pids, retry=False)
+                return self._admit(kind, dp_rank, step, urgent, mem_bytes, pids, label, retry=False)
         if isinstance(reply, pr.Grant):
             h = GrantHandle(substage=reply.substage, device=reply.device, pids=pids)
             h._update(reply)
@@ -434,10 +435,10 @@ class Rollout:
     the first regime waits for admission, the next ones are urgent (a running rollout
     cannot pause) and only learn their budget."""
 
-    def __init__(self, client: Client, dp_rank: int, step: int, pids: tuple[int, ...] = ()):
+    def __init__(self, client: Client, dp_rank: int, step: int, pids: tuple[int, ...] = (), label: str = ""):
         from jigsaw.graph.builder import BucketTracker
 
-        self.client, self.dp_rank, self.step, self.pids = client, dp_rank, step, pids
+        self.client, self.dp_rank, self.step, self.pids, self.label = client, dp_rank, step, pids, label
         self.tracker = BucketTracker()
         self.grant: GrantHandle | None = None
         self._cm = None
@@ -471,7 +472,8 @@ class Rollout:
         return self.grant
 
     def _open(self, kind: str, urgent: bool) -> None:
-        self._cm = self.client.substage(kind, dp_rank=self.dp_rank, step=self.step, urgent=urgent, pids=self.pids)
+        self._cm = self.client.substage(kind, dp_rank=self.dp_rank, step=self.step, urgent=urgent, pids=self.pids,
+                                        label=self.label)
         self.grant = self._cm.__enter__()
         self.transitions += 1
 

@@ -371,7 +371,7 @@ class Daemon:
         self.requested[p.name] += 1
         self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
                                                     "urgent": msg.urgent, "need_bytes": msg.mem_bytes,
-                                                    "pids": list(msg.pids),
+                                                    "pids": list(msg.pids), "label": msg.label,
                                                     "queued_ms": 1e3 * (self.wall() - arrived_s)})
         return None  # answered by a Grant when admitted
 

@@ -103,6 +103,8 @@ class Admit(_Msg, tag="admit"):
     scheduler only picks its budget."""
     pids: Annotated[tuple[Pid, ...], Meta(max_length=4096)] = ()
     """Processes that run the sub-stage: the client binds them to its partition (traced)."""
+    label: Word = ""
+    """The framework's own name for the work (verl's stage, e.g. "old_log_prob"); traced only."""
 
 
 class Done(_Msg, tag="done"):

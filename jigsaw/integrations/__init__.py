@@ -1,0 +1,1 @@
+"""Adapters that put jigsaw into other frameworks (SGLang, verl) without modifying them."""

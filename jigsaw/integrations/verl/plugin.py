@@ -1,0 +1,32 @@
+"""Loaded by verl itself in every process that imports it (entry point group `verl.plugins`).
+
+    import verl ─► verl/__init__.py loads entry points ─► this module ─► load()
+        cpu.register()       the "cpu" platform (selected only by VERL_PLATFORM=cpu)
+        rollout.register()   the rollout backend "jigsaw"
+        trainer.install()    under `jigsaw run` only (JIGSAW_PIPELINE set): the sync trainer
+                             is replaced, under its own name, by one whose stages the daemon
+                             admits; installed when verl's trainer module is first imported
+
+verl logs a failing plugin at debug level only, so what fails here is said as a warning, once,
+and verl goes on without jigsaw (fail open).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("jigsaw.verl")
+
+
+def load() -> None:
+    from jigsaw.integrations.verl import cpu, rollout, trainer
+
+    for part in (cpu.register, rollout.register, trainer.install):
+        try:
+            part()
+        except Exception as exc:  # noqa: BLE001 - verl must run as without jigsaw
+            log.warning("jigsaw: %s.%s failed (%s: %s); verl runs without it", part.__module__, part.__name__,
+                        type(exc).__name__, exc)
+
+
+load()

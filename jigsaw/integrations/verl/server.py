@@ -1,0 +1,187 @@
+"""One verl rollout replica served by jigsaw's continuous-batching engine, on the host CPU.
+
+    verl agent-loop worker ── server.generate.remote(prompt_ids, sampling_params, request_id)
+        │ (async Ray actor: many requests in flight)
+        ▼
+    RolloutServer.generate ──► inbox ──► engine thread (owns the RolloutEngine)
+                                            │ first request of a rollout: client.rollout(...).start()
+                                            │   waits for the daemon's admission (fails open)
+                                            │ engine.forward_steps() ──► Rollout.forward(): regime
+                                            │   sub-stages (prefill / decode / tail) of this replica
+                                            │ engine.poll() ──► Completion ──► the request's future
+                                            └ nothing in flight ──► Rollout.close(): rollout over
+    TokenOutput(token_ids, log_probs, stop_reason="completed" | "abort", extra_fields)
+
+An aborted request (`abort_all_requests`, a migration) returns its partial output with
+`stop_reason="abort"`, the form verl's resuming client (`FullyAsyncLLMServerClient`) continues
+from.  Weights arrive from the trainer's leader rank through Ray's object store
+(`update_weights`, verl's "naive" sync) and are copied in place between forwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+log = logging.getLogger("jigsaw.verl")
+
+ABORT = "abort"
+"""verl's stop reason of an aborted request (`FullyAsyncLLMServerClient` resumes it)."""
+POLL_S = 0.01
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerConfig:
+    """What one replica generates with, from verl's rollout config."""
+
+    model_path: str
+    """HF checkpoint directory (verl's `model_config.local_path`)."""
+    temperature: float = 1.0
+    """Sampling temperature of every request (0: greedy); a request asking another is refused."""
+    max_new_tokens: int = 512
+    """Default budget (verl's `response_length`); a request's `max_new_tokens` wins."""
+    seed: int = 0
+    """Sampler seed."""
+    replica_rank: int = 0
+    """verl's replica rank: the DP worker this replica is to the jigsaw daemon."""
+    dp_rank: int = 0
+    """The daemon's DP rank of this replica (its device on the node)."""
+    threads: int | None = None
+    """Intra-op threads of generation (None: the cores it may use)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    rid: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    done: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class RolloutServer:
+    """The Ray actor of one replica (constructed by `JigsawReplica.launch_servers`)."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.global_steps: int | None = None
+        self.jigsaw_step = 0
+        self._inbox: queue.Queue = queue.Queue()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="jigsaw-rollout", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ verl's calls
+
+    async def ready(self) -> bool:
+        await asyncio.to_thread(self._ready.wait)
+        if self._error is not None:
+            raise RuntimeError(f"jigsaw rollout replica {self.config.replica_rank} failed to start: {self._error}")
+        return True
+
+    def get_server_address(self) -> tuple[str, int]:
+        return f"jigsaw-rollout-{self.config.replica_rank}", 0
+
+    async def generate(self, prompt_ids, sampling_params: dict, request_id: str, image_data=None, video_data=None,
+                       **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data or video_data:
+            raise ValueError("the jigsaw CPU rollout serves text only (image_data / video_data given)")
+        budget = self._budget(dict(sampling_params))
+        ids = tuple(int(t) for t in (prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else prompt_ids))
+        loop = asyncio.get_running_loop()
+        p = _Pending(rid=str(request_id), prompt_ids=ids, max_new_tokens=budget, done=loop.create_future(), loop=loop)
+        self._inbox.put(("generate", p))
+        c = await p.done
+        return TokenOutput(token_ids=list(c.output_ids), log_probs=list(c.logprobs),
+                           stop_reason="completed" if c.finished else ABORT,
+                           extra_fields={"global_steps": self.global_steps})
+
+    async def update_weights(self, state: dict) -> None:
+        await self._call("update_weights", state)
+
+    async def abort_all_requests(self, reject_request: bool = False) -> int:
+        return await self._call("abort_all", None)
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def set_jigsaw_step(self, step: int) -> None:
+        """The trainer's step the next rollout belongs to (the daemon's step number)."""
+        self.jigsaw_step = int(step)
+
+    async def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    # host memory is never released on a CPU: these are verl's GPU memory controls
+    async def wake_up(self):
+        return None
+
+    async def sleep(self):
+        return None
+
+    async def resume_generation(self):
+        return None
+
+    async def clear_kv_cache(self):
+        return None
+
+    async def release_kv_cache(self):
+        return None
+
+    async def resume_kv_cache(self):
+        return None
+
+    async def start_profile(self, **kwargs):
+        return None
+
+    async def stop_profile(self):
+        return None
+
+    # ------------------------------------------------------------ the engine thread
+
+    def _budget(self, params: dict) -> int:
+        temperature = float(params.get("temperature", self.config.temperature))
+        if abs(temperature - self.config.temperature) > 1e-9:
+            raise ValueError(f"the jigsaw CPU rollout samples at temperature {self.config.temperature} "
+                             f"(rollout.temperature); a request asked {temperature}")
+        if float(params.get("top_p", 1.0)) < 1.0 or int(params.get("top_k", -1)) > 0:
+            raise ValueError("the jigsaw CPU rollout samples the full distribution: top_p must be 1 and top_k -1")
+        budget = params.get("max_new_tokens", params.get("max_tokens", self.config.max_new_tokens))
+        return int(budget)
+
+    async def _call(self, what: str, arg):
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._inbox.put((what, (arg, fut, loop)))
+        return await fut
+
+    def _run(self) -> None:
+        try:
+            engine = self._engine()
+        except BaseException as exc:  # noqa: BLE001 - said by ready(), which verl awaits
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        from jigsaw.integrations.verl.serving import Serving
+
+        Serving(engine, self.config, lambda: self.jigsaw_step).serve(self._inbox)
+
+    def _engine(self):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from jigsaw.engines.rollout import RolloutConfig, RolloutEngine
+
+        c = self.config
+        model = AutoModelForCausalLM.from_pretrained(c.model_path, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(c.model_path)
+        rc = RolloutConfig(max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed, threads=c.threads)
+        return RolloutEngine(model, tok, rc)

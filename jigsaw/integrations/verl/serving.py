@@ -1,0 +1,128 @@
+"""The engine thread of a verl rollout replica: requests in, the jigsaw daemon's regimes out.
+
+    inbox ── ("generate", pending) ──► no rollout open: Rollout.start(prompt tokens) waits for
+       │                                the daemon's grant, then engine.submit(...)
+       ├──── ("abort_all", reply) ──► engine.abort_all(): each partial output to its caller
+       └──── ("update_weights", …) ──► engine.update_weights() between forwards
+    every POLL_S: engine.forward_steps() ─► Rollout.forward()   (regime sub-stages)
+                  engine.poll()          ─► the callers' futures
+                  nothing in flight      ─► Rollout.close()      (this replica's rollout is over)
+
+Only this thread touches the engine (it is for one caller thread); replies cross back to the
+actor's event loop with `call_soon_threadsafe`.  Without a daemon (not under `jigsaw run`, or
+it died) the client grants everything exclusively and the replica serves on, unscheduled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+
+from jigsaw.engines.rollout import Request
+
+log = logging.getLogger("jigsaw.verl")
+GEN = "gen"
+"""verl's name of the generation stage (its `marked_timer`), the label of the regimes."""
+POLL_S = 0.005
+IDLE_WAIT_S = 0.1
+
+
+def _resolve(p_loop, fut, value=None, error: BaseException | None = None) -> None:
+    def put():
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+    p_loop.call_soon_threadsafe(put)
+
+
+class Serving:
+    def __init__(self, engine, config, step_of):
+        from jigsaw.runtime.client import connect, status
+
+        self.engine, self.config, self.step_of = engine, config, step_of
+        self.client = connect()
+        devices = 1
+        if self.client.endpoint and (st := status(self.client.endpoint, 2.0)) is not None and st.devices:
+            devices = st.devices
+        self.dp_rank = config.replica_rank % devices
+        self.pending: dict = {}
+        self.rollout = None
+        self._step = None
+        self.params = sum(p.numel() for p in engine.model.parameters())
+
+    def serve(self, inbox: queue.Queue) -> None:
+        while True:
+            self._take(inbox, POLL_S if self.pending else IDLE_WAIT_S)
+            self._steps()
+            for c in self.engine.poll(0.0):
+                if (p := self.pending.pop(c.rid, None)) is not None:
+                    _resolve(p.loop, p.done, c)
+            if self.rollout is not None and not self.pending:
+                self._close()
+
+    def _take(self, inbox: queue.Queue, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        todo = []
+        while True:
+            try:
+                todo.append(inbox.get(timeout=max(0.0, deadline - time.monotonic()) if not todo else 0.0))
+            except queue.Empty:
+                break
+        new = [arg for what, arg in todo if what == "generate"]
+        if new:
+            self._open(sum(len(p.prompt_ids) for p in new))
+        for p in new:
+            self._submit(p)
+        for what, arg in todo:
+            if what != "generate":
+                self._control(what, *arg)
+
+    def _open(self, prompt_tokens: int) -> None:
+        step = self.step_of()
+        if self.rollout is not None and step != self._step:
+            self._close()
+        if self.rollout is None:
+            self._step = step
+            self.rollout = self.client.rollout(dp_rank=self.dp_rank, step=step, pids=(os.getpid(),), label=GEN)
+            self.rollout.flops_per_token = 2.0 * self.params
+            self.rollout.start(prompt_tokens)  # waits for the daemon's admission
+
+    def _submit(self, p) -> None:
+        try:
+            self.engine.submit(Request(rid=p.rid, prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens))
+            self.pending[p.rid] = p
+        except Exception as exc:  # noqa: BLE001 - the caller gets it; the replica serves on
+            _resolve(p.loop, p.done, error=exc)
+
+    def _control(self, what: str, arg, fut, loop) -> None:
+        try:
+            if what == "update_weights":
+                self.engine.update_weights(arg)
+                _resolve(loop, fut, None)
+            elif what == "abort_all":
+                aborted = self.engine.abort_all()
+                for c in aborted:
+                    if (p := self.pending.pop(c.rid, None)) is not None:
+                        _resolve(p.loop, p.done, c)
+                _resolve(loop, fut, len(aborted))
+            else:
+                raise ValueError(f"unknown control {what!r}")
+        except Exception as exc:  # noqa: BLE001 - the caller gets it
+            _resolve(loop, fut, error=exc)
+
+    def _steps(self) -> None:
+        steps = self.engine.forward_steps()
+        if self.rollout is None:
+            return
+        for fs in steps:
+            self.rollout.forward(fs.num_prefill_tokens, fs.num_decode_reqs)
+
+    def _close(self) -> None:
+        self.rollout.close()
+        self.rollout = None
