@@ -109,6 +109,7 @@ class Client:
         self._live: dict[str, GrantHandle] = {}
         self._binder = None
         self._stop = threading.Event()
+        self._said_open = False
         self._open = bool(endpoint)
         self._sock = self._socket() if endpoint else None
         if endpoint:
@@ -137,7 +138,10 @@ class Client:
         handle, why = self._admit(kind, dp_rank, step, urgent, mem_bytes, tuple(pids), label) if self.connected \
             else (None, "unreachable")
         if handle is None:
+            self._say_open(why)
             handle = GrantHandle(substage="", device=dp_rank, exclusive=True, pids=tuple(pids))
+        else:
+            self._said_open = False
         handle.kind, handle.dp_rank, handle.step = kind, dp_rank, step
         handle.waited_s, handle.started_s = time.monotonic() - t0, time.monotonic()
         key = handle.substage or f"open-{id(handle)}"
@@ -240,6 +244,14 @@ class Client:
                                          "reported": False, "duration_s": time.monotonic() - h.started_s})
             if self.connected:
                 self._report_open(self._sock)
+
+    def _say_open(self, why: str) -> None:
+        """Once per outage: the daemon went away (or never answered) and the work goes on
+        without it.  Without an endpoint there is nothing to say: no daemon was asked for."""
+        if self.endpoint and not self._said_open:
+            self._said_open = True
+            log.warning("jigsaw daemon %s (%s): pipeline %s runs without it, every sub-stage on the whole device, "
+                        "until it answers again", self.endpoint, why, self.pipeline)
 
     def _report_open(self, sock: Channel) -> None:
         """Tell the daemon (on the calling thread's socket) what ran without it; a record
@@ -359,7 +371,6 @@ class Client:
         if isinstance(reply, pr.Error):
             log.warning("jigsaw daemon: %s (running %s exclusively)", reply.message, kind)
             return None, "refused"
-        log.warning("jigsaw daemon unreachable; running %s exclusively", kind)
         return None, "unreachable"
 
     def _heartbeats(self) -> None:
