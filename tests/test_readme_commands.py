@@ -36,6 +36,10 @@ NOT_RUN = {
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
     "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
         "needs GPUs and MPS (tests/test_green.py, gpu-marked)",
+    "jigsaw run --name job-a -- python -m verl.trainer.main_ppo data.train_files=a.parquet ...":
+        "a user's verl job; tests/test_verl_e2e.py runs two under jigsaw run (verl venv, .ci/run)",
+    "jigsaw run --name job-b -- python -m verl.trainer.main_ppo data.train_files=b.parquet ...":
+        "a user's verl job; tests/test_verl_e2e.py runs two under jigsaw run (verl venv, .ci/run)",
 }
 EXPECTED_RC = {"jigsaw doctor --strict --json": 1 if not Path("/dev/nvidia0").exists() else 0}
 SHOWS = {"jigsaw timeline --out node.html": ("grpo-a", "grpo-b")}

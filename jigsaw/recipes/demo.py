@@ -47,6 +47,9 @@ DAEMON_POLICY = {"serial-live": "serial", "static-live": "static", "jigsaw": "ji
 SEQUENTIAL = ("serial", "serial-live")
 """Modes that run one pipeline to the end, then the next."""
 DEFAULT_MODES = ("serial", "naive-fair", "static", "jigsaw")
+VERL_MODES = ("serial", "naive", "static", "static-live", "jigsaw")
+"""--framework verl: verl's jobs have no thread knob (no naive-fair); naive is the user's
+default (both jobs at once, nothing else), and static-live is a baseline policy run live."""
 """naive is opt-in: oversubscribed, its tokens/s swings by 2× from run to run (551 to 1,746 over
 nine runs on a quiet 2-core VM), so it cannot anchor a comparison; naive-fair and static are
 the strong ones."""
@@ -82,6 +85,10 @@ class DemoConfig:
     """Response budget."""
     long_tail: bool = True
     """Cap each request's length from the recipe's long-tail distribution (and say so)."""
+    framework: str = "jigsaw"
+    """jigsaw: the GRPO recipe on jigsaw's own engines.  verl: unmodified verl 0.9.1 GRPO jobs
+    (`python -m verl.trainer.main_ppo`, 2 rollout replicas each; needs the [verl] extra), modes
+    serial, naive, static, static-live and jigsaw unless --modes says otherwise."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,6 +114,9 @@ class Run:
     daemon runs and every sub-stage is uncontrolled by design)."""
     idle_busy_frac: float = 0.0
     """Share of the machine's CPU that other processes used just before this run."""
+    stages_s: dict[str, float] = field(default_factory=dict)
+    """Mean time of each of the framework's own stages in a measured step, both pipelines
+    (verl's `timing_s/*`; empty for the recipe, whose sub-stages are in the daemon's trace)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,6 +125,8 @@ class Run:
 
 def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
     """Every mode `cfg.repeats` times, interleaved; `say` gets a progress line per run."""
+    if cfg.framework == "verl" and cfg.modes == DEFAULT_MODES:
+        cfg = replace(cfg, modes=VERL_MODES)
     _check_config(cfg)
     cfg = replace(cfg, out_dir=cfg.out_dir.resolve())  # the pipelines run from the package root
     (cfg.out_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -136,6 +148,10 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
 
 
 def _check_config(cfg: DemoConfig) -> None:
+    if cfg.framework not in ("jigsaw", "verl"):
+        raise ValueError(f"--framework {cfg.framework!r}: jigsaw or verl")
+    if cfg.framework == "verl" and "naive-fair" in cfg.modes:
+        raise ValueError("naive-fair sets the recipe's threads; a verl job has no such knob (use naive)")
     if bad := set(cfg.modes) - set(MODES):
         raise ValueError(f"unknown demo modes {sorted(bad)}; use {', '.join(MODES)}")
     if not 0 <= cfg.warmup_steps < cfg.steps:
@@ -152,6 +168,10 @@ def machine_busy_frac(sample_s: float = 0.5) -> float:
 
 
 def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None = None) -> list[str]:
+    if cfg.framework == "verl":
+        from jigsaw.recipes.verl_jobs import verl_pipeline_cmd
+
+        return verl_pipeline_cmd(cfg, seed, result)
     return [sys.executable, "-m", "jigsaw.recipes.grpo", "--seed", str(seed), "--steps", str(cfg.steps),
             "--prompts", str(cfg.prompts), "--group", str(cfg.group), "--max-new-tokens", str(cfg.max_new_tokens),
             "--long-tail" if cfg.long_tail else "--no-long-tail", "--result", str(result),
@@ -163,6 +183,8 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
     for r in results:
         r.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("JIGSAW_ENDPOINT", "JIGSAW_PIPELINE")}
+    if cfg.framework == "verl":
+        env["VERL_PLATFORM"] = "cpu"  # the CPU platform jigsaw's verl plugin registers
     log_path = cfg.out_dir / "logs" / f"{mode}-r{rep + 1}.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -262,4 +284,10 @@ def _summarise(mode: str, rep: int, wall_s: float, results: list[Path], warmup_s
                tokens=sum(s["tokens"] for m in measured for s in m),
                step_tokens=tuple(tuple(s["tokens"] for s in d["steps"]) for d in docs),
                step_latency_s={d["name"]: sum(s["latency_s"] for s in m) / len(m) for d, m in zip(docs, measured)},
-               fell_open=sum(len(d.get("fell_open", ())) for d in docs) if mode in DAEMON_POLICY else 0)
+               fell_open=sum(len(d.get("fell_open", ())) for d in docs) if mode in DAEMON_POLICY else 0,
+               stages_s=_stage_means([s for m in measured for s in m]))
+
+
+def _stage_means(steps: list[dict]) -> dict[str, float]:
+    names = sorted({k for s in steps for k in s.get("stages_s", {})})
+    return {k: sum(s.get("stages_s", {}).get(k, 0.0) for s in steps) / len(steps) for k in names} if steps else {}
