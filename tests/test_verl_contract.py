@@ -36,6 +36,7 @@ TARGETS = [
     ("verl.workers.rollout.base.get_rollout_class", ("rollout_name", "mode"), False),
     ("verl.utils.fs.copy_to_local", ("src",), False),
     ("verl.trainer.ppo.v1.trainer_base.TRAINER_REGISTRY", None, False),
+    ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_reward_colocate", ("self", "batch", "metrics"), True),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_old_log_prob", ("self", "batch", "metrics"), True),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_ref_log_prob", ("self", "batch", "metrics"), True),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_values", ("self", "batch", "metrics"), True),

@@ -6,6 +6,7 @@
 
     PPOTrainerSync.fit ─► step N ─► _submit_batch_to_rollout  the replicas learn step N;
         │                           their engines ask for the rollout regimes (serving.py)
+        ├─ _compute_reward_colocate ► client.substage("reference", label="reward")  (a reward model)
         ├─ _compute_old_log_prob  ─► client.substage("reference", label="old_log_prob")
         ├─ _compute_ref_log_prob  ─► client.substage("reference", label="ref")
         ├─ _compute_values        ─► client.substage("reference", label="values")
@@ -30,13 +31,16 @@ log = logging.getLogger("jigsaw.verl")
 
 TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_sync"
 STAGES = {
+    "reward": ("_compute_reward_colocate", "reference"),
     "old_log_prob": ("_compute_old_log_prob", "reference"),
     "ref": ("_compute_ref_log_prob", "reference"),
     "values": ("_compute_values", "reference"),
     "update_critic": ("_update_critic", "training"),
     "update_actor": ("_update_actor", "training"),
 }
-"""verl stage (its `marked_timer` name) -> (the PPOTrainer method that runs it, jigsaw kind)."""
+"""verl stage (its `marked_timer` name) -> (the PPOTrainer method that runs it, jigsaw kind).
+"reward" runs in the trainer only with a colocated reward model (a forward on the device); a
+rule-based reward runs in verl's reward workers, inside `gen`, on the host."""
 WEIGHT_SYNC = "update_weights"
 
 
@@ -85,9 +89,9 @@ def gated(base: type) -> type:
 def _gate(base: type, label: str, name: str, kind: str):
     verl_stage = getattr(base, name)
 
-    def stage(self, batch, metrics):
+    def stage(self, batch, *args, **kwargs):
         with self._jigsaw_stage(label, kind, batch):
-            return verl_stage(self, batch, metrics)
+            return verl_stage(self, batch, *args, **kwargs)
 
     stage.__name__ = name
     return stage

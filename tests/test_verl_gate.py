@@ -1,0 +1,127 @@
+"""The gated verl trainer and the post-import hook, without verl: a stand-in trainer class with
+verl's method names, against a real daemon.
+
+    gated(FakeTrainer) ─► each stage: Admit(label=verl's name) ─► grant ─► the stage runs ─► Done
+    after_import(module, fn) ─► fn(module) once the module is first imported (or at once)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+from nodes import Node
+
+from jigsaw.integrations.verl import trainer as vt
+from jigsaw.integrations.verl.imports import after_import
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class FakeTrainer:
+    """verl's PPOTrainerSync as the gate sees it (names and call shapes of verl 0.9.1)."""
+
+    def __init__(self, calls: list):
+        self.calls, self.global_steps = calls, 1
+
+    def _held(self) -> list[str]:
+        """The kinds of the grants this trainer's client holds right now."""
+        gate = self.__dict__.get("_jigsaw_gate")
+        return [h.kind for h in gate.client._live.values()] if gate is not None else []
+
+    def _stage(self, name, batch, metrics=None):
+        self.calls.append((name, time.time(), self._held()))
+        return batch
+
+    def _compute_reward_colocate(self, batch, metrics=None):
+        return self._stage("reward", batch, metrics)
+
+    def _compute_old_log_prob(self, batch, metrics):
+        return self._stage("old_log_prob", batch, metrics)
+
+    def _compute_ref_log_prob(self, batch, metrics):
+        return self._stage("ref", batch, metrics)
+
+    def _update_actor(self, batch, metrics):
+        return self._stage("update_actor", batch, metrics)
+
+    def on_step_end(self):
+        self.calls.append(("update_weights", time.time(), self._held()))
+
+
+class Batch:
+    keys = ["a", "b", "c"]
+
+
+def test_each_verl_stage_is_admitted_before_it_runs_and_reported_after(tmp_path, monkeypatch):
+    node = Node(tmp_path)
+    node.start()
+    monkeypatch.setattr(vt.Gate, "pids", lambda self, trainer: (os.getpid(),))
+    for k, v in {**node.env, "JIGSAW_ENDPOINT": node.ep, "JIGSAW_PIPELINE": "verl-job"}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        calls = []
+        t = vt.gated(FakeTrainer)(calls)
+        batch = Batch()
+        assert t._compute_reward_colocate(batch) is batch  # verl's validation calls it without metrics
+        for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor"):
+            assert getattr(t, name)(batch, metrics={}) is batch
+        t.on_step_end()
+        t._jigsaw_gate.client.close()
+    finally:
+        node.stop()
+    ev = node.events()
+    t0 = next(e["data"]["clock_t0_s"] for e in ev if e["event"] == "node")
+    grants = {e["substage"]: e for e in ev if e["event"] == "grant"}
+    done = {e["substage"]: e for e in ev if e["event"] == "done"}
+    asked = [(e["data"]["label"], e["data"]["kind"], e["substage"]) for e in ev if e["event"] == "request"]
+    assert [(label, kind) for label, kind, _ in asked] == [
+        ("reward", "reference"), ("old_log_prob", "reference"), ("ref", "reference"),
+        ("update_actor", "training"), ("update_weights", "training")]
+    ran = {name: t for name, t, _ in calls}
+    held = {name: kinds for name, _, kinds in calls}
+    assert held == {"reward": ["reference"], "old_log_prob": ["reference"], "ref": ["reference"],
+                    "update_actor": ["training"], "update_weights": ["training"]}  # each ran inside its grant
+    wall0 = time.time() - time.monotonic() + t0  # the daemon's t_s are on its monotonic clock from t0
+    for label, _, sid in asked:
+        assert sid in grants and sid in done, sid
+        assert grants[sid]["t_s"] + wall0 <= ran[label] + 0.05 <= done[sid]["t_s"] + wall0 + 0.1, label
+    assert done[asked[1][2]]["data"]["batch_size"] == 3
+
+
+def test_a_trainer_already_gated_is_not_gated_twice():
+    g = vt.gated(FakeTrainer)
+    assert g.jigsaw_gated and g.__name__ == "FakeTrainer" and issubclass(g, FakeTrainer)
+
+
+def test_after_import_runs_once_the_module_is_imported(tmp_path, monkeypatch):
+    (tmp_path / "late_mod.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    after_import("late_mod", lambda m: seen.append(m.VALUE + 1))
+    assert seen == []  # not imported yet
+    import late_mod  # noqa: F401
+
+    assert seen == [42]
+    after_import("late_mod", lambda m: seen.append("now"))  # already imported: at once
+    assert seen == [42, "now"]
+    sys.modules.pop("late_mod", None)
+
+
+def test_a_failing_patch_leaves_the_import_working(tmp_path, monkeypatch):
+    (tmp_path / "late_mod2.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    after_import("late_mod2", lambda m: 1 / 0)
+    import late_mod2
+
+    assert late_mod2.VALUE == 1
+    sys.modules.pop("late_mod2", None)
+
+
+def test_outside_jigsaw_run_nothing_is_installed(monkeypatch):
+    monkeypatch.delenv("JIGSAW_PIPELINE", raising=False)
+    before = list(sys.meta_path)
+    vt.install()
+    assert sys.meta_path == before
