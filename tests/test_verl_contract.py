@@ -44,6 +44,8 @@ TARGETS = [
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor", ("self", "batch", "metrics"), True),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._submit_batch_to_rollout", ("self", "batch"), True),
     ("verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync.on_step_end", ("self",), False),
+    ("verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync.on_sample_end", ("self",), False),
+    ("verl.trainer.ppo.v1.trainer_base.PPOTrainer.on_sample_begin", ("self",), False),
     ("verl.workers.rollout.llm_server.LLMServerManager.get_replicas", ("self",), False),
     ("verl.checkpoint_engine.base.CheckpointEngineManager.update_weights", ("self", "global_steps"), False),
 ]
@@ -83,6 +85,8 @@ def source(module: str) -> str:
     ("verl.utils.distributed", 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"',
      "the duplicated backend cpu.patch() removes"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("gen"', "the stage label of the rollout regimes"),
+    ("verl.trainer.ppo.v1.trainer_base", "self.on_sample_begin()\n            batch, off_policy_metrics = "
+     "self.replay_buffer.sample(", "the trainer's wait for the rollout, gated as a host wait"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("old_log_prob"', "a stage label"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("ref"', "a stage label"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("update_actor"', "a stage label"),

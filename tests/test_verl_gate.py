@@ -50,6 +50,12 @@ class FakeTrainer:
     def on_step_end(self):
         self.calls.append(("update_weights", time.time(), self._held()))
 
+    def on_sample_begin(self):
+        self.calls.append(("sample_begin", time.time(), self._held()))
+
+    def on_sample_end(self):
+        self.calls.append(("sample_end", time.time(), self._held()))
+
 
 class Batch:
     keys = ["a", "b", "c"]
@@ -65,6 +71,8 @@ def test_each_verl_stage_is_admitted_before_it_runs_and_reported_after(tmp_path,
         calls = []
         t = vt.gated(FakeTrainer)(calls)
         batch = Batch()
+        t.on_sample_begin()
+        t.on_sample_end()
         assert t._compute_reward_colocate(batch) is batch  # verl's validation calls it without metrics
         for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor"):
             assert getattr(t, name)(batch, metrics={}) is batch
@@ -74,21 +82,24 @@ def test_each_verl_stage_is_admitted_before_it_runs_and_reported_after(tmp_path,
         node.stop()
     ev = node.events()
     t0 = next(e["data"]["clock_t0_s"] for e in ev if e["event"] == "node")
-    grants = {e["substage"]: e for e in ev if e["event"] == "grant"}
+    grants = {e["substage"]: e for e in ev if e["event"] in ("grant", "host")}  # host work: traced at its end
     done = {e["substage"]: e for e in ev if e["event"] == "done"}
     asked = [(e["data"]["label"], e["data"]["kind"], e["substage"]) for e in ev if e["event"] == "request"]
     assert [(label, kind) for label, kind, _ in asked] == [
-        ("reward", "reference"), ("old_log_prob", "reference"), ("ref", "reference"),
+        ("gen", "tool"), ("reward", "reference"), ("old_log_prob", "reference"), ("ref", "reference"),
         ("update_actor", "training"), ("update_weights", "training")]
     ran = {name: t for name, t, _ in calls}
     held = {name: kinds for name, _, kinds in calls}
-    assert held == {"reward": ["reference"], "old_log_prob": ["reference"], "ref": ["reference"],
+    assert held == {"sample_begin": ["tool"], "sample_end": ["tool"], "reward": ["reference"],
+                    "old_log_prob": ["reference"], "ref": ["reference"],
                     "update_actor": ["training"], "update_weights": ["training"]}  # each ran inside its grant
     wall0 = time.time() - time.monotonic() + t0  # the daemon's t_s are on its monotonic clock from t0
+    ran["gen"] = ran["sample_begin"]
     for label, _, sid in asked:
         assert sid in grants and sid in done, sid
         assert grants[sid]["t_s"] + wall0 <= ran[label] + 0.05 <= done[sid]["t_s"] + wall0 + 0.1, label
-    assert done[asked[1][2]]["data"]["batch_size"] == 3
+    assert [e["substage"] for e in ev if e["event"] == "host"] == [asked[0][2]]  # the wait held no cores
+    assert done[asked[2][2]]["data"]["batch_size"] == 3
 
 
 def test_a_trainer_already_gated_is_not_gated_twice():

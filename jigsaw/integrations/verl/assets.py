@@ -15,12 +15,16 @@ from pathlib import Path
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 """ChatML, as Qwen's: verl's Qwen token builder needs <|im_end|> and a one-token newline."""
+SHARPEN = 8.0
+"""Scale of the (tied) embedding: logits this many times sharper than at initialisation."""
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
 def make_model(path: Path, *, seed: int = 0) -> Path:
     """Save the tiny Qwen3 and its tokenizer under `path` (once: an existing checkpoint is kept)."""
     import copy
+
+    import torch
 
     from jigsaw.engines.model import ModelConfig, load
 
@@ -32,6 +36,8 @@ def make_model(path: Path, *, seed: int = 0) -> Path:
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = CHAT_TEMPLATE
     model.resize_token_embeddings(len(tok))
+    with torch.no_grad():  # peaked logits, as a trained model's: a random tiny model's are nearly flat,
+        model.get_input_embeddings().weight.mul_(SHARPEN)  # and float noise between kernels flips greedy ties
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tok.save_pretrained(path)

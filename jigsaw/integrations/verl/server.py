@@ -27,6 +27,8 @@ import queue
 import threading
 from dataclasses import dataclass
 
+from jigsaw.integrations.verl.serving import Moved
+
 log = logging.getLogger("jigsaw.verl")
 
 ABORT = "abort"
@@ -61,6 +63,8 @@ class _Pending:
     max_new_tokens: int
     done: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    partial_ids: tuple[int, ...] = ()
+    partial_logprobs: tuple[float, ...] = ()
 
 
 class RolloutServer:
@@ -73,6 +77,7 @@ class RolloutServer:
         self._inbox: queue.Queue = queue.Queue()
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._serving = None
         self._thread = threading.Thread(target=self._run, name="jigsaw-rollout", daemon=True)
         self._thread.start()
 
@@ -95,13 +100,45 @@ class RolloutServer:
             raise ValueError("the jigsaw CPU rollout serves text only (image_data / video_data given)")
         budget = self._budget(dict(sampling_params))
         ids = tuple(int(t) for t in (prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else prompt_ids))
-        loop = asyncio.get_running_loop()
-        p = _Pending(rid=str(request_id), prompt_ids=ids, max_new_tokens=budget, done=loop.create_future(), loop=loop)
-        self._inbox.put(("generate", p))
-        c = await p.done
+        c = await self.resume(str(request_id), ids, budget)
+        while isinstance(c, Moved):  # handed over mid-generation: it goes on where it was sent
+            c = await self._elsewhere(c, str(request_id), ids, budget)
         return TokenOutput(token_ids=list(c.output_ids), log_probs=list(c.logprobs),
                            stop_reason="completed" if c.finished else ABORT,
                            extra_fields={"global_steps": self.global_steps})
+
+    async def resume(self, request_id: str, prompt_ids: tuple[int, ...], max_new_tokens: int,
+                     partial_ids: tuple[int, ...] = (), partial_logprobs: tuple[float, ...] = ()):
+        """Generate here, continuing after `partial_ids` (a migrated request): its Completion,
+        or Moved if this replica hands it on in turn."""
+        loop = asyncio.get_running_loop()
+        p = _Pending(rid=request_id, prompt_ids=tuple(prompt_ids), max_new_tokens=int(max_new_tokens),
+                     done=loop.create_future(), loop=loop, partial_ids=tuple(partial_ids),
+                     partial_logprobs=tuple(partial_logprobs))
+        self._inbox.put(("generate", p))
+        return await p.done
+
+    async def _elsewhere(self, moved, rid: str, ids: tuple[int, ...], budget: int):
+        import ray
+
+        from jigsaw.integrations.verl.rollout import server_name
+
+        c = moved.completion
+        try:
+            target = ray.get_actor(server_name(moved.target_replica))
+        except ValueError:  # no such replica: it goes on here
+            log.warning("jigsaw: no rollout replica %d to move %s to; it goes on here", moved.target_replica, rid)
+            return await self.resume(rid, ids, budget, c.output_ids, c.logprobs)
+        return await target.resume.remote(rid, ids, budget, c.output_ids, c.logprobs)
+
+    async def migrate_to(self, replica_rank: int) -> int:
+        """Hand every request in flight to replica `replica_rank` (what a daemon's migration
+        order does): how many moved."""
+        return await self._call("migrate", replica_rank)
+
+    async def migration_stats(self) -> dict:
+        s = self._serving.stats if self._serving is not None else None
+        return {"moved_out": s.moved_out if s else 0, "resumed": list(s.resumed) if s else []}
 
     async def update_weights(self, state: dict) -> None:
         await self._call("update_weights", state)
@@ -169,10 +206,11 @@ class RolloutServer:
             self._error = exc
             self._ready.set()
             return
-        self._ready.set()
         from jigsaw.integrations.verl.serving import Serving
 
-        Serving(engine, self.config, lambda: self.jigsaw_step).serve(self._inbox)
+        self._serving = Serving(engine, self.config, lambda: self.jigsaw_step)
+        self._ready.set()
+        self._serving.serve(self._inbox)
 
     def _engine(self):
         import torch

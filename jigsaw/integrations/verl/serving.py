@@ -4,7 +4,11 @@
        │                                the daemon's grant, then engine.submit(...)
        ├──── ("abort_all", reply) ──► engine.abort_all(): each partial output to its caller
        └──── ("update_weights", …) ──► engine.update_weights() between forwards
+       └──── ("migrate", replica) ──► like a daemon's migration order, below
     every POLL_S: engine.forward_steps() ─► Rollout.forward()   (regime sub-stages)
+                  the grant's migration orders from this rank ─► every request in flight is
+                      aborted here and its caller's future gets Moved(target replica, partial):
+                      the actor resumes it there (server.py), prompt + partial, same budget
                   engine.poll()          ─► the callers' futures
                   nothing in flight      ─► Rollout.close()      (this replica's rollout is over)
 
@@ -19,14 +23,33 @@ import logging
 import os
 import queue
 import time
+from dataclasses import dataclass, field
 
-from jigsaw.engines.rollout import Request
+from jigsaw.engines.rollout import Completion, Request
 
 log = logging.getLogger("jigsaw.verl")
 GEN = "gen"
 """verl's name of the generation stage (its `marked_timer`), the label of the regimes."""
 POLL_S = 0.005
 IDLE_WAIT_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A request this replica handed over: where it goes on, and what was generated so far."""
+
+    target_replica: int
+    completion: Completion
+
+
+@dataclass(slots=True)
+class Stats:
+    """What this replica did with migrations (for tests and the bench)."""
+
+    moved_out: int = 0
+    resumed: list = field(default_factory=list)
+    """(rid, partial tokens carried, tokens prefilled here, tokens generated here) per request
+    that arrived with a partial output and finished here."""
 
 
 def _resolve(p_loop, fut, value=None, error: BaseException | None = None) -> None:
@@ -54,17 +77,28 @@ class Serving:
         self.pending: dict = {}
         self.rollout = None
         self._step = None
+        self._ordered: set = set()
+        self.stats = Stats()
         self.params = sum(p.numel() for p in engine.model.parameters())
 
     def serve(self, inbox: queue.Queue) -> None:
         while True:
-            self._take(inbox, POLL_S if self.pending else IDLE_WAIT_S)
-            self._steps()
-            for c in self.engine.poll(0.0):
-                if (p := self.pending.pop(c.rid, None)) is not None:
-                    _resolve(p.loop, p.done, c)
-            if self.rollout is not None and not self.pending:
-                self._close()
+            self.tick(inbox)
+
+    def tick(self, inbox: queue.Queue) -> int:
+        """One round: take requests, follow the forward steps and the daemon's orders, answer
+        what finished.  The forward steps seen."""
+        self._take(inbox, POLL_S if self.pending else IDLE_WAIT_S)
+        seen = self._steps()
+        self._orders()
+        for c in self.engine.poll(0.0):
+            if (p := self.pending.pop(c.rid, None)) is not None:
+                if p.partial_ids:
+                    self.stats.resumed.append((c.rid, len(p.partial_ids), c.prefilled_tokens, c.generated_tokens))
+                _resolve(p.loop, p.done, c)
+        if self.rollout is not None and not self.pending:
+            self._close()
+        return seen
 
     def _take(self, inbox: queue.Queue, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -95,7 +129,8 @@ class Serving:
 
     def _submit(self, p) -> None:
         try:
-            self.engine.submit(Request(rid=p.rid, prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens))
+            self.engine.submit(Request(rid=p.rid, prompt_ids=p.prompt_ids, max_new_tokens=p.max_new_tokens,
+                                       partial_ids=p.partial_ids, partial_logprobs=p.partial_logprobs))
             self.pending[p.rid] = p
         except Exception as exc:  # noqa: BLE001 - the caller gets it; the replica serves on
             _resolve(p.loop, p.done, error=exc)
@@ -105,6 +140,8 @@ class Serving:
             if what == "update_weights":
                 self.engine.update_weights(arg)
                 _resolve(loop, fut, None)
+            elif what == "migrate":
+                _resolve(loop, fut, self._migrate(int(arg)))
             elif what == "abort_all":
                 aborted = self.engine.abort_all()
                 for c in aborted:
@@ -116,12 +153,37 @@ class Serving:
         except Exception as exc:  # noqa: BLE001 - the caller gets it
             _resolve(loop, fut, error=exc)
 
-    def _steps(self) -> None:
+    def _steps(self) -> int:
         steps = self.engine.forward_steps()
-        if self.rollout is None:
-            return
-        for fs in steps:
-            self.rollout.forward(fs.num_prefill_tokens, fs.num_decode_reqs)
+        if self.rollout is not None:
+            for fs in steps:
+                self.rollout.forward(fs.num_prefill_tokens, fs.num_decode_reqs)
+        return len(steps)
+
+    def _orders(self) -> None:
+        """The daemon's migration orders from this replica's rank (each carried out once)."""
+        grant = self.rollout.grant if self.rollout is not None else None
+        for m in grant.migrations if grant is not None else ():
+            key = (self._step, m.source_rank, m.target_rank)
+            if m.source_rank == self.dp_rank != m.target_rank and key not in self._ordered:
+                self._ordered.add(key)
+                self._migrate(m.target_rank)
+
+    def _migrate(self, target_replica: int) -> int:
+        """Hand every request in flight to `target_replica`: aborted here (its partial output
+        kept), resumed there by the actor.  This replica's rollout is over."""
+        if target_replica == self.config.replica_rank:
+            return 0
+        moved = 0
+        for rid in self.engine.active():
+            c = self.engine.abort(rid)
+            if (p := self.pending.pop(rid, None)) is not None:
+                _resolve(p.loop, p.done, Moved(target_replica, c))
+                moved += 1
+        self.stats.moved_out += moved
+        if moved and self.rollout is not None:
+            self._close()
+        return moved
 
     def _close(self) -> None:
         self.rollout.close()

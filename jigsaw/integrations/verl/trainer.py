@@ -6,6 +6,9 @@
 
     PPOTrainerSync.fit ─► step N ─► _submit_batch_to_rollout  the replicas learn step N;
         │                           their engines ask for the rollout regimes (serving.py)
+        ├─ on_sample_begin..on_sample_end ─► client.substage("tool", label="gen"): the trainer
+        │                           waits on the host for the rollout (verl polls every 2 s), so
+        │                           the scheduler does not keep a share of the cores for it
         ├─ _compute_reward_colocate ► client.substage("reference", label="reward")  (a reward model)
         ├─ _compute_old_log_prob  ─► client.substage("reference", label="old_log_prob")
         ├─ _compute_ref_log_prob  ─► client.substage("reference", label="ref")
@@ -42,6 +45,8 @@ STAGES = {
 "reward" runs in the trainer only with a colocated reward model (a forward on the device); a
 rule-based reward runs in verl's reward workers, inside `gen`, on the host."""
 WEIGHT_SYNC = "update_weights"
+GEN_WAIT = "gen"
+"""The trainer's wait for the rollout inside verl's `gen` stage: a host wait (kind tool)."""
 
 
 def install() -> None:
@@ -71,6 +76,21 @@ def gated(base: type) -> type:
         with self._jigsaw_stage(WEIGHT_SYNC, "training"):
             return base.on_step_end(self)
 
+    def on_sample_begin(self):
+        # the trainer now waits for the rollout (and verl's replay buffer polls every 2 s):
+        # a wait on the host, so its share of the cores is not kept for it meanwhile
+        wait = self._jigsaw_stage(GEN_WAIT, "tool")
+        wait.__enter__()
+        self.__dict__["_jigsaw_wait"] = wait
+        return base.on_sample_begin(self)
+
+    def on_sample_end(self):
+        try:
+            return base.on_sample_end(self)
+        finally:
+            if (wait := self.__dict__.pop("_jigsaw_wait", None)) is not None:
+                wait.__exit__(None, None, None)
+
     def _submit_batch_to_rollout(self, batch):
         _tell_replicas(self, self.global_steps)
         return base._submit_batch_to_rollout(self, batch)
@@ -81,7 +101,8 @@ def gated(base: type) -> type:
             gate = self.__dict__["_jigsaw_gate"] = Gate()
         return gate.stage(self, label, kind, batch)
 
-    ns = dict(methods, on_step_end=on_step_end, _submit_batch_to_rollout=_submit_batch_to_rollout,
+    ns = dict(methods, on_step_end=on_step_end, on_sample_begin=on_sample_begin, on_sample_end=on_sample_end,
+              _submit_batch_to_rollout=_submit_batch_to_rollout,
               _jigsaw_stage=_jigsaw_stage, jigsaw_gated=True, __doc__=f"{base.__doc__ or ''}\n(stages gated by jigsaw)")
     return type(base.__name__, (base,), ns)
 
@@ -125,7 +146,7 @@ class Gate:
         return self._pids
 
     def stage(self, trainer, label: str, kind: str, batch=None):
-        pids = self.pids(trainer) if kind != "reward" else ()
+        pids = self.pids(trainer) if kind not in ("reward", "tool") else ()
         cm = self.client.substage(kind, step=trainer.global_steps, pids=pids, label=label)
         return _Reported(cm, batch)
 
