@@ -284,3 +284,21 @@ def test_a_pipeline_with_nothing_asked_is_working_on_the_host_and_keeps_its_cpu_
     ns.remove("B")
     d = ns.decide(0.1)
     assert [b.sm_frac for _, b in d.changed] == [1.0]
+
+
+def test_a_pipeline_waiting_in_a_tool_sub_stage_keeps_no_cpu_share():
+    """A tool sub-stage is a wait on the host (a tool call; verl's trainer polling for its
+    rollout): the other pipeline's training alone may take the whole CPU meanwhile, and is kept
+    to its half again once the waiter is back in its own Python."""
+    cpu = load_grid("cpu/tiny-qwen3")
+    ns = NodeState(NodeSpec(num_devices=1, mem_bytes=cpu.device.mem_bytes), cpu,
+                   make("jigsaw", SchedulerConfig(host_on_device=True)))
+    a, b = ns.register("A"), ns.register("B")
+    wait = b.request(K.TOOL, 0, 0, 0.0)
+    assert [x.running.sid for x in ns.decide(0.0).admitted] == [wait.sid]
+    w = a.request(K.TRAINING, 0, 0, 0.01)
+    d = ns.decide(0.01)
+    assert [x.running.sid for x in d.admitted] == [w.sid] and d.admitted[0].assignment.sm_frac == 1.0
+    ns.finish("B", wait.sid, 0.02)
+    d = ns.decide(0.02)
+    assert [c.sm_frac for _, c in d.changed] == [0.5]

@@ -60,9 +60,10 @@ class SchedulerConfig:
     """The pipelines' own processes run on the device's cores (a CPU): a pipeline working
     outside every sub-stage (its Python between them, a host reward, start-up, exit) keeps its
     share of its devices, so a sub-stage alone beside it does not grow into cores in use (two
-    threads where one core is busy wait on each other).  The scheduler cannot tell host work
-    that computes from a pipeline that sleeps (a tool call): it assumes the former; turn this
-    off for CPU pipelines that mostly wait on the host.  None: yes when the daemon partitions
+    threads where one core is busy wait on each other).  Host work that computes and a
+    pipeline that sleeps look alike unless the sleep is a tool sub-stage (a running tool
+    sub-stage frees the share); turn this off for CPU pipelines that mostly wait on the host
+    without saying so.  None: yes when the daemon partitions
     CPU cores (`--partitioner cpu`), no in the simulator (a GPU's host work uses no SMs)."""
 
     def __post_init__(self) -> None:
