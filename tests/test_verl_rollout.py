@@ -19,7 +19,8 @@ ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(300)]
 
-NEW_TOKENS = 48
+NEW_TOKENS = 160
+"""Long enough that a migration or an abort asked after a few forward steps lands mid-generation."""
 TEXTS = ["Tom has 3 apples and buys 4 more.", "What is 12 - 5?", "Solve step by step: 2 * 6 + 1",
          "the answer is", "0 1 2 3 4 5", "add the numbers 7 and 9"]
 
@@ -65,13 +66,22 @@ def generate(server, prompts, rid: str):
             for i, p in enumerate(prompts)]
 
 
+def after_forwards(actor, n: int, timeout_s: float = 60) -> None:
+    """Return once `actor`'s engine has run `n` more forward steps."""
+    start = ray.get(actor.migration_stats.remote(), timeout=30)["forwards"]
+    deadline = time.monotonic() + timeout_s
+    while ray.get(actor.migration_stats.remote(), timeout=30)["forwards"] < start + n:
+        assert time.monotonic() < deadline, f"no {n} forward steps in {timeout_s} s"
+        time.sleep(0.005)
+
+
 def test_a_migrated_greedy_rollout_is_token_identical_and_loses_nothing(model, prompts):
     actors = start(model, 2)
     try:
         plain = ray.get(generate(actors[0], prompts, "plain"), timeout=120)
         for _attempt in range(3):  # the move must land mid-generation; again if it came too late
             refs = generate(actors[0], prompts, "moved")
-            time.sleep(0.15)
+            after_forwards(actors[0], 4)
             moved = ray.get(actors[0].migrate_to.remote(1), timeout=60)
             out = ray.get(refs, timeout=120)
             if moved:
@@ -99,7 +109,7 @@ def test_abort_returns_the_partial_output_in_verls_form(model, prompts):
     try:
         plain = ray.get(generate(actor, prompts[:2], "whole"), timeout=120)
         refs = generate(actor, prompts[:2], "cut")
-        time.sleep(0.1)
+        after_forwards(actor, 4)
         ray.get(actor.abort_all_requests.remote(), timeout=60)
         out = ray.get(refs, timeout=60)
     finally:

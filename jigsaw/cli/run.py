@@ -43,6 +43,8 @@ ON_DEMAND_IDLE_EXIT_S = 600.0
 """A daemon `jigsaw run` starts exits after this long with no pipeline registered."""
 FRAMEWORKS = ("verl", "sglang", "openrlhf")
 """Frameworks recognised in CMD."""
+VERL_START_S = 300.0
+"""A verl job is said unscheduled only after this long (its start-up takes minutes)."""
 INTEGRATED = ("verl",)
 """Those whose jobs jigsaw schedules without a change to them (the others run unscheduled)."""
 DETECTED = tyro.conf.arg(help_behavior_hint="(default: detected from the node)")
@@ -69,8 +71,8 @@ class Args:
     start_timeout_s: float = 10.0
     """How long to wait for a daemon started on demand."""
     warn_unscheduled_s: float = 60.0
-    """Warn once if CMD still runs after this many seconds without asking the daemon for a sub-stage.
-    0: never."""
+    """Warn once if CMD still runs after this many seconds without asking the daemon for a sub-stage
+    (a verl job: at least 300 s, its start-up takes minutes).  0: never."""
     cmd: Annotated[tuple[str, ...], tyro.conf.Suppress] = ()
     """The pipeline's command (given after `--`)."""
 
@@ -106,7 +108,9 @@ def run(args: Args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, f: proc.send_signal(s))
     watch = ep is not None and framework in (None, *INTEGRATED) and args.warn_unscheduled_s > 0
-    rc = _wait(proc, args.warn_unscheduled_s if watch else 0.0, lambda: _check_scheduled(ep, name, args))
+    # a verl job starts Ray, its workers and its models before its first stage: minutes on a busy host
+    check_s = max(args.warn_unscheduled_s, VERL_START_S) if framework == "verl" else args.warn_unscheduled_s
+    rc = _wait(proc, check_s if watch else 0.0, lambda: _check_scheduled(ep, name, args, check_s))
     owner.close(pipeline_done=True)
     return 128 - rc if rc < 0 else rc
 
@@ -162,14 +166,14 @@ def _wait(proc: subprocess.Popen, check_after_s: float, check: Callable[[], None
     return proc.wait()
 
 
-def _check_scheduled(ep: str, name: str, args: Args) -> None:
+def _check_scheduled(ep: str, name: str, args: Args, after_s: float) -> None:
     """Say so if the daemon counts no sub-stage asked for by pipeline `name`."""
     from jigsaw.runtime.client import status
 
     st = status(ep, 2.0)
     p = next((p for p in st.pipelines if p.name == name), None) if st is not None else None
     if p is not None and p.requested == 0:
-        _say(f"{name} has asked the jigsaw daemon for no sub-stage in {args.warn_unscheduled_s:g} s: it runs "
+        _say(f"{name} has asked the jigsaw daemon for no sub-stage in {after_s:g} s: it runs "
              f"unscheduled, nothing in `{shlex.join(args.cmd)[:80]}` has talked to the daemon.  Use the client API "
              "(jigsaw.runtime.client.connect) or an engine integration such as jigsaw.recipes.grpo "
              "(--warn-unscheduled-s 0 silences this).")

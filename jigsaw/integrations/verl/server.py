@@ -138,7 +138,8 @@ class RolloutServer:
 
     async def migration_stats(self) -> dict:
         s = self._serving.stats if self._serving is not None else None
-        return {"moved_out": s.moved_out if s else 0, "resumed": list(s.resumed) if s else []}
+        return {"forwards": s.forwards if s else 0, "moved_out": s.moved_out if s else 0,
+                "resumed": list(s.resumed) if s else []}
 
     async def update_weights(self, state: dict) -> None:
         await self._call("update_weights", state)

@@ -46,6 +46,8 @@ class Moved:
 class Stats:
     """What this replica did with migrations (for tests and the bench)."""
 
+    forwards: int = 0
+    """Forward steps of the engine so far."""
     moved_out: int = 0
     resumed: list = field(default_factory=list)
     """(rid, partial tokens carried, tokens prefilled here, tokens generated here) per request
@@ -90,6 +92,7 @@ class Serving:
         what finished.  The forward steps seen."""
         self._take(inbox, POLL_S if self.pending else IDLE_WAIT_S)
         seen = self._steps()
+        self.stats.forwards += seen
         self._orders()
         for c in self.engine.poll(0.0):
             if (p := self.pending.pop(c.rid, None)) is not None:
