@@ -136,3 +136,26 @@ def test_outside_jigsaw_run_nothing_is_installed(monkeypatch):
     before = list(sys.meta_path)
     vt.install()
     assert sys.meta_path == before
+
+
+def test_the_opt_in_poll_shortens_verls_replay_buffer_poll_and_nothing_else(monkeypatch):
+    import types
+
+    from jigsaw.integrations.verl import poll
+
+    class ReplayBuffer:  # verl 0.9.1's constructor default (the contract test checks the name)
+        def __init__(self, trainer_mode, poll_interval: float = 2.0):
+            self.trainer_mode, self.poll_interval = trainer_mode, poll_interval
+
+    module = types.SimpleNamespace(ReplayBuffer=ReplayBuffer)
+    poll._patch(module, 0.05)
+    poll._patch(module, 0.5)  # once only
+    assert ReplayBuffer("sync").poll_interval == 0.05
+    assert ReplayBuffer("sync", poll_interval=0.01).poll_interval == 0.01  # never longer than asked
+    monkeypatch.setenv(poll.ENV, "-1")
+    with pytest.raises(ValueError, match="JIGSAW_VERL_POLL_S"):
+        poll.install()
+    monkeypatch.delenv(poll.ENV)
+    before = list(sys.meta_path)
+    poll.install()  # unset: verl as it is
+    assert sys.meta_path == before

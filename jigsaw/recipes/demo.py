@@ -89,6 +89,10 @@ class DemoConfig:
     """jigsaw: the GRPO recipe on jigsaw's own engines.  verl: unmodified verl 0.9.1 GRPO jobs
     (`python -m verl.trainer.main_ppo`, 2 rollout replicas each; needs the [verl] extra), modes
     serial, naive, static, static-live and jigsaw unless --modes says otherwise."""
+    verl_poll_s: float | None = None
+    """--framework verl: poll verl's replay buffer this often (s) in every mode instead of
+    verl's 2 s, which makes `gen` last a multiple of 2 s whatever the rollout takes.
+    None: verl's own."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -185,6 +189,8 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
     env = {k: v for k, v in os.environ.items() if k not in ("JIGSAW_ENDPOINT", "JIGSAW_PIPELINE")}
     if cfg.framework == "verl":
         env["VERL_PLATFORM"] = "cpu"  # the CPU platform jigsaw's verl plugin registers
+        if cfg.verl_poll_s is not None:  # every mode alike (integrations/verl/poll.py)
+            env["JIGSAW_VERL_POLL_S"] = str(cfg.verl_poll_s)
     log_path = cfg.out_dir / "logs" / f"{mode}-r{rep + 1}.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:

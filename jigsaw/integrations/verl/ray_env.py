@@ -20,7 +20,7 @@ from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
 
 HOOK = f"{__name__}.runtime_env_hook"
 SETUP = f"{__name__}.setup"
-FORWARDED = (ENV_ENDPOINT, ENV_PIPELINE, ENV_OWNER, "VERL_PLATFORM")
+FORWARDED = (ENV_ENDPOINT, ENV_PIPELINE, ENV_OWNER, "VERL_PLATFORM", "JIGSAW_VERL_POLL_S")
 
 
 def runtime_env_hook(runtime_env: dict | None) -> dict:
