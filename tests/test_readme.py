@@ -41,6 +41,9 @@ def test_readme_test_command_is_what_ci_runs():
     assert "-c constraints.txt" in install
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    verl = re.search(r"```bash\n(python3 -m venv \.venv-verl\n.*?)```", readme, flags=re.S).group(1).splitlines()
+    assert verl and all(line in ci for line in verl), verl  # the verl suite, installed and run as CI does
 
 
 @pytest.mark.timeout(120)

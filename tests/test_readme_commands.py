@@ -28,6 +28,10 @@ NOT_RUN = {
     "--config-settings editable_mode=compat && jigsaw demo":
         "the install is what .ci/run does; the full demo takes minutes (tests/test_demo.py runs it small)",
     "python -m pytest -q": "this suite (tests/test_readme.py checks it is what .ci/run runs)",
+    "python3 -m venv .venv-verl": "the verl venv .ci/run makes (tests/test_readme.py checks the lines)",
+    ".venv-verl/bin/pip install -c constraints.txt -e '.[dev,verl]' --config-settings editable_mode=compat":
+        "the verl install .ci/run does (tests/test_readme.py checks it)",
+    ".venv-verl/bin/python -m pytest -q -m verl": "the verl suite .ci/run runs (tests/test_readme.py checks it)",
     "jigsaw demo": "4 modes × 3 repeats take minutes; the smoke run below runs every mode",
     "jigsaw demo --repeats 1 --steps 2 --prompts 2 --group 2 --max-new-tokens 24 --modes serial naive "
     "naive-fair static jigsaw": "tests/test_demo.py::test_demo_runs_every_mode runs exactly this",
