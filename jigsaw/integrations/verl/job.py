@@ -74,8 +74,8 @@ def grpo_command(c: JobConfig) -> list[str]:
         "ray_kwargs.ray_init.num_cpus=16", f"+ray_kwargs.ray_init.num_gpus={c.replicas}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-    if c.out is not None:
-        overrides.append(f"trainer.default_local_dir={c.out}")
+    if c.out is not None:  # Hydra writes its run directory (outputs/<date>/...) under the cwd otherwise
+        overrides += [f"trainer.default_local_dir={c.out}", f"hydra.run.dir={c.out / 'hydra'}"]
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
 
