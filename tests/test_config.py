@@ -12,6 +12,9 @@ from jigsaw.engines.training import TrainConfig
 from jigsaw.graph.builder import GraphConfig
 from jigsaw.graph.merge import MergeConfig
 from jigsaw.graph.plan import SchedulerConfig
+from jigsaw.integrations.sglang.plugin import PluginConfig
+from jigsaw.integrations.verl.job import JobConfig
+from jigsaw.integrations.verl.server import ServerConfig
 from jigsaw.mux.prior import PriorConfig
 from jigsaw.mux.profiler import ProfileConfig
 from jigsaw.recipes.demo import DemoConfig
@@ -20,7 +23,7 @@ from jigsaw.runtime.daemon import DaemonConfig
 from jigsaw.sim.run import SimConfig
 
 CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
-           RecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig]
+           RecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig, PluginConfig]
 
 
 def _field_docstrings(cls) -> set[str]:

@@ -42,13 +42,18 @@ Register = Callable[[str, Callable], None]
 
 @dataclass(frozen=True, kw_only=True)
 class PluginConfig:
+    """What the plugin does in one SGLang process, from its environment."""
+
     enabled: bool = False
+    """JIGSAW_ENABLE=1: anything at all (otherwise the plugin registers nothing)."""
     forward_sock_path: str | None = None
     """Where ForwardSink listens; no run_batch hook without it."""
     replica: int = UNKNOWN_REPLICA
+    """JIGSAW_REPLICA: the verl replica this scheduler serves (-1: unknown)."""
     sm_frac_file: str | None = None
     """File holding jigsaw's SM grant for this replica; no pdmux hook without it."""
     grant_poll_s: float = 0.05
+    """Re-read the grant file at most this often."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> PluginConfig:

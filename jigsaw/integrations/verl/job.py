@@ -22,10 +22,10 @@ from pathlib import Path
 class JobConfig:
     """One GRPO job of verl's sync trainer on the host."""
 
-    model: Path
-    """HF checkpoint directory (assets.make_model)."""
-    data: Path
-    """Directory with train.parquet and test.parquet (assets.make_gsm8k)."""
+    model: Path = Path("verl-assets/model")
+    """HF checkpoint directory (assets.make_model writes one)."""
+    data: Path = Path("verl-assets/data")
+    """Directory with train.parquet and test.parquet (assets.make_gsm8k writes them)."""
     seed: int = 0
     """Data shuffling and weight-init seed of the trainer."""
     steps: int = 3

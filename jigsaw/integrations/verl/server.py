@@ -40,8 +40,8 @@ POLL_S = 0.01
 class ServerConfig:
     """What one replica generates with, from verl's rollout config."""
 
-    model_path: str
-    """HF checkpoint directory (verl's `model_config.local_path`)."""
+    model_path: str = ""
+    """HF checkpoint directory (verl's `model_config.local_path`); JigsawReplica sets it."""
     temperature: float = 1.0
     """Sampling temperature of every request (0: greedy); a request asking another is refused."""
     max_new_tokens: int = 512
