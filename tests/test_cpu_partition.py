@@ -16,6 +16,7 @@ from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitio
 
 
 def test_levels_are_shares_a_core_split_can_give():
+    assert cpu_levels(1) == (0.5, 1.0)  # one core: two time-sharing sub-stages get half of it each
     assert cpu_levels(2) == (0.5, 1.0)
     assert cpu_levels(4) == (0.25, 0.5, 0.75, 1.0)
     assert cpu_levels(16) == (0.0625, 0.5, 0.9375, 1.0)

@@ -3,6 +3,7 @@ writes (never over a shipped grid unless asked; a degenerate grid beside it), CL
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -314,13 +315,14 @@ def test_the_default_output_is_the_user_profile_dir_and_the_name_finds_it(fake_c
 @pytest.mark.timeout(60)
 def test_a_shipped_grid_is_overwritten_only_when_out_names_it(fake_cli, monkeypatch, capsys):
     before = fake_cli.shipped.read_bytes()
+    listed = sorted(p.name for p in fake_cli.shipped.parent.iterdir())
     monkeypatch.setenv("JIGSAW_PROFILE_DIR", str(fake_cli.shipped.parents[1]))  # user dir = the installed grids
     assert fake_cli() == 2
     assert f"jigsaw: error: refusing to write {fake_cli.shipped}: it is inside the grids installed" in \
         capsys.readouterr().err
     assert fake_cli.benches[-1].calls == 0  # refused before measuring
     assert fake_cli.shipped.read_bytes() == before
-    assert sorted(p.name for p in fake_cli.shipped.parent.iterdir()) == ["tiny-qwen3.json"]
+    assert sorted(p.name for p in fake_cli.shipped.parent.iterdir()) == listed  # nothing written beside it
     assert fake_cli("--out", str(fake_cli.shipped)) == 0  # asked for by name: written
     assert load_grid(fake_cli.shipped).source["note"] == "fake"
     assert "over the shipped grid (asked with --out)" in capsys.readouterr().err
@@ -337,3 +339,20 @@ def test_a_degenerate_measurement_is_kept_beside_the_output_where_the_name_does_
     assert "DEGENERATE (flat): every kind alone at σ=0.5 (memory 0.8) is within 3%" in err
     assert f"NOT written to {out}" in err and f"It is at {rejected} for inspection" in err
     assert f"the name cpu/tiny-qwen3 still resolves to {fake_cli.shipped}" in err
+
+
+def test_a_one_core_device_is_profiled_by_time_sharing_its_core(monkeypatch):
+    """A device per core: half of it is the core shared with a busy spinner, a pair is both
+    processes on the core (no split of one core is asked for)."""
+    from jigsaw.mux.profile_cpu import SPIN, CpuBench
+
+    core = sorted(os.sched_getaffinity(0))[0]
+    bench = CpuBench.__new__(CpuBench)  # the dispatch only: no worker processes
+    bench.cores, ran = (core,), []
+    monkeypatch.setattr(bench, "_run", lambda jobs: ran.append(jobs) or [1.0] * len(jobs))
+    bench.alone("training", 1.0, 0.5)
+    bench.alone("training", 0.5, 0.5)
+    bench.pair("rollout_tail", "training", 0.5, 0.5)
+    assert ran == [[(0, "training", 0.5, (core,))],
+                   [(0, "training", 0.5, (core,)), (1, SPIN, 0.0, (core,))],
+                   [(0, "rollout_tail", 0.5, (core,)), (1, "training", 0.5, (core,))]]

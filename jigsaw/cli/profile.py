@@ -208,7 +208,7 @@ def _bench(cfg: ProfileConfig):
         from jigsaw.mux.profile_cpu import CpuBench
 
         name = cfg.model or "tiny-qwen3"
-        bench = CpuBench(name, cfg.min_time_s)
+        bench = CpuBench(name, cfg.min_time_s, cores=cfg.cores)
         note = f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
         return bench, name, cpu_levels(len(bench.cores)), note
     if cfg.device != "cuda":

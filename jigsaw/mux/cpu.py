@@ -21,7 +21,10 @@ def usable_cores() -> tuple[int, ...]:
 
 
 def cpu_levels(num_cores: int) -> tuple[float, ...]:
-    """Shares a split of `num_cores` can give (k/n), at most MAX_LEVELS below 1.0, plus 1.0."""
+    """Shares a split of `num_cores` can give (k/n), at most MAX_LEVELS below 1.0, plus 1.0.
+    One core cannot be split: two sub-stages on it time-share it, a fair half each (0.5)."""
+    if num_cores == 1:
+        return (0.5, 1.0)
     shares = sorted({round(k / num_cores, 4) for k in range(1, num_cores)})
     if len(shares) > MAX_LEVELS:  # keep the levels spread: first, middle, last
         shares = [shares[0], shares[len(shares) // 2], shares[-1]]

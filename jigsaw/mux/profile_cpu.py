@@ -10,6 +10,9 @@
         alone(k, σ, m):   worker 0 bound to split_cores(σ)[0] (all cores for σ = 1)
         pair(a, b, σ, m): worker 0 on one side, worker 1 on the other, same wall window
                           (σ = 1.0: both on every core, the OS time-shares them)
+        one core (a device per core, `--cores 0`): it cannot be split, so σ = 0.5 is the fair
+            half two time-sharing processes get: alone(k, 0.5) beside a busy spinner, a pair
+            both on the core
         ─► seconds per token; the levels are the shares a core split can give (cpu_levels)
 
 One memory level, 0.5 each side: a CPU's memory is not partitioned.  Every process allocates
@@ -33,6 +36,8 @@ from jigsaw.mux.slowdown import DeviceInfo
 KV_CONTEXT = {"rollout_decode": 64, "rollout_tail": 256}
 BATCH_AT_TOP = {"rollout_prefill": 8, "rollout_decode": 32, "rollout_tail": 2, "reference": 16, "training": 8}
 SEQ_TOKENS = 64
+SPIN = "spin"
+"""A busy partner (matmuls) that takes its time share of a core and nothing else."""
 
 
 class CpuBench:
@@ -41,8 +46,8 @@ class CpuBench:
 
     def __init__(self, model_name: str = "tiny-qwen3", min_time_s: float = 0.3, cores=None):
         self.cores = tuple(cores or usable_cores())
-        if len(self.cores) < 2:
-            raise ValueError("profiling CPU pairs needs at least 2 cores")
+        if not self.cores:
+            raise ValueError("profiling a CPU device needs at least one core")
         self.min_time_s = min_time_s
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
@@ -71,11 +76,14 @@ class CpuBench:
         return _reply(self.pipes[0])
 
     def alone(self, kind: str, sm_frac: float, mem_frac: float) -> float:
+        if sm_frac < 1.0 and len(self.cores) == 1:  # its time share of the one core: a spinner takes the rest
+            return self._run([(0, kind, mem_frac, self.cores), (1, SPIN, 0.0, self.cores)])[0]
         cores = self.cores if sm_frac >= 1.0 else split_cores(self.cores, sm_frac)[0]
         return self._run([(0, kind, mem_frac, cores)])[0]
 
     def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float]:
-        sides = (self.cores, self.cores) if sm_frac_a >= 1.0 else split_cores(self.cores, sm_frac_a)
+        whole = sm_frac_a >= 1.0 or len(self.cores) == 1
+        sides = (self.cores, self.cores) if whole else split_cores(self.cores, sm_frac_a)
         t = self._run([(0, kind_a, mem_frac_a, sides[0]), (1, kind_b, round(1.0 - mem_frac_a, 9), sides[1])])
         return t[0], t[1]
 
@@ -156,6 +164,9 @@ def _timed(kernel, start: float, seconds: float) -> float:
 
 
 def _kernel(torch, model, kind: str):
+    if kind == SPIN:
+        a = torch.randn(128, 128)
+        return (lambda: a @ a), 1
     batch = BATCH_AT_TOP[kind]
     vocab = model.config.vocab_size
     if kind in KV_CONTEXT:

@@ -58,6 +58,10 @@ class ProfileConfig:
     model; writes <user profile dir>/cpu/)."""
     gpu: int = 0
     """CUDA device index."""
+    cores: tuple[int, ...] | None = None
+    """cpu: the cores that make the device (default: every core this process may use).  One
+    core profiles a device per core (`jigsaw daemon --devices` = the cores), whose pairs
+    time-share it."""
     model: str | None = None
     """cuda: a name in jigsaw.mux.prior.MODELS or the path of an HF config.json (default
     qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""

@@ -18,6 +18,9 @@ SHIPPED_DIR = Path(__file__).resolve().parent
 """The grids installed with the package (read-only for jigsaw's own commands)."""
 CPU_DEFAULT = "cpu/tiny-qwen3"
 """The CPU grid the demo and an on-demand daemon on a CPU-only node use."""
+CPU_PER_CORE = "cpu/tiny-qwen3-1c"
+"""The CPU grid of a device per core (`jigsaw daemon --devices` = the cores): two sub-stages
+on a device time-share its core (verl's jobs on this CPU: one replica per core)."""
 GPU_DEFAULT_MODEL = "qwen3-4b"
 """The model whose prior an on-demand daemon uses on a GPU node when the user names none."""
 
