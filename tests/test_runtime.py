@@ -210,6 +210,45 @@ def test_rollout_buckets_forward_steps_client_side(node):
     assert sum(d["tokens"] for d in released.values()) == 20 * 2000 + 30 * 300 + 3 * 5000 + 40 * 10
 
 
+def test_a_regime_reports_its_batch_and_sequence_length_as_the_graph_builder_summarises_them(node):
+    """What prices a migration of a tail's requests: mean decoding requests per forward and
+    KV tokens per request, sent with the regime's end (the daemon's graph keeps them)."""
+    c = connect(pipeline="R", endpoint=node.ep)
+    with c.rollout(dp_rank=0, step=0) as ro:
+        for i in range(12):  # 4 then 2 requests decoding, 50 + i tokens of context each
+            reqs = 4 if i < 6 else 2
+            ro.forward(0, reqs, kv_tokens=reqs * (50 + i))
+    c.close()
+    time.sleep(0.3)
+    (done,) = [e["data"] for e in node.events() if e["event"] == "done" and e["pipeline"] == "R"]
+    assert done["num_steps"] == 12 and done["batch_size"] == pytest.approx(36 / 12)
+    assert done["seq_len"] == pytest.approx(sum((4 if i < 6 else 2) * (50 + i) for i in range(12)) / 36)
+
+
+def test_a_gang_is_asked_for_at_once_and_each_member_runs_on_its_own_device(tmp_path):
+    """A trainer's ranks as one lockstep stage: every member's request reaches the daemon in
+    one read, before it decides (one at a time, a daemon that starts gangs whole would wait on
+    the member not yet asked, or start half of it), and each member gets its DP rank's device."""
+    n = Node(tmp_path)
+    n.start("--devices", "2")
+    c = connect(pipeline="T", endpoint=n.ep)
+    try:
+        with c.gang("training", members=[(0, (os.getpid(),)), (1, (os.getpid(),))], step=0) as hs:
+            assert [h.device for h in hs] == [0, 1] and not any(h.exclusive for h in hs)
+            assert len({h.substage for h in hs}) == 2
+            for h in hs:
+                h.report(batch_size=4.0)
+    finally:
+        c.close()
+        n.stop()
+    every = n.events()
+    order = [e["event"] for e in every if e["event"] == "plan" or (e["pipeline"] == "T" and e["event"] == "request")]
+    assert order[:3] == ["request", "request", "plan"], order  # read together, decided once: never half a gang
+    ev = [e for e in every if e["pipeline"] == "T"]
+    assert sorted(e["data"]["rank"] for e in ev if e["event"] == "request") == [0, 1]
+    assert [e["data"]["batch_size"] for e in ev if e["event"] == "done"] == [4.0, 4.0]
+
+
 def test_readme_client_example_runs_under_jigsaw_run(node, tmp_path):
     import re
 

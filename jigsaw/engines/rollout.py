@@ -108,6 +108,8 @@ class ForwardStep:
     """Tokens of sequences with more than one query token (prompt chunks)."""
     num_decode_reqs: int = 0
     """Sequences with exactly one query token (a one-token prompt counts here too)."""
+    kv_tokens: int = 0
+    """KV tokens those decoding sequences attend to (cache + the new token)."""
 
 
 @dataclass(slots=True)
@@ -315,8 +317,7 @@ class RolloutEngine:
             return
         # the CB thread's OpenMP setting is its own: it follows the cores it may use now
         self.generation_num_threads = follow_threads(self.config.threads)
-        prefill, decode = _split_query(kwargs)
-        self._step_start = (time.monotonic(), prefill, decode)
+        self._step_start = (time.monotonic(), *_split_query(kwargs))
 
     def _on_post(self, module, args, kwargs, output) -> None:
         try:
@@ -327,22 +328,27 @@ class RolloutEngine:
     def _record(self) -> None:
         if not self._recording or self._step_start is None:
             return
-        t0, prefill, decode = self._step_start
+        t0, prefill, decode, kv = self._step_start
         self._step_start = None
-        step = ForwardStep(t0, time.monotonic(), prefill + decode, prefill, decode)
+        step = ForwardStep(t0, time.monotonic(), prefill + decode, prefill, decode, kv)
         with self._steps_lock:
             self._steps.append(step)
 
 
-def _split_query(kwargs) -> tuple[int, int]:
-    """(prefill tokens, decode requests) of a packed CB forward, from cu_seq_lens_q."""
+def _split_query(kwargs) -> tuple[int, int, int]:
+    """(prefill tokens, decode requests, their KV tokens) of a packed CB forward, from
+    cu_seq_lens_q and cu_seq_lens_k (transformers >= 5.11 keys the latter by layer type)."""
     cu = kwargs.get("cu_seq_lens_q")
     ids = kwargs.get("input_ids")
     if cu is None:  # not a CB forward: count everything as prefill
-        return (0 if ids is None else int(ids.shape[-1])), 0
+        return (0 if ids is None else int(ids.shape[-1])), 0, 0
     lens = (cu[1:] - cu[:-1]).tolist()
-    decode = sum(1 for n in lens if n == 1)
-    return sum(n for n in lens if n > 1), decode
+    cu_k = kwargs.get("cu_seq_lens_k")
+    if isinstance(cu_k, dict):
+        cu_k = next(iter(cu_k.values()), None)
+    kv = (cu_k[1:] - cu_k[:-1]).tolist() if cu_k is not None and len(cu_k) == len(cu) else [0] * len(lens)
+    decode = [i for i, n in enumerate(lens) if n == 1]
+    return sum(n for n in lens if n > 1), len(decode), sum(kv[i] for i in decode)
 
 
 def _eos_id(model, tokenizer) -> int:

@@ -180,7 +180,8 @@ def _rollout(cfg, step, client, dp, prompts, params: int):
 
     try:
         return dp.generate(prompts, _caps(cfg, step, len(prompts)), routing=routing,
-                           on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs),
+                           on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs,
+                                                                     fs.kv_tokens),
                            on_poll=on_poll)
     finally:
         for ro in rollouts:

@@ -7,6 +7,8 @@
        │      grant.report(num_tokens=…, flops=…)
        │  (exit)                                                         Done ─► Ok (or: the
        │                                                   lease was lost meanwhile: it fell open)
+       │  with client.gang(kind, members=[(rank, pids), …], step=) as grants:  one Admit per
+       │      member, all sent before any reply is awaited (a lockstep stage starts whole)
        │  client.step_end(step, tokens=…)                                StepEnd (no wait)
        └─ heartbeat thread (own socket): Heartbeat(wait_s=heartbeat_s), the next as soon as
                                           its Beat comes ─► Beat: sent when a budget changes (or
@@ -132,28 +134,44 @@ class Client:
         """Block until the scheduler admits this sub-stage and its processes (`pids`, default
         this one) are on its partition; report it done on exit.  `label`: the framework's name
         for the work, kept in the trace."""
+        with self.gang(kind, members=((dp_rank, pids),), step=step, urgent=urgent, mem_bytes=mem_bytes,
+                       label=label) as (handle,):
+            yield handle
+
+    @contextlib.contextmanager
+    def gang(self, kind: str, *, members: Sequence[tuple[int, Sequence[int]]], step: int = 0,
+             urgent: bool = False, mem_bytes: int = 0, label: str = "") -> Iterator[list[GrantHandle]]:
+        """One lockstep stage run by several DP workers at once (the ranks of an FSDP trainer):
+        a sub-stage per (dp_rank, pids) member, all asked at once, since the scheduler starts a
+        gang whole.  Blocks until every member is admitted and bound; each is reported done on
+        exit, with the numbers its handle was given.  One member is `substage`."""
         t0 = time.monotonic()
+        members = [(int(rank), tuple(pids)) for rank, pids in members]
         if self.session is None and self._reachable():  # forgotten by a live daemon: join it again now
             self._register(self._sock, self.connect_timeout_s)
-        handle, why = self._admit(kind, dp_rank, step, urgent, mem_bytes, tuple(pids), label) if self.connected \
-            else (None, "unreachable")
-        if handle is None:
-            self._say_open(why)
-            handle = GrantHandle(substage="", device=dp_rank, exclusive=True, pids=tuple(pids))
-        else:
-            self._said_open = False
-        handle.kind, handle.dp_rank, handle.step = kind, dp_rank, step
-        handle.waited_s, handle.started_s = time.monotonic() - t0, time.monotonic()
-        key = handle.substage or f"open-{id(handle)}"
+        got = self._admit(kind, members, step, urgent, mem_bytes, label) if self.connected \
+            else [(None, "unreachable")] * len(members)
+        handles = []
+        for (rank, pids), (handle, why) in zip(members, got):
+            if handle is None:
+                self._say_open(why)
+                handle = GrantHandle(substage="", device=rank, exclusive=True, pids=pids)
+            else:
+                self._said_open = False
+            handle.kind, handle.dp_rank, handle.step = kind, rank, step
+            handle.waited_s, handle.started_s = time.monotonic() - t0, time.monotonic()
+            handles.append((handle, f"open-{id(handle)}" if not handle.substage else handle.substage, why))
         with self._binding:
-            self._live[key] = handle
-            self._bind(handle)
+            for handle, key, _ in handles:
+                self._live[key] = handle
+                self._bind(handle)
         try:
-            yield handle
+            yield [h for h, _, _ in handles]
         finally:
-            with self._binding:
-                self._live.pop(key, None)
-            self._close(handle, why)
+            for handle, key, why in handles:
+                with self._binding:
+                    self._live.pop(key, None)
+                self._close(handle, why)
 
     def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = (), label: str = "") -> Rollout:
         """A rollout worker's regimes from its forward steps (client-side bucketing)."""
@@ -293,9 +311,9 @@ class Client:
             self._req += 1
             return self._req
 
-    def _send(self, msg, sock: Channel | None = None) -> bool:
+    def _send(self, msg, sock: Channel | None = None, *more) -> bool:
         try:
-            (sock or self._sock).send(pr.encode(msg))
+            (sock or self._sock).send(pr.encode(msg), *(pr.encode(m) for m in more))
             return True
         except OSError:
             return False
@@ -303,14 +321,22 @@ class Client:
     def _call(self, sock: Channel, msg, timeout_s: float | None, give_up=None):
         """Send and wait for the reply with msg.req; None on timeout, when `give_up()` is
         true, or when the daemon cannot be reached."""
+        return self._call_many(sock, [msg], timeout_s, give_up)[0]
+
+    def _call_many(self, sock: Channel, msgs: Sequence, timeout_s: float | None, give_up=None) -> list:
+        """Send every message in one write (the daemon reads them together and decides once),
+        then wait for their replies (matched by req), in the messages' order; None for each
+        one not answered by the deadline, or when `give_up()` is true."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self._send(msg, sock):  # no daemon listening (yet): try again until the deadline
+        while not self._send(msgs[0], sock, *msgs[1:]):  # one write; no daemon listening (yet): again
             if (deadline is not None and time.monotonic() >= deadline) or (give_up is not None and give_up()):
-                return None
+                return [None] * len(msgs)
             time.sleep(0.01)
-        while deadline is None or time.monotonic() < deadline:
+        replies: dict[int, object] = {}
+        wanted = {msg.req for msg in msgs}
+        while wanted - replies.keys() and (deadline is None or time.monotonic() < deadline):
             if give_up is not None and give_up():
-                return None
+                break
             if not sock.poll(50):
                 continue
             try:
@@ -319,9 +345,9 @@ class Client:
                 log.warning("%s", exc)
                 continue
             self.last_reply = time.monotonic()
-            if reply.req == msg.req:
-                return reply
-        return None
+            if reply.req in wanted:
+                replies[reply.req] = reply
+        return [replies.get(msg.req) for msg in msgs]
 
     def _register(self, sock: Channel, timeout_s: float) -> None:
         """Join the daemon (on the calling thread's socket); one session at a time, whichever
@@ -354,16 +380,23 @@ class Client:
             self.session = None
         self._lose_grants()
 
-    def _admit(self, kind, dp_rank, step, urgent, mem_bytes, pids, label="",
-               retry: bool = True) -> tuple[GrantHandle | None, str]:
-        msg = pr.Admit(session=self.session or "", kind=kind, dp_rank=dp_rank, step=step, urgent=urgent,
-                       mem_bytes=mem_bytes, pids=pids, label=label[:32], req=self._next_req())
-        reply = self._call(self._sock, msg, None, give_up=lambda: not self.connected)
-        if isinstance(reply, pr.Error) and reply.code == "unknown-session" and retry:
-            self._forgotten(msg.session)
+    def _admit(self, kind, members, step, urgent, mem_bytes, label="",
+               retry: bool = True) -> list[tuple[GrantHandle | None, str]]:
+        """(handle, "") per member admitted, (None, why) per member that runs without the daemon."""
+        msgs = [pr.Admit(session=self.session or "", kind=kind, dp_rank=rank, step=step, urgent=urgent,
+                         mem_bytes=mem_bytes, pids=pids, label=label[:32], req=self._next_req())
+                for rank, pids in members]
+        replies = self._call_many(self._sock, msgs, None, give_up=lambda: not self.connected)
+        forgotten = [r for r in replies if isinstance(r, pr.Error) and r.code == "unknown-session"]
+        if forgotten and retry:  # a new session asks for every member again: the old one's grants are gone
+            self._forgotten(msgs[0].session)
             self._register(self._sock, self.connect_timeout_s)
             if self.connected:
-                return self._admit(kind, dp_rank, step, urgent, mem_bytes, pids, label, retry=False)
+                return self._admit(kind, members, step, urgent, mem_bytes, label, retry=False)
+        return [self._granted(reply, kind, pids) for reply, (_, pids) in zip(replies, members)]
+
+    @staticmethod
+    def _granted(reply, kind: str, pids: tuple[int, ...]) -> tuple[GrantHandle | None, str]:
         if isinstance(reply, pr.Grant):
             h = GrantHandle(substage=reply.substage, device=reply.device, pids=pids)
             h._update(reply)
@@ -453,7 +486,7 @@ class Rollout:
         self.tracker = BucketTracker()
         self.grant: GrantHandle | None = None
         self._cm = None
-        self._tokens = self._steps = 0
+        self._tokens = self._steps = self._reqs = self._kv = 0
         self.transitions = 0
         self._primed, self._started_kind = False, ""
         self.closed = False
@@ -469,7 +502,11 @@ class Rollout:
         self._primed, self._started_kind = True, kind.value
         return self.grant
 
-    def forward(self, num_prefill_tokens: int, num_decode_reqs: int) -> GrantHandle:
+    def forward(self, num_prefill_tokens: int, num_decode_reqs: int, kv_tokens: int = 0) -> GrantHandle:
+        """One engine forward step; `kv_tokens`: the KV cache its decoding requests read (0:
+        unknown).  A regime reports what the graph builder summarises from such steps: its
+        steps, tokens, mean decoding requests per step (batch size) and KV tokens per request
+        (sequence length), which is what a migration of its requests is priced by."""
         switch = self.tracker.observe(num_prefill_tokens + num_decode_reqs)
         if self._primed:  # the regime `start` admitted is not a transition
             self._primed = False
@@ -480,6 +517,8 @@ class Rollout:
             self._open(switch.kind.value, urgent=self.grant is not None)
         self._tokens += num_prefill_tokens + num_decode_reqs
         self._steps += 1
+        self._reqs += num_decode_reqs
+        self._kv += kv_tokens
         return self.grant
 
     def _open(self, kind: str, urgent: bool) -> None:
@@ -496,10 +535,12 @@ class Rollout:
     def _end(self, final: bool) -> None:
         if self._cm is not None:
             self.grant.report(num_tokens=self._tokens, num_steps=self._steps,
-                              flops=self.flops_per_token * self._tokens)
+                              flops=self.flops_per_token * self._tokens,
+                              batch_size=self._reqs / self._steps if self._steps else 0.0,
+                              seq_len=self._kv / self._reqs if self._reqs else 0.0)
             self.grant.final = final
             self._cm.__exit__(None, None, None)
-            self._cm, self._tokens, self._steps = None, 0, 0
+            self._cm, self._tokens, self._steps, self._reqs, self._kv = None, 0, 0, 0, 0
 
     def __enter__(self) -> Rollout:
         return self

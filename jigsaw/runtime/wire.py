@@ -213,12 +213,14 @@ class Channel:
         self.sock: socket.socket | None = None
         self.inbox = bytearray()
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes, *more: bytes) -> None:
+        """One message, or several in one write: they reach the daemon in one read, so it
+        decides once they are all there (the members of a gang)."""
         if self.sock is None:
             self._connect()
         try:
             self.sock.settimeout(SEND_TIMEOUT_S)
-            self.sock.sendall(frame(payload))
+            self.sock.sendall(b"".join(frame(p) for p in (payload, *more)))
         except OSError as exc:
             self.close()
             raise ChannelError(exc.errno, f"jigsaw daemon at {self.path}: {exc.strerror or exc}") from None
