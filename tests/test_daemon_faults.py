@@ -5,12 +5,13 @@ list of what it sent: every test here can say exactly which reply each request g
 """
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from jigsaw.graph.node import NodeState
-from jigsaw.graph.plan import Assignment, Plan, SchedulerConfig
+from jigsaw.graph.plan import Assignment, Migration, Plan, SchedulerConfig
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.daemon import Daemon, DaemonConfig, Inbound
 
@@ -232,3 +233,62 @@ def test_a_bug_in_one_request_is_answered_and_the_daemon_serves_on(d, monkeypatc
     (r,) = d.ask(pr.StepEnd(session=s, step=0, req=5))
     assert isinstance(r, pr.Error) and r.code == "internal" and r.req == 5
     assert isinstance(d.ask(pr.Status(req=6))[0], pr.StatusReply)
+
+
+# ------------------------------------------------------------------ migrations reach their source
+
+
+def test_a_migration_order_reaches_the_sources_owner_and_its_late_end_is_a_no_op(d, monkeypatch):
+    """Replica 1's tail is merged into replica 0's: replica 1's own session (not only the
+    target's) is told, with no budget and the order; the trace says the source let its device
+    go; its later Done is answered Ok and ends nothing else."""
+    s0, s1 = d.register("A"), d.register("A")
+    d.ask(admit(s0, "rollout_tail", rank=0, req=1))
+    d.ask(admit(s1, "rollout_tail", rank=1, req=2))
+    src, tgt = "A/0/r1/rollout_tail/0", "A/0/r0/rollout_tail/0"
+    assert set(d.state.pipelines["A"].running) == {src, tgt}
+    d.sent.clear()
+    real = d.state.policy.plan
+
+    def merging(view):
+        plan = real(view)
+        return replace(plan, migrations=(Migration(pipeline="A", source=src, target=tgt, source_rank=1,
+                                                   target_rank=0, delta_s=0.5, target_remaining_s=1.0),))
+
+    ev = []
+    monkeypatch.setattr(d, "_event", lambda event, pipeline, substage="", **kw: ev.append(
+        {"event": event, "substage": substage, "data": kw.get("data", {})}))
+    monkeypatch.setattr(d.state.policy, "plan", merging)
+    d.ask(admit(s0, "reward", req=3))  # any request makes the daemon decide again
+    monkeypatch.setattr(d.state.policy, "plan", real)
+    beats = [r for r in d.ask(pr.Heartbeat(session=s1), tick=False) if isinstance(r, pr.Beat)]
+    told = [g for b in beats for g in b.grants if g.substage == src]
+    assert told and told[0].sm_frac == 0.0 and told[0].migrations == (
+        pr.MigrationOrder(source=src, target=tgt, source_rank=1, target_rank=0),)
+    assert src not in d.state.pipelines["A"].running and tgt in d.state.pipelines["A"].running
+    assert [e["substage"] for e in ev if e["event"] == "migration"] == [src]
+    assert any(e["event"] == "release" and e["substage"] == src and e["data"].get("migrated") for e in ev)
+    assert isinstance(d.ask(pr.Done(session=s1, substage=src, final=True, req=4))[-1], pr.Ok)
+    assert tgt in d.state.pipelines["A"].running
+
+
+def test_an_operators_migration_reaches_the_source_and_one_that_cannot_move_changes_nothing(d):
+    s0, s1 = d.register("A"), d.register("A")
+    d.ask(admit(s0, "rollout_tail", rank=0, req=1))
+    d.ask(admit(s1, "reference", rank=1, req=2))
+    before = set(d.state.pipelines["A"].running)
+    for bad, why in [(pr.Migrate(pipeline="B", source_rank=1, target_rank=0, req=3), "no pipeline"),
+                     (pr.Migrate(pipeline="A", source_rank=1, target_rank=0, req=4), "no rollout running on DP rank 1"),
+                     (pr.Migrate(pipeline="A", source_rank=0, target_rank=0, req=5), "from one to another"),
+                     (pr.Migrate(pipeline="A", source_rank=0, target_rank=7, req=6), "DP ranks 0..1")]:
+        (reply,) = d.ask(bad)
+        assert isinstance(reply, pr.Error) and reply.code == "bad-request" and why in reply.message, reply
+    assert set(d.state.pipelines["A"].running) == before  # refused: nothing moved, nothing ended
+    (reply,) = [r for r in d.ask(pr.Migrate(pipeline="A", source_rank=0, target_rank=1, req=7))
+                if isinstance(r, pr.Migrated)]
+    assert reply.source == "A/0/r0/rollout_tail/0" and reply.target == ""  # rank 1 runs no rollout: it asks anew
+    (beat,) = [r for r in d.ask(pr.Heartbeat(session=s0), tick=False) if isinstance(r, pr.Beat)]
+    (told,) = [g for g in beat.grants if g.substage == reply.source]
+    assert told.sm_frac == 0.0 and [(m.source_rank, m.target_rank) for m in told.migrations] == [(0, 1)]
+    assert reply.source not in d.state.pipelines["A"].running
+    assert isinstance(d.ask(pr.Done(session=s0, substage=reply.source, final=True, req=8))[-1], pr.Ok)

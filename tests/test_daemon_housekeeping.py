@@ -19,7 +19,7 @@ import pytest
 from nodes import ROOT, Node
 from test_daemon_faults import Recorder
 
-from jigsaw.profiles import CPU_DEFAULT, resolve
+from jigsaw.profiles import CPU_DEFAULT, CPU_PER_CORE, resolve
 from jigsaw.runtime import housekeeping, node_info
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.client import connect
@@ -88,6 +88,23 @@ def test_gpus_found_by_nvml_choose_a_prior_by_sku_and_a_device_each(gpu, count, 
     assert bool(choice.warnings) == warned and all(gpu in w and "h100" in w for w in choice.warnings)
 
 
+@pytest.mark.parametrize("probe, words, devices, profile", [
+    (node_info.Probe(cores=2), ["trainer.n_gpus_per_node=2"], 2, CPU_PER_CORE),  # a core per replica
+    (node_info.Probe(cores=8), ["trainer.n_gpus_per_node=2"], 2, CPU_DEFAULT),  # 4 cores each: split them
+    (node_info.Probe(cores=2), ["trainer.nnodes=1"], 1, CPU_DEFAULT),  # verl's default GPUs: not said
+    (node_info.Probe(cores=2), ["trainer.n_gpus_per_node=4"], 1, CPU_DEFAULT),  # more than cores: as chosen
+    (node_info.Probe(gpus=("NVIDIA H100 80GB HBM3",) * 8, cores=64), ["trainer.n_gpus_per_node=2"], 8,
+     "h100/qwen3-4b"),  # real GPUs: one device each, whatever the job uses
+])
+def test_a_verl_job_on_a_cpu_node_gets_a_device_per_fake_gpu(probe, words, devices, profile):
+    from jigsaw.cli.run import verl_on_cpu
+
+    cmd = ["python", "-m", "verl.trainer.main_ppo", *words]
+    choice = verl_on_cpu(node_info.choose(probe), probe, cmd)
+    assert (choice.devices, choice.profile) == (devices, profile)
+    assert resolve(choice.profile).is_file()
+
+
 def test_pynvml_is_imported_only_when_the_node_is_probed():
     probe = ("import sys, jigsaw.runtime.node_info, jigsaw.cli.run, jigsaw.cli.daemon\n"
              "print('pynvml' in sys.modules)")
@@ -129,6 +146,28 @@ def test_status_and_stop_without_a_daemon(rt, tmp_path):
     assert not (tmp_path / "none").exists()  # status never creates the directory
     flags = jigsaw("daemon", "status", "--devices", "2")
     assert flags.returncode == 2 and "takes no daemon options" in flags.stderr
+
+
+def test_migrate_moves_a_running_rollout_and_says_why_when_nothing_can_move(node):
+    node.start("--devices", "2")
+    c = connect(pipeline="grpo-m", endpoint=node.ep)
+    try:
+        refused = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", "--source-rank", "1", "--target-rank", "0",
+                         env=node.env)
+        assert refused.returncode == 1 and "no rollout running on DP rank 1" in refused.stdout, refused
+        with c.substage("rollout_tail", dp_rank=1, step=0) as g:
+            out = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", "--source-rank", "1", "--target-rank", "0",
+                         env=node.env)
+            deadline = time.monotonic() + 5
+            while not g.migrations and time.monotonic() < deadline:  # it reaches the worker like a budget change
+                time.sleep(0.01)
+        assert out.returncode == 0 and "grpo-m/0/r1/rollout_tail/0" in out.stdout, out
+        assert [(m.source_rank, m.target_rank) for m in g.migrations] == [(1, 0)]
+    finally:
+        c.close()
+    usage = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", env=node.env)
+    assert usage.returncode == 2 and "needs --pipeline, --source-rank and --target-rank" in usage.stderr
+    assert [e["substage"] for e in node.events() if e["event"] == "migration"] == ["grpo-m/0/r1/rollout_tail/0"]
 
 
 def test_status_shows_the_running_daemon(node):

@@ -1,10 +1,12 @@
-"""`jigsaw daemon [serve|status|stop]`: the node daemon in the foreground, or ask the one running.
+"""`jigsaw daemon [serve|status|stop|migrate]`: the node daemon in the foreground, or ask the one running.
 
     serve (default)  DaemonConfig (flags) ─► Daemon(config).serve()   until SIGINT / SIGTERM, a
                      Stop request, or idle_exit_s with no pipeline; then its socket and lock go
     status           Status ─► the daemon's pid, uptime, set-up, trace, pipelines  (exit 1: none)
     stop             Status (its pid) ─► Stop ─► wait until that pid has exited, or stop_timeout_s
                      (exit 0: stopped, or none was running; 1: it did not stop)
+    migrate          Migrate(pipeline, source rank, target rank) ─► the rollout's requests in flight
+                     move (exit 0), or the daemon's reason why nothing can (exit 1)
 
 The runtime directory is $JIGSAW_RUNTIME_DIR, else $XDG_RUNTIME_DIR/jigsaw, else /tmp/jigsaw-UID;
 status and stop never create it.
@@ -33,13 +35,16 @@ ASK_TIMEOUT_S = 2.0
 class Args:
     """Run the jigsaw node daemon in the foreground: it schedules the sub-stages of every pipeline
     started with `jigsaw run` on this node.  Or ask the daemon running in this runtime directory
-    for its status, or to stop.  It listens on a Unix socket in a per-user 0700 directory:
+    for its status, to stop, or to move a rollout's requests between DP ranks.  It listens on a
+    Unix socket in a per-user 0700 directory:
     $JIGSAW_RUNTIME_DIR, else $XDG_RUNTIME_DIR/jigsaw, else /tmp/jigsaw-UID."""
 
-    action: tyro.conf.Positional[Literal["serve", "status", "stop"]] = "serve"
+    action: tyro.conf.Positional[Literal["serve", "status", "stop", "migrate"]] = "serve"
     """serve: run the daemon in the foreground with the options below.
     status: whether a daemon answers, and what it runs (exit 1 if none).
-    stop: ask it to exit, and wait until it has (exit 1 if it did not)."""
+    stop: ask it to exit, and wait until it has (exit 1 if it did not).
+    migrate: move a pipeline's rollout requests in flight from one DP rank to another, e.g.
+    to drain a rollout replica (--pipeline, --source-rank, --target-rank; exit 1 if nothing can move)."""
     daemon: Annotated[DaemonConfig, tyro.conf.arg(name="")] = DaemonConfig()
     no_trace: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
     """Write no trace (without --trace, the daemon writes one under the runtime directory's traces/)."""
@@ -47,6 +52,12 @@ class Args:
     """stop: how long to wait for the daemon to exit."""
     verbose: bool = False
     """Log every admission."""
+    pipeline: str | None = None
+    """migrate: the pipeline (its `jigsaw run --name`)."""
+    source_rank: int | None = None
+    """migrate: the DP rank whose rollout requests leave (verl: its rollout replica)."""
+    target_rank: int | None = None
+    """migrate: the DP rank that resumes them."""
 
 
 def run(args: Args) -> int:
@@ -56,6 +67,10 @@ def run(args: Args) -> int:
         return status()
     if args.action == "stop":
         return stop(args.stop_timeout_s)
+    if args.action == "migrate":
+        return migrate(args)
+    if (args.pipeline, args.source_rank, args.target_rank) != (None, None, None):
+        raise ValueError("--pipeline, --source-rank and --target-rank are options of `jigsaw daemon migrate`")
     return serve(args)
 
 
@@ -133,6 +148,24 @@ def stop(timeout_s: float) -> int:
         time.sleep(0.05)
     print(f"jigsaw daemon {st.pid} did not exit within {timeout_s:g} s (`kill -USR1 {st.pid}` writes its "
           f"threads' stacks to its log; `kill {st.pid}` stops it)")
+    return 1
+
+
+def migrate(args: Args) -> int:
+    from jigsaw.runtime import protocol as pr
+    from jigsaw.runtime.client import ask
+
+    if None in (args.pipeline, args.source_rank, args.target_rank):
+        raise ValueError("jigsaw daemon migrate needs --pipeline, --source-rank and --target-rank")
+    ep = _endpoint()
+    msg = pr.Migrate(pipeline=pr.check_name(args.pipeline), source_rank=args.source_rank,
+                     target_rank=args.target_rank, req=3)
+    reply = None if ep is None else ask(ep, msg, ASK_TIMEOUT_S)
+    if isinstance(reply, pr.Migrated):
+        print(f"{reply.source}: its requests in flight go to DP rank {args.target_rank}"
+              + (f" ({reply.target})" if reply.target else ""))
+        return 0
+    print(_nobody(ep, reply) if reply is None or reply.code == "version" else f"not migrated: {reply.message}")
     return 1
 
 

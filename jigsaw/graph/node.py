@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from jigsaw.graph.live import HOST, LivePipeline, Running, Waiting
-from jigsaw.graph.plan import Assignment, Budget, NodeSpec, Plan
+from jigsaw.graph.plan import Assignment, Budget, Migration, NodeSpec, Plan
 from jigsaw.graph.policy import Policy, View
 from jigsaw.graph.view import host_frac, pipeline_state
 
@@ -46,6 +46,9 @@ class Decision:
     admitted: tuple[Admission, ...]
     changed: tuple[tuple[Running, Assignment], ...]
     """Running sub-stages whose budget the plan changes."""
+    moved: tuple[Running, ...] = ()
+    """Running sources of the plan's migrations, ended by it: their owners must be told where
+    their requests go (nothing else of theirs changes)."""
     notes: tuple[str, ...] = ()
     """What the plan got wrong and the applier did not obey (kept budgets, refused pairs)."""
     fallback: str = ""
@@ -178,7 +181,7 @@ class NodeState:
             # even its urgent request was not started (a plan of sub-stages nobody asked for)
             return self._fallback(now_s, host, f"policy {self.policy.name} started nothing while nothing runs")
         d = self.apply(plan, now_s)
-        return Decision(plan=d.plan, admitted=host + d.admitted, changed=d.changed, notes=d.notes)
+        return Decision(plan=d.plan, admitted=host + d.admitted, changed=d.changed, moved=d.moved, notes=d.notes)
 
     def due(self, now_s: float) -> bool:
         """A request has waited max_wait_s and is not urgent yet: decide now, whatever else
@@ -275,7 +278,8 @@ class NodeState:
                 a = by_id.get(sid)
                 if a is not None and a.device == p.devices[w.rank]:
                     admitted.append(Admission(waiting=w, running=p.admit(sid, a, self.budget(a), now_s), assignment=a))
-        notes = self._merge(plan, now_s, admitted)
+        moved: list[Running] = []
+        notes = self._merge(plan, now_s, admitted, moved)
         for p in self.pipelines.values():
             for sid, r in p.running.items():
                 if not r.on_device:
@@ -290,7 +294,8 @@ class NodeState:
         for p in self.pipelines.values():
             p.refresh_rates(balanced)
         notes += self.overcommitted()
-        return Decision(plan=plan, admitted=tuple(admitted), changed=tuple(changed), notes=tuple(notes))
+        return Decision(plan=plan, admitted=tuple(admitted), changed=tuple(changed), moved=tuple(moved),
+                        notes=tuple(notes))
 
     def _check(self, plan: Plan) -> None:
         for a in plan.assignments:
@@ -301,11 +306,12 @@ class NodeState:
                 raise ValueError(f"plan assigns {a.substage} a budget no device has: {a.sm_frac} SMs, "
                                  f"{a.mem_bytes} bytes, slowdown {a.slowdown}, micro-batch {a.micro_batch}")
 
-    def _merge(self, plan: Plan, now_s: float, admitted: list[Admission]) -> list[str]:
+    def _merge(self, plan: Plan, now_s: float, admitted: list[Admission], moved: list[Running]) -> list[str]:
         """Migrations: a source is done (its requests go to the target, whose exclusive time
-        left becomes the merged tail's); its owner's later report of the end is a no-op.  A
-        source still waiting (the plan merged it away as it began) is answered with no budget
-        and the order, so its owner is never left waiting."""
+        left becomes the merged tail's) and goes to `moved`, so its owner learns of the order;
+        its later report of the end is a no-op.  A source still waiting (the plan merged it
+        away as it began) is answered with no budget and the order, so its owner is never left
+        waiting."""
         notes = []
         for m in plan.migrations:
             p = self.pipelines.get(m.pipeline)
@@ -317,11 +323,41 @@ class NodeState:
             if p is None or m.source not in p.running or m.target not in p.running:
                 notes.append(f"migration {m.source} -> {m.target} ignored: both must be running")
                 continue
-            p.finish(m.source, now_s)
-            p.merged_away.add(m.source)
-            target = p.running[m.target]
-            target.expected_s = target.work_s + m.target_remaining_s
+            self._hand_over(p, m, now_s, moved)
         return notes
+
+    @staticmethod
+    def _hand_over(p: LivePipeline, m: Migration, now_s: float, moved: list[Running]) -> None:
+        """The source ends now (into `moved`; its owner's report of the end comes later and is a
+        no-op) and the target, if running and priced, is expected to take what it took on."""
+        moved.append(p.running[m.source])
+        p.finish(m.source, now_s)
+        p.merged_away.add(m.source)
+        target = p.running.get(m.target)
+        if target is not None and m.target_remaining_s > 0:
+            target.expected_s = target.work_s + m.target_remaining_s
+
+    def migrate(self, pipeline: str, source_rank: int, target_rank: int, now_s: float) -> Decision:
+        """An operator's order (not the scheduler's): the rollout regime running on DP rank
+        `source_rank` hands its requests to `target_rank`, whose regime (if one runs) takes
+        them on; a ValueError says why nothing can move, and nothing changes then."""
+        p = self.pipelines.get(pipeline)
+        if p is None:
+            raise ValueError(f"no pipeline {pipeline!r} on this node")
+        if source_rank == target_rank or not all(0 <= r < len(p.devices) for r in (source_rank, target_rank)):
+            raise ValueError(f"{pipeline} has DP ranks 0..{len(p.devices) - 1}: a migration moves requests from "
+                             f"one to another (asked {source_rank} -> {target_rank})")
+        source = _rollout_on(p, source_rank)
+        if source is None:
+            raise ValueError(f"{pipeline} has no rollout running on DP rank {source_rank}: nothing to migrate")
+        target = _rollout_on(p, target_rank)
+        m = Migration(pipeline=pipeline, source=source.sid, target=target.sid if target else "",
+                      source_rank=source_rank, target_rank=target_rank, delta_s=0.0, target_remaining_s=0.0)
+        self.advance(now_s)
+        moved: list[Running] = []
+        self._hand_over(p, m, now_s, moved)
+        return Decision(plan=Plan(time_s=now_s, started=(), assignments=(), migrations=(m,)), admitted=(), changed=(),
+                        moved=tuple(moved))
 
     def overcommitted(self) -> list[str]:
         """Devices holding more than two sub-stages, SMs or memory beyond capacity."""
@@ -356,6 +392,12 @@ class _Snapshot:
             p.version += 1
 
 
+def _rollout_on(p: LivePipeline, rank: int) -> Running | None:
+    """The rollout regime running on DP rank `rank` (the latest begun, if several)."""
+    on = [r for r in p.running.values() if r.rank == rank and r.kind.is_rollout]
+    return max(on, key=lambda r: r.start_s) if on else None
+
+
 def _merged(decisions: list[Decision], now_s: float) -> Decision:
     """The decisions of separately planned groups as one."""
     if len(decisions) == 1:
@@ -366,5 +408,6 @@ def _merged(decisions: list[Decision], now_s: float) -> Decision:
                 routing=sum((p.routing for p in plans), ()), cost_s=max(p.cost_s for p in plans),
                 decisions=sum((p.decisions for p in plans), ()))
     return Decision(plan=plan, admitted=sum((d.admitted for d in decisions), ()),
-                    changed=sum((d.changed for d in decisions), ()), notes=sum((d.notes for d in decisions), ()),
+                    changed=sum((d.changed for d in decisions), ()), moved=sum((d.moved for d in decisions), ()),
+                    notes=sum((d.notes for d in decisions), ()),
                     fallback="; ".join(d.fallback for d in decisions if d.fallback))

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.node import Decision, NodeState
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import NAMES, make
@@ -311,6 +312,8 @@ class Daemon:
             return pr.Ok(req=msg.req)
         if isinstance(msg, pr.Register):
             return self._register(msg, arrived_s)
+        if isinstance(msg, pr.Migrate):
+            return self._migrate(msg)
         session = self._session(msg.session)
         session.last_seen = max(session.last_seen, arrived_s)
         if isinstance(msg, pr.Heartbeat):
@@ -394,6 +397,19 @@ class Daemon:
             self._event("release", p.name, piece.id, device=r.device,
                         data={"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s})
         return pr.Ok(req=msg.req)
+
+    def _migrate(self, msg: pr.Migrate) -> pr.Migrated:
+        """An operator's migration order, applied as the scheduler's are (the source's owner
+        is told; the trace records it)."""
+        now = self.now()
+        try:
+            d = self.state.migrate(msg.pipeline, msg.source_rank, msg.target_rank, now)
+        except ValueError as exc:
+            raise pr.ProtocolError("bad-request", str(exc)) from None
+        self._effect(d, grants.make(d, self.state, self.partitioner), now, decide_ms=0.0)
+        self._dirty = True  # the source's device is free: decide again
+        m = d.plan.migrations[0]
+        return pr.Migrated(source=m.source, target=m.target, req=msg.req)
 
     def _opened(self, msg: pr.Opened, session: Session) -> pr.Ok:
         self._event("open", session.pipeline, msg.substage, data={"reason": msg.reason, "kind": msg.kind,
@@ -491,8 +507,14 @@ class Daemon:
         for note in d.notes:
             log.warning("plan at %.3f s: %s", now, note)
         self._event("plan", "", t_s=now, data={**d.record(), "decide_ms": decide_ms})
+        self._gauge()  # before any grant goes out: a worker acting on its grant sees it counted
         for m in d.plan.migrations:
             self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
+        for r, g in zip(d.moved, made.moved):  # its owner hands its requests over: told like a budget change
+            if r.owner is not None and r.owner.session in self.sessions:
+                self.sessions[r.owner.session].queue(g, self.wall(), 0.0)
+            self._event("release", SubStageId.parse(r.sid).pipeline, r.sid, device=r.device,
+                        data={"migrated": True})
         for adm, g in zip(d.admitted, made.admitted):
             if (s := self.sessions.get(adm.waiting.owner.session)) is not None:
                 s.admitted(g)
@@ -505,7 +527,6 @@ class Daemon:
             self._traced_grant(a.pipeline, r, g)
         for session in self.sessions.values():
             self._wake(session)
-        self._gauge()
 
     def _traced_grant(self, pipeline: str, r, g: pr.Grant) -> None:
         if r.on_device:

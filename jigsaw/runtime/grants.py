@@ -2,7 +2,8 @@
 
     Decision (graph/node.py) ─► devices whose occupants changed ─► their layouts, from the
         node state after the plan ─► Partitioner.partitions(device, layout)  (mux/partition.py)
-    ─► one Grant per admission (the answer to its Admit) and per budget change (heartbeat)
+    ─► one Grant per admission (the answer to its Admit) and per budget change (heartbeat);
+       a migration's source gets one with no budget and the order (its requests go elsewhere)
 
 A partitioner that cannot express a layout leaves that device's budgets advisory: the node
 keeps scheduling and the worker is told so.
@@ -14,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.node import Decision, NodeState
 from jigsaw.graph.plan import Assignment
 from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, Partition
@@ -45,6 +47,8 @@ class Made:
     """In the order of Decision.admitted."""
     changed: tuple[pr.Grant, ...]
     """In the order of Decision.changed."""
+    moved: tuple[pr.Grant, ...] = ()
+    """In the order of Decision.moved: no budget left, and the migration orders."""
 
 
 def make(d: Decision, state: NodeState, parts_by) -> Made:
@@ -66,7 +70,10 @@ def make(d: Decision, state: NodeState, parts_by) -> Made:
 
     return Made(admitted=tuple(grant(x.assignment, x.waiting.owner.req if x.waiting.owner else 0)
                                for x in d.admitted),
-                changed=tuple(grant(a) for _, a in d.changed))
+                changed=tuple(grant(a) for _, a in d.changed),
+                moved=tuple(pr.Grant(substage=r.sid, device=r.device, sm_frac=0.0, mem_bytes=0,
+                                     migrations=tuple(orders.get(SubStageId.parse(r.sid).pipeline, ())))
+                      for r in d.moved))
 
 
 def partitions(state: NodeState, devices: set[int], parts_by) -> dict[str, Partition]:

@@ -21,13 +21,15 @@ from msgspec import Meta
 
 from jigsaw.mux.partition import Partition
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
 3: pipelines owned by a token; the trace's state in status replies.
 4: the daemon's set-up and uptime, and each pipeline's requests and grants, in status
 replies; `Stop`.
 5: a heartbeat may wait for a budget change (`Heartbeat.wait_s`): re-plans reach workers
-at once, not at their next heartbeat."""
+at once, not at their next heartbeat.
+6: an operator's migration order (`Migrate`, `jigsaw daemon migrate`); a migration's source
+is told of it like a budget change."""
 MAX_MESSAGE_BYTES = 64 << 10
 """Largest request the daemon reads (the largest real one, an Admit naming 4,096 processes,
 is about 20 KiB): a longer one is refused from its length prefix, before its body is read."""
@@ -156,7 +158,17 @@ class Stop(_Msg, tag="stop"):
     Only the daemon's own uid reaches its socket."""
 
 
-Request = Register | Heartbeat | Unregister | Admit | Done | Opened | StepEnd | Status | Stop
+class Migrate(_Msg, tag="migrate"):
+    """An operator's order (`jigsaw daemon migrate`): the requests in flight of `pipeline`'s
+    rollout on DP rank `source_rank` move to `target_rank` (aborted there, resumed here with
+    their partial output).  Answered `Migrated`, or an Error saying why nothing can move."""
+
+    pipeline: Name
+    source_rank: Rank
+    target_rank: Rank
+
+
+Request = Register | Heartbeat | Unregister | Admit | Done | Opened | StepEnd | Status | Stop | Migrate
 
 
 # ------------------------------------------------------------------ replies
@@ -242,7 +254,15 @@ class StatusReply(_Msg, tag="status_reply"):
     """It exits after this long with no pipeline registered (None: never)."""
 
 
-Reply = Ok | Error | Registered | Grant | Beat | StatusReply
+class Migrated(_Msg, tag="migrated"):
+    """A migration order carried out by the daemon: its source sub-stage has been told."""
+
+    source: str
+    target: str
+    """The target's running rollout sub-stage ("" when none runs: its worker asks anew)."""
+
+
+Reply = Ok | Error | Registered | Grant | Beat | StatusReply | Migrated
 
 
 # ------------------------------------------------------------------ codec
