@@ -47,9 +47,14 @@ TARGETS = [
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor", ("self", "batch", "metrics"), True),
     ("verl.trainer.ppo.v1.trainer_base.PPOTrainer._submit_batch_to_rollout", ("self", "batch"), True),
     ("verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync.on_step_end", ("self",), False),
-    ("verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync.on_sample_end", ("self",), False),
-    ("verl.trainer.ppo.v1.trainer_base.PPOTrainer.on_sample_begin", ("self",), False),
     ("verl.workers.rollout.llm_server.LLMServerManager.get_replicas", ("self",), False),
+    ("verl.single_controller.ray.base.RayWorkerGroup.workers", None, False),
+    ("verl.workers.rollout.router.get_router_handle",
+     ("servers", "router_config_path", "full_determinism", "load_balancer_cls"), False),
+    ("verl.workers.rollout.router.GlobalRequestLoadBalancer.__init__",
+     ("self", "servers", "max_cache_size", "full_determinism"), False),
+    ("verl.workers.rollout.router.GlobalRequestLoadBalancer.acquire_server", ("self", "request_id"), False),
+    ("verl.workers.rollout.router.GlobalRequestLoadBalancer.release_server", ("self", "server_id"), False),
     ("verl.checkpoint_engine.base.CheckpointEngineManager.update_weights", ("self", "global_steps"), False),
 ]
 
@@ -88,8 +93,6 @@ def source(module: str) -> str:
     ("verl.utils.distributed", 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"',
      "the duplicated backend cpu.patch() removes"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("gen"', "the stage label of the rollout regimes"),
-    ("verl.trainer.ppo.v1.trainer_base", "self.on_sample_begin()\n            batch, off_policy_metrics = "
-     "self.replay_buffer.sample(", "the trainer's wait for the rollout, gated as a host wait"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("old_log_prob"', "a stage label"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("ref"', "a stage label"),
     ("verl.trainer.ppo.v1.trainer_base", 'marked_timer("update_actor"', "a stage label"),
@@ -100,6 +103,12 @@ def source(module: str) -> str:
     ("verl.workers.rollout.llm_server", "server.generate.remote(", "how requests reach a replica's server"),
     ("verl.workers.rollout.llm_server", '"abort"', "the stop reason the resuming client continues from"),
     ("ray._private.worker", "RAY_RUNTIME_ENV_HOOK", "how jigsaw run reaches every Ray worker"),
+    ("verl.workers.rollout.llm_server", "        from verl.workers.rollout.router import get_router_handle\n",
+     "looked up when the router is built, so the one router.install() wraps is called"),
+    ("verl.workers.rollout.router", "self._request_id_to_server[request_id] = server_id",
+     "the sticky map JigsawBalancer fills (private)"),
+    ("verl.workers.rollout.router", "self._inflight_requests[server_id] += 1",
+     "the in-flight counts JigsawBalancer weighs (private)"),
 ])
 def test_verl_still_reads(module, text, why):
     assert text in source(module), f"{module} no longer has {text!r} ({why})"

@@ -1,22 +1,30 @@
 """Two unmodified verl 0.9.1 GRPO jobs under `jigsaw run`, one CPU-partitioning daemon (verl venv).
 
-    assets: tiny Qwen3 + GSM8K-format parquet, made here
-    daemon (--partitioner cpu, the shipped cpu/tiny-qwen3 grid) ─► trace
-    jigsaw run --name verl-s1 -- python -m verl.trainer.main_ppo <CPU overrides, seed 1>
-    jigsaw run --name verl-s2 -- python -m verl.trainer.main_ppo <CPU overrides, seed 2>
-        2 rollout replicas each (jigsaw's engine), 2 trainer ranks each
-    while they run: Cpus_allowed_list of every granted pid (binding.Sampler), and the summed
-    RSS of both jobs' process trees
+    assets: tiny Qwen3 (a long tail of answer lengths) + GSM8K-format parquet, made here
+    daemon: --partitioner cpu --devices 2 (a device per core, as a GPU per replica), the
+            one-core grid ─► trace
+    jigsaw run --name verl-s1 -- python -m verl.trainer.main_ppo <CPU overrides, seed 1, greedy>
+    jigsaw run --name verl-s2 -- python -m verl.trainer.main_ppo <CPU overrides, seed 2, greedy>
+        2 rollout replicas each (jigsaw's engine), 2 trainer ranks each: replica / rank i is
+        DP rank i on device i; verl writes every step's prompts and responses (rollout dump)
+    while they run: Cpus_allowed_list of every granted pid (binding.Sampler), the summed RSS
+    of both jobs' process trees, and, from step 2 of verl-s1 on, `jigsaw daemon migrate` of
+    its rank-1 rollout to rank 0 until a replica reports requests in flight moved
+    the same two jobs again without jigsaw (no daemon): the unmigrated outputs
 
 Checked: both exit 0; every verl stage of every step of both jobs was requested under its
-verl name and granted; the jobs held the same cores at once with split budgets; the workers'
-real affinity matched their grants; the pair fits in this machine's memory.  A second pair
-loses its daemon to `kill -9` mid-run and still finishes.
+verl name and granted, each trainer stage as a gang of both ranks; the jobs held the same
+core at once on split budgets; the workers' real affinity matched their grants; requests
+moved mid-generation (prompt + partial prefilled on the target, only the rest generated) and
+every step's responses are token-identical to the unmigrated run's; the pair fits in this
+machine's memory.  A second pair loses its daemon to `kill -9` mid-run and still finishes.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,14 +39,27 @@ pytest.importorskip("verl", reason="verl is not installed: pip install -c constr
 from binding import Sampler, holdings, off_cores  # noqa: E402
 from nodes import ROOT, Node  # noqa: E402
 
+from jigsaw.runtime import protocol as pr  # noqa: E402
+from jigsaw.runtime.client import ask  # noqa: E402
+
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(900)]
 
-STEPS = 3
+STEPS = 4
 STAGES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 """verl's stage names (its `marked_timer` names) each step of these jobs runs."""
+TRAINER_STAGES = STAGES[1:]
+DEVICES = 2
+"""One per rollout replica (and trainer rank), each a core: the DP workers can trade requests."""
 MEM_LIMIT_BYTES = 20 * 2**30
 """Both jobs together, leaving room for the test runner on this 24 GiB machine."""
 JOB_TIMEOUT_S = 600
+RANK1_ROLLOUT = re.compile(r"verl-s1/(\d+)/r1/rollout_")
+MID_S = 0.15
+"""A rank-1 rollout this old has its long answers mid-generation (48 tokens take about 0.5 s)."""
+MOVED = re.compile(r"\(jigsaw\) replica (\d+) handed (\d+) request\(s\) in flight to replica (\d+), "
+                   r"carrying ([\d ]+) tokens")
+RESUMED = re.compile(r"\(jigsaw\) replica (\d+) finished (\S+), migrated here: (\d+) tokens carried, "
+                     r"(\d+) prefilled, (\d+) generated")
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +71,19 @@ def assets(tmp_path_factory) -> tuple[Path, Path]:
     return make_model(tmp / "model"), tmp / "data"
 
 
-def job(node: Node, assets, seed: int, tmp: Path, steps: int = STEPS) -> subprocess.Popen:
-    from jigsaw.integrations.verl.job import JobConfig, cpu_env, grpo_command
+def command(assets, seed: int, tmp: Path) -> list[str]:
+    from jigsaw.integrations.verl.job import JobConfig, grpo_command
 
     model, data = assets
-    cmd = grpo_command(JobConfig(model=model, data=data, seed=seed, steps=steps, out=tmp / f"out-s{seed}"))
+    return grpo_command(JobConfig(model=model, data=data, seed=seed, steps=STEPS, temperature=0.0,
+                                  response_tokens=48, out=tmp / f"out-s{seed}", rollout_dump=tmp / f"dump-s{seed}"))
+
+
+def start(cmd: list[str], env: dict, tmp: Path, seed: int) -> subprocess.Popen:
+    from jigsaw.integrations.verl.job import cpu_env
+
     log = open(tmp / f"verl-s{seed}.log", "wb")  # noqa: SIM115 - closed with the process below
-    return subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", f"verl-s{seed}", "--", *cmd],
-                            env=cpu_env(node.env), cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, env=cpu_env(env), cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
 
 
 class PeakMemory(threading.Thread):
@@ -83,14 +109,55 @@ class PeakMemory(threading.Thread):
             self.stop.wait(0.5)
 
 
-def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None) -> dict:
+class Drain(threading.Thread):
+    """From step 2 of verl-s1 on, once its rank-1 rollout has run for MID_S (its long answers
+    are mid-generation then): `Migrate` it to rank 0 (what `jigsaw daemon migrate` sends), until
+    its log says a replica handed requests over with tokens generated."""
+
+    def __init__(self, node: Node, log: Path):
+        super().__init__(daemon=True)
+        self.node, self.log, self.stop, self.orders = node, log, threading.Event(), []
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            if any(int(c) for *_, cs in MOVED.findall(self.log.read_text(errors="replace")) for c in cs.split()):
+                return
+            if self._mid_generation():
+                reply = ask(self.node.ep, pr.Migrate(pipeline="verl-s1", source_rank=1, target_rank=0, req=9), 2.0)
+                if isinstance(reply, pr.Migrated):
+                    self.orders.append(reply.source)
+                    self.stop.wait(1.0)  # the replica's log line, or the order came as its rollout ended
+
+    def _mid_generation(self) -> bool:
+        """A step-2+ rollout of verl-s1's rank 1 runs, begun MID_S ago or more (its first regime)."""
+        ev = self.node.events()
+        t0 = next((e["data"]["clock_t0_s"] for e in ev if e["event"] == "node"), None)
+        began: dict[int, float] = {}
+        running: set[str] = set()
+        for e in ev:
+            if e["pipeline"] != "verl-s1" or not (m := RANK1_ROLLOUT.match(e["substage"])):
+                continue
+            if e["event"] == "grant":
+                began.setdefault(int(m[1]), e["t_s"])
+                running.add(e["substage"])
+            elif e["event"] == "release":
+                running.discard(e["substage"])
+        steps = {int(RANK1_ROLLOUT.match(sid)[1]) for sid in running}
+        now = time.monotonic() - t0 if t0 is not None else 0.0
+        return any(step >= 2 and now - began[step] >= MID_S for step in steps)
+
+
+def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None, drain: bool = False) -> dict:
     node = Node(tmp)
-    node.start("--partitioner", "cpu", "--profile", "cpu/tiny-qwen3")
+    node.start("--partitioner", "cpu", "--profile", "cpu/tiny-qwen3-1c", "--devices", str(DEVICES))
     sampler = Sampler(node)
     sampler.start()
-    procs = [job(node, assets, seed, tmp) for seed in (1, 2)]
-    memory = PeakMemory(procs)
+    wrap = [sys.executable, "-m", "jigsaw.cli.main", "run", "--no-start-daemon", "--name"]
+    procs = [start([*wrap, f"verl-s{s}", "--", *command(assets, s, tmp)], node.env, tmp, s) for s in (1, 2)]
+    memory, drainer = PeakMemory(procs), Drain(node, tmp / "verl-s1.log")
     memory.start()
+    if drain:
+        drainer.start()
     try:
         if kill_daemon_at_step is not None:
             _kill_at(node, kill_daemon_at_step, procs)
@@ -99,13 +166,22 @@ def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None) -> dict:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        sampler.stop.set()
-        memory.stop.set()
+        for t in (sampler, memory, drainer):
+            t.stop.set()
         sampler.join(5)
         node.stop()
     logs = [(tmp / f"verl-s{s}.log").read_text(errors="replace") for s in (1, 2)]
     return {"rcs": rcs, "events": node.events(), "samples": sampler.samples, "peak_bytes": memory.peak_bytes,
-            "logs": logs}
+            "logs": logs, "dumps": [_dump(tmp / f"dump-s{s}") for s in (1, 2)], "orders": drainer.orders}
+
+
+def _dump(folder: Path) -> dict[int, list[tuple[str, str]]]:
+    """verl's rollout dump: per step, every (prompt, response) text, in a stable order."""
+    out = {}
+    for f in sorted(folder.glob("*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out[int(f.stem)] = sorted((r["input"], r["output"]) for r in rows)
+    return out
 
 
 def _kill_at(node: Node, step: int, procs) -> None:
@@ -121,9 +197,25 @@ def _kill_at(node: Node, step: int, procs) -> None:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, assets) -> dict:
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("CPU partitions need two cores")
-    return run_pair(tmp_path_factory.mktemp("verl-pair"), assets)
+    if len(os.sched_getaffinity(0)) < DEVICES:
+        pytest.skip("a device per core needs two cores")
+    return run_pair(tmp_path_factory.mktemp("verl-pair"), assets, drain=True)
+
+
+@pytest.fixture(scope="module")
+def unmigrated(tmp_path_factory, assets) -> dict:
+    """The same two greedy jobs without jigsaw: no daemon, nothing moved."""
+    tmp = tmp_path_factory.mktemp("verl-plain")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JIGSAW_")}
+    procs = [start(command(assets, s, tmp), env, tmp, s) for s in (1, 2)]
+    try:
+        rcs = [p.wait(JOB_TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert rcs == [0, 0], (tmp / "verl-s1.log").read_text(errors="replace")[-3000:]
+    return {"dumps": [_dump(tmp / f"dump-s{s}") for s in (1, 2)]}
 
 
 def _tail(run: dict) -> str:
@@ -136,7 +228,7 @@ def test_both_verl_jobs_exit_0(pair):
 
 def test_every_verl_stage_of_every_step_was_granted_under_its_name(pair):
     ev = pair["events"]
-    granted = {e["substage"] for e in ev if e["event"] in ("grant", "host")}  # host: the trainer's wait in gen
+    granted = {e["substage"] for e in ev if e["event"] == "grant"}
     asked = {(e["pipeline"], e["data"]["step"], e["data"]["label"]) for e in ev
              if e["event"] == "request" and e["substage"] in granted}
     missing = [(p, s, st) for p in ("verl-s1", "verl-s2") for s in range(1, STEPS + 1) for st in STAGES
@@ -144,17 +236,22 @@ def test_every_verl_stage_of_every_step_was_granted_under_its_name(pair):
     assert not missing, f"never granted: {missing}"
     ungranted = [e["substage"] for e in ev if e["event"] == "request" and e["substage"] not in granted]
     assert not ungranted, ungranted
+    gangs = {}
+    for e in ev:  # a trainer stage: one sub-stage per rank, each on its own device
+        if e["event"] == "request" and e["data"]["label"] in TRAINER_STAGES:
+            gangs.setdefault((e["pipeline"], e["data"]["step"], e["data"]["label"]), []).append(e["data"]["rank"])
+    assert gangs and all(sorted(ranks) == [0, 1] for ranks in gangs.values()), gangs
 
 
-def test_the_two_jobs_held_the_same_cores_at_once_with_split_budgets(pair):
-    """Some moment when a sub-stage of each job held a partition of the CPU, neither the whole."""
+def test_the_two_jobs_held_the_same_core_at_once_with_split_budgets(pair):
+    """Some moment when a sub-stage of each job held the same core, each on a partial budget."""
     held = holdings(pair["events"])
     pipeline = {e["substage"]: e["pipeline"] for e in pair["events"] if e["event"] == "grant"}
     split = [h for h in held if h.sm_frac < 1.0]
     overlaps = [(a, b) for a in split for b in split if pipeline[a.substage] == "verl-s1"
                 and pipeline[b.substage] == "verl-s2" and a.start_s < b.end_s and b.start_s < a.end_s
-                and a.cores != b.cores]
-    assert overlaps, f"no moment with both jobs on split budgets ({len(split)} split holdings)"
+                and a.cores == b.cores]
+    assert overlaps, f"no moment with both jobs on one core's split budgets ({len(split)} split holdings)"
 
 
 def test_verl_worker_processes_ran_on_their_granted_cores(pair):
@@ -165,6 +262,25 @@ def test_verl_worker_processes_ran_on_their_granted_cores(pair):
     assert not wrong, [(h.substage, h.pid, h.cores, seen[:3]) for h, seen in wrong[:5]]
     checked = {h.pid for h in held if any(p == h.pid for _, p, _ in pair["samples"])}
     assert len(checked) >= 6, checked  # 2 jobs × (2 trainer ranks + 2 replicas)
+    assert {h.cores for h in held} == {str(c) for c in sorted(os.sched_getaffinity(0))[:DEVICES]}  # a core each
+
+
+def test_requests_moved_mid_generation_and_every_response_is_token_identical(pair, unmigrated):
+    log = pair["logs"][0]
+    assert pair["orders"] and any(e["event"] == "migration" for e in pair["events"]), pair["orders"]
+    handed = [(int(src), int(n), int(dst), [int(c) for c in carried.split()])
+              for src, n, dst, carried in MOVED.findall(log)]
+    assert handed and all((src, dst) == (1, 0) and len(c) == n > 0 for src, n, dst, c in handed), handed
+    carried = sorted(c for *_, cs in handed for c in cs if c > 0)
+    resumed = [(int(r), rid, int(c), int(p), int(g)) for r, rid, c, p, g in RESUMED.findall(log)]
+    assert carried and sorted(c for _, _, c, _, _ in resumed) == carried, (handed, resumed)  # each resumed once
+    assert all(r == 0 for r, *_ in resumed)
+    for _, _, c, prefilled, generated in resumed:  # a migration, not a restart: prompt + partial
+        assert prefilled > c and c + generated <= 48  # prefilled, only the rest of the budget made
+    for seed, (got, plain) in enumerate(zip(pair["dumps"], unmigrated["dumps"]), 1):
+        assert sorted(got) == list(range(1, STEPS + 1)) and sorted(plain) == sorted(got), (seed, got.keys())
+        for step in got:
+            assert got[step] == plain[step], f"verl-s{seed} step {step}: responses differ from the unmigrated run"
 
 
 def test_two_verl_jobs_fit_in_this_machines_memory(pair):
@@ -173,8 +289,8 @@ def test_two_verl_jobs_fit_in_this_machines_memory(pair):
 
 
 def test_killing_the_daemon_mid_run_leaves_both_verl_jobs_finishing(tmp_path, assets):
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("CPU partitions need two cores")
+    if len(os.sched_getaffinity(0)) < DEVICES:
+        pytest.skip("a device per core needs two cores")
     run = run_pair(tmp_path, assets, kill_daemon_at_step=2)
     assert run["rcs"] == [0, 0], _tail(run)
     for log in run["logs"]:
@@ -187,6 +303,6 @@ def test_the_verl_plugin_is_what_verl_loads():
     """verl's own entry-point discovery finds jigsaw's plugin (installed with the package)."""
     from importlib.metadata import entry_points
 
-    eps = [ep for ep in entry_points(group="verl.plugins") if ep.name == "jigsaw"]
-    assert [ep.value for ep in eps] == ["jigsaw.integrations.verl.plugin"]
+    eps = [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "jigsaw"]
+    assert eps == ["jigsaw.integrations.verl.plugin"]
     assert ROOT.joinpath("jigsaw/integrations/verl/plugin.py").exists()

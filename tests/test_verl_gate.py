@@ -1,7 +1,8 @@
 """The gated verl trainer and the post-import hook, without verl: a stand-in trainer class with
 verl's method names, against a real daemon.
 
-    gated(FakeTrainer) ─► each stage: Admit(label=verl's name) ─► grant ─► the stage runs ─► Done
+    gated(FakeTrainer) ─► each stage: an Admit per trainer rank (label=verl's name) ─► grants
+                          ─► the stage runs ─► Done per rank
     after_import(module, fn) ─► fn(module) once the module is first imported (or at once)
 """
 
@@ -53,26 +54,24 @@ class FakeTrainer:
     def on_sample_begin(self):
         self.calls.append(("sample_begin", time.time(), self._held()))
 
-    def on_sample_end(self):
-        self.calls.append(("sample_end", time.time(), self._held()))
-
 
 class Batch:
     keys = ["a", "b", "c"]
 
 
-def test_each_verl_stage_is_admitted_before_it_runs_and_reported_after(tmp_path, monkeypatch):
+def test_each_verl_stage_is_admitted_as_a_gang_before_it_runs_and_reported_after(tmp_path, monkeypatch):
+    """Two trainer ranks on a two-device node: every stage is a sub-stage per rank, both
+    granted before verl's call runs, both done after it, each with its half of the batch."""
     node = Node(tmp_path)
-    node.start()
-    monkeypatch.setattr(vt.Gate, "pids", lambda self, trainer: (os.getpid(),))
+    node.start("--devices", "2")
+    monkeypatch.setattr(vt.Gate, "pids", lambda self, trainer: (os.getpid(), os.getpid()))
     for k, v in {**node.env, "JIGSAW_ENDPOINT": node.ep, "JIGSAW_PIPELINE": "verl-job"}.items():
         monkeypatch.setenv(k, v)
     try:
         calls = []
         t = vt.gated(FakeTrainer)(calls)
         batch = Batch()
-        t.on_sample_begin()
-        t.on_sample_end()
+        t.on_sample_begin()  # the trainer's wait for the rollout is not a stage: the replicas' regimes are
         assert t._compute_reward_colocate(batch) is batch  # verl's validation calls it without metrics
         for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor"):
             assert getattr(t, name)(batch, metrics={}) is batch
@@ -82,24 +81,25 @@ def test_each_verl_stage_is_admitted_before_it_runs_and_reported_after(tmp_path,
         node.stop()
     ev = node.events()
     t0 = next(e["data"]["clock_t0_s"] for e in ev if e["event"] == "node")
-    grants = {e["substage"]: e for e in ev if e["event"] in ("grant", "host")}  # host work: traced at its end
+    grants = {e["substage"]: e for e in ev if e["event"] == "grant"}
     done = {e["substage"]: e for e in ev if e["event"] == "done"}
-    asked = [(e["data"]["label"], e["data"]["kind"], e["substage"]) for e in ev if e["event"] == "request"]
-    assert [(label, kind) for label, kind, _ in asked] == [
-        ("gen", "tool"), ("reward", "reference"), ("old_log_prob", "reference"), ("ref", "reference"),
-        ("update_actor", "training"), ("update_weights", "training")]
+    asked = [(e["data"]["label"], e["data"]["kind"], e["data"]["rank"], e["substage"]) for e in ev
+             if e["event"] == "request"]
+    stages = [("reward", "reference"), ("old_log_prob", "reference"), ("ref", "reference"),
+              ("update_actor", "training"), ("update_weights", "training")]
+    assert [(label, kind, rank) for label, kind, rank, _ in asked] == [
+        (label, kind, rank) for label, kind in stages for rank in (0, 1)]
     ran = {name: t for name, t, _ in calls}
     held = {name: kinds for name, _, kinds in calls}
-    assert held == {"sample_begin": ["tool"], "sample_end": ["tool"], "reward": ["reference"],
-                    "old_log_prob": ["reference"], "ref": ["reference"],
-                    "update_actor": ["training"], "update_weights": ["training"]}  # each ran inside its grant
+    assert held == {"sample_begin": [], "reward": ["reference"] * 2, "old_log_prob": ["reference"] * 2,
+                    "ref": ["reference"] * 2, "update_actor": ["training"] * 2,
+                    "update_weights": ["training"] * 2}  # each ran inside both ranks' grants
     wall0 = time.time() - time.monotonic() + t0  # the daemon's t_s are on its monotonic clock from t0
-    ran["gen"] = ran["sample_begin"]
-    for label, _, sid in asked:
+    for label, _, rank, sid in asked:
         assert sid in grants and sid in done, sid
+        assert grants[sid]["device"] == rank
         assert grants[sid]["t_s"] + wall0 <= ran[label] + 0.05 <= done[sid]["t_s"] + wall0 + 0.1, label
-    assert [e["substage"] for e in ev if e["event"] == "host"] == [asked[0][2]]  # the wait held no cores
-    assert done[asked[2][2]]["data"]["batch_size"] == 3
+    assert [done[sid]["data"]["batch_size"] for label, _, _, sid in asked if label == "old_log_prob"] == [1.5, 1.5]
 
 
 def test_a_trainer_already_gated_is_not_gated_twice():

@@ -98,3 +98,19 @@ def test_an_order_for_another_rank_moves_nothing(engine):
     serving._orders()
     assert engine.active() == ["x"] and serving.stats.moved_out == 0
     engine.abort("x")
+
+
+def test_the_plans_routing_weights_go_to_verls_balancer_once_per_change(engine):
+    told = []
+    serving = Serving(engine, ServerConfig(model_path="-", temperature=0.0, replica_rank=0), lambda: 1,
+                      on_routing=told.append)
+    grant = Order()
+    grant.routing = None
+    serving.rollout = type("R", (), {"grant": grant})()
+    serving._route()
+    grant.routing = (0.75, 0.25)
+    serving._route()
+    serving._route()
+    grant.routing = (0.5, 0.5)
+    serving._route()
+    assert told == [(0.75, 0.25), (0.5, 0.5)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -146,6 +147,20 @@ def _verl_env(env: dict, name: str) -> dict:
     return dict(env, RAY_RUNTIME_ENV_HOOK=HOOK)
 
 
+def verl_on_cpu(choice, probe, cmd: Sequence[str]):
+    """On a node without GPUs, a verl job's fake GPUs (`trainer.n_gpus_per_node=N`) are what
+    its replicas and ranks sit on: a device each, as on a GPU node (the per-core grid when
+    that makes a core per device)."""
+    from jigsaw.profiles import CPU_PER_CORE
+
+    gpus = [int(m[1]) for word in cmd if (m := re.fullmatch(r"\+?trainer\.n_gpus_per_node=(\d+)", word))]
+    if probe.gpus or not gpus or not 1 <= gpus[-1] <= probe.cores:
+        return choice
+    n = gpus[-1]
+    return dataclasses.replace(choice, devices=n, profile=CPU_PER_CORE if probe.cores // n == 1 else choice.profile,
+                               found=f"{choice.found}, verl with {n} GPU(s) per node")
+
+
 def recognise(cmd: Sequence[str]) -> str | None:
     """The framework CMD runs, from its argv: a word that is a framework's package, a module in it
     (`-m verl.trainer.main_ppo`), or a directory on a path (`/opt/verl/trainer/main_ppo.py`)."""
@@ -204,7 +219,9 @@ def _start_daemon(args: Args, directory: Path, ep: str) -> bool:
     from jigsaw.runtime import node_info
     from jigsaw.runtime.client import wait_for_daemon
 
-    choice = node_info.choose(node_info.probe())
+    probe = node_info.probe()
+    choice = verl_on_cpu(node_info.choose(probe), probe, args.cmd) if _framework(args) == "verl" else \
+        node_info.choose(probe)
     choice = dataclasses.replace(choice, devices=args.devices if args.devices is not None else choice.devices,
                                  profile=str(args.profile) if args.profile is not None else choice.profile)
     lines = [f"starting a daemon for this node ({choice.summary}; log {directory / 'daemon.log'})",

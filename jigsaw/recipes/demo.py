@@ -89,6 +89,10 @@ class DemoConfig:
     """jigsaw: the GRPO recipe on jigsaw's own engines.  verl: unmodified verl 0.9.1 GRPO jobs
     (`python -m verl.trainer.main_ppo`, 2 rollout replicas each; needs the [verl] extra), modes
     serial, naive, static, static-live and jigsaw unless --modes says otherwise."""
+    devices: int | None = None
+    """Devices of the demo's daemons (CPU partitions of this machine's cores).  None: one for
+    the recipe; for verl, one per rollout replica (2), as verl's GPUs are, each a core with
+    its own grid (cpu/tiny-qwen3-1c), so every replica and trainer rank is a DP worker."""
     verl_poll_s: float | None = None
     """--framework verl: poll verl's replay buffer this often (s) in every mode instead of
     verl's 2 s, which makes `gen` last a multiple of 2 s whatever the rollout takes.
@@ -245,18 +249,29 @@ def pinned(cores: tuple[int, ...]):
     return lambda: os.sched_setaffinity(0, cores)
 
 
+def daemon_layout(cfg: DemoConfig) -> tuple[int, Path]:
+    """(devices, grid file) of the demo's daemons."""
+    from jigsaw.integrations.verl.job import JobConfig
+
+    per_replica = cfg.framework == "verl" and cfg.devices is None
+    devices = JobConfig().replicas if per_replica else (cfg.devices or 1)
+    default = profiles.CPU_PER_CORE if len(os.sched_getaffinity(0)) // devices == 1 else profiles.CPU_DEFAULT
+    return devices, profiles.resolve(cfg.profile or default)
+
+
 def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, mode: str) -> None:
     rt = Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     (rt / "rt").mkdir(mode=0o700)
     run.env = dict(run.env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
     trace = cfg.out_dir / f"{mode}-trace-r{rep + 1}.jsonl"  # every repeat's: a slow one can be looked at
     trace.unlink(missing_ok=True)
-    grid = profiles.resolve(cfg.profile or profiles.CPU_DEFAULT)
+    devices, grid = daemon_layout(cfg)
     from jigsaw.runtime.client import wait_for_daemon
 
     with open(cfg.out_dir / "daemon.log", "w") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
-                                   "--policy", DAEMON_POLICY[mode], "--partitioner", "cpu", "--trace", str(trace)],
+                                   "--devices", str(devices), "--policy", DAEMON_POLICY[mode], "--partitioner", "cpu",
+                                   "--trace", str(trace)],
                                   env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)
     try:

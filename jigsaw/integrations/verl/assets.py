@@ -1,7 +1,10 @@
 """What a verl GRPO job on this machine reads, made locally (no download).
 
     make_model(dir)    jigsaw's tiny Qwen3 (engines/model.py) + its offline tokenizer, with a
-                       chat template, saved as an HF checkpoint verl and the rollout both load
+                       chat template, saved as an HF checkpoint verl and the rollout both load;
+                       its output head is untied and peaked, and it says EOS where it would
+                       first say one common token: most answers end early, a few run to the
+                       cap (a long tail, from the model itself)
     make_gsm8k(dir)    train/test parquet files in verl's GSM8K layout (data_source
                        "openai/gsm8k", a chat prompt, the answer as `reward_model.ground_truth`
                        scored by verl's own gsm8k rule: "#### <number>")
@@ -16,7 +19,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 """ChatML, as Qwen's: verl's Qwen token builder needs <|im_end|> and a one-token newline."""
 SHARPEN = 8.0
-"""Scale of the (tied) embedding: logits this many times sharper than at initialisation."""
+"""Scale of the input embedding: a random tiny model's hidden states are nearly flat otherwise."""
+HEAD_STD = 2.0
+"""Std of the untied output head's weights: logits peaked enough that float noise between
+kernels (batching, thread counts) never flips a greedy choice.  A tied head makes a random
+model repeat its last input token forever."""
+EOS_PROBE = (8, 32)
+"""(prompts, tokens) generated greedily to pick the token EOS stands in for."""
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -36,12 +45,35 @@ def make_model(path: Path, *, seed: int = 0) -> Path:
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = CHAT_TEMPLATE
     model.resize_token_embeddings(len(tok))
-    with torch.no_grad():  # peaked logits, as a trained model's: a random tiny model's are nearly flat,
-        model.get_input_embeddings().weight.mul_(SHARPEN)  # and float noise between kernels flips greedy ties
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(SHARPEN)
+        model.config.tie_word_embeddings = False
+        model.lm_head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=False)
+        model.lm_head.weight.copy_(torch.randn(len(tok), model.config.hidden_size, generator=gen) * HEAD_STD)
+        stand_in = _common_token(model, tok)
+        # EOS wins exactly where the stand-in would have been said (peaked logits: the margin holds)
+        model.lm_head.weight[tok.eos_token_id] = model.lm_head.weight[stand_in] * 1.05
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def _common_token(model, tok) -> int:
+    """The token that greedy answers to the train prompts say earliest while some never do."""
+    import torch
+
+    n_prompts, n_tokens = EOS_PROBE
+    first: dict[int, list[int]] = {}
+    for row in gsm8k_rows(n_prompts, seed=0, split="train"):
+        ids = tok(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))["input_ids"]
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+        for t in set(out) - {tok.eos_token_id}:
+            first.setdefault(t, []).append(out.index(t))
+    some = [(sorted(pos)[len(pos) // 2], t) for t, pos in first.items() if len(pos) < n_prompts]
+    return min(some or [(0, max(first, key=lambda t: len(first[t])))])[1]
 
 
 def gsm8k_rows(n: int, *, seed: int, split: str) -> list[dict]:

@@ -44,6 +44,9 @@ class JobConfig:
     """`actor_rollout_ref.rollout.name`."""
     out: Path | None = None
     """`trainer.default_local_dir` (checkpoints are off; verl writes little there)."""
+    rollout_dump: Path | None = None
+    """`trainer.rollout_data_dir`: verl writes every step's prompts and responses here, as
+    <step>.jsonl (None: not written)."""
 
 
 def grpo_command(c: JobConfig) -> list[str]:
@@ -53,7 +56,7 @@ def grpo_command(c: JobConfig) -> list[str]:
     overrides = [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={c.data / 'train.parquet'}", f"data.val_files={c.data / 'test.parquet'}",
-        f"data.train_batch_size={c.prompts}", "data.max_prompt_length=96",
+        f"data.train_batch_size={c.prompts}", "data.max_prompt_length=128",
         f"data.max_response_length={c.response_tokens}", f"data.seed={c.seed}", "data.dataloader_num_workers=0",
         f"{a}.model.path={c.model}", f"+{a}.model.override_config.attn_implementation=sdpa",
         f"{a}.actor.strategy=fsdp2", f"{a}.ref.strategy=fsdp2",
@@ -74,6 +77,8 @@ def grpo_command(c: JobConfig) -> list[str]:
         "ray_kwargs.ray_init.num_cpus=16", f"+ray_kwargs.ray_init.num_gpus={c.replicas}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
+    if c.rollout_dump is not None:
+        overrides.append(f"trainer.rollout_data_dir={c.rollout_dump}")
     if c.out is not None:  # Hydra writes its run directory (outputs/<date>/...) under the cwd otherwise
         overrides += [f"trainer.default_local_dir={c.out}", f"hydra.run.dir={c.out / 'hydra'}"]
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]

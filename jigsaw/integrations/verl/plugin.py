@@ -6,6 +6,8 @@
         trainer.install()    under `jigsaw run` only (JIGSAW_PIPELINE set): the sync trainer
                              is replaced, under its own name, by one whose stages the daemon
                              admits; installed when verl's trainer module is first imported
+        router.install()     under `jigsaw run` only: new rollout requests routed by the
+                             daemon's weights (balancer.py)
         poll.install()       only with JIGSAW_VERL_POLL_S: a shorter replay-buffer poll
 
 verl logs a failing plugin at debug level only, so what fails here is said as a warning, once,
@@ -20,9 +22,9 @@ log = logging.getLogger("jigsaw.verl")
 
 
 def load() -> None:
-    from jigsaw.integrations.verl import cpu, poll, rollout, trainer
+    from jigsaw.integrations.verl import cpu, poll, rollout, router, trainer
 
-    for part in (cpu.register, rollout.register, trainer.install, poll.install):
+    for part in (cpu.register, rollout.register, trainer.install, router.install, poll.install):
         try:
             part()
         except Exception as exc:  # noqa: BLE001 - verl must run as without jigsaw

@@ -49,9 +49,7 @@ class ServerConfig:
     seed: int = 0
     """Sampler seed."""
     replica_rank: int = 0
-    """verl's replica rank: the DP worker this replica is to the jigsaw daemon."""
-    dp_rank: int = 0
-    """The daemon's DP rank of this replica (its device on the node)."""
+    """verl's replica rank; the daemon's DP rank is this modulo its devices (placement.py)."""
     threads: int | None = None
     """Intra-op threads of generation (None: the cores it may use)."""
 
@@ -78,6 +76,7 @@ class RolloutServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._serving = None
+        self._router = None
         self._thread = threading.Thread(target=self._run, name="jigsaw-rollout", daemon=True)
         self._thread.start()
 
@@ -150,6 +149,14 @@ class RolloutServer:
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
 
+    async def set_router(self, router) -> None:
+        """verl's balancer (balancer.JigsawBalancer), told the plan's routing weights."""
+        self._router = router
+
+    def _tell_router(self, weights: tuple[float, ...]) -> None:
+        if self._router is not None:
+            self._router.set_routing.remote(list(weights))  # fire and forget: a bias, not a contract
+
     async def set_jigsaw_step(self, step: int) -> None:
         """The trainer's step the next rollout belongs to (the daemon's step number)."""
         self.jigsaw_step = int(step)
@@ -209,7 +216,7 @@ class RolloutServer:
             return
         from jigsaw.integrations.verl.serving import Serving
 
-        self._serving = Serving(engine, self.config, lambda: self.jigsaw_step)
+        self._serving = Serving(engine, self.config, lambda: self.jigsaw_step, on_routing=self._tell_router)
         self._ready.set()
         self._serving.serve(self._inbox)
 

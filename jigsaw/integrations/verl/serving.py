@@ -6,6 +6,7 @@
        └──── ("update_weights", …) ──► engine.update_weights() between forwards
        └──── ("migrate", replica) ──► like a daemon's migration order, below
     every POLL_S: engine.forward_steps() ─► Rollout.forward()   (regime sub-stages)
+                  the grant's routing weights, when new ─► verl's balancer (balancer.py)
                   the grant's migration orders from this rank ─► every request in flight is
                       aborted here and its caller's future gets Moved(target replica, partial):
                       the actor resumes it there (server.py), prompt + partial, same budget
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -54,6 +56,11 @@ class Stats:
     that arrived with a partial output and finished here."""
 
 
+def say(line: str) -> None:
+    """A migration, in the job's own output (Ray forwards a replica's stderr to the driver)."""
+    print(f"(jigsaw) {line}", file=sys.stderr, flush=True)
+
+
 def _resolve(p_loop, fut, value=None, error: BaseException | None = None) -> None:
     def put():
         if fut.done():
@@ -67,15 +74,20 @@ def _resolve(p_loop, fut, value=None, error: BaseException | None = None) -> Non
 
 
 class Serving:
-    def __init__(self, engine, config, step_of):
-        from jigsaw.runtime.client import connect, status
+    def __init__(self, engine, config, step_of, on_routing=None):
+        from jigsaw.integrations.verl.placement import dp_rank, node_devices
+        from jigsaw.runtime.client import connect
 
         self.engine, self.config, self.step_of = engine, config, step_of
         self.client = connect()
-        devices = 1
-        if self.client.endpoint and (st := status(self.client.endpoint, 2.0)) is not None and st.devices:
-            devices = st.devices
-        self.dp_rank = config.replica_rank % devices
+        devices = node_devices(self.client)
+        self.dp_rank = dp_rank(config.replica_rank, devices)
+        if self.client.connected and config.replica_rank >= devices:
+            log.warning("jigsaw: rollout replica %d shares DP rank %d with replica %d: the daemon has %d device(s); "
+                        "with one per replica (jigsaw daemon --devices) each is a DP worker of its own",
+                        config.replica_rank, self.dp_rank, self.dp_rank, devices)
+        self.on_routing = on_routing
+        self._routed: tuple[float, ...] | None = None
         self.pending: dict = {}
         self.rollout = None
         self._step = None
@@ -94,10 +106,14 @@ class Serving:
         seen = self._steps()
         self.stats.forwards += seen
         self._orders()
+        self._route()
         for c in self.engine.poll(0.0):
             if (p := self.pending.pop(c.rid, None)) is not None:
                 if p.partial_ids:
                     self.stats.resumed.append((c.rid, len(p.partial_ids), c.prefilled_tokens, c.generated_tokens))
+                    say(f"replica {self.config.replica_rank} finished {c.rid}, migrated here: "
+                        f"{len(p.partial_ids)} tokens carried, {c.prefilled_tokens} prefilled, "
+                        f"{c.generated_tokens} generated")
                 _resolve(p.loop, p.done, c)
         if self.rollout is not None and not self.pending:
             self._close()
@@ -160,7 +176,7 @@ class Serving:
         steps = self.engine.forward_steps()
         if self.rollout is not None:
             for fs in steps:
-                self.rollout.forward(fs.num_prefill_tokens, fs.num_decode_reqs)
+                self.rollout.forward(fs.num_prefill_tokens, fs.num_decode_reqs, fs.kv_tokens)
         return len(steps)
 
     def _orders(self) -> None:
@@ -172,18 +188,29 @@ class Serving:
                 self._ordered.add(key)
                 self._migrate(m.target_rank)
 
+    def _route(self) -> None:
+        """The plan's routing weights, when a grant brings new ones, go to verl's balancer."""
+        weights = self.rollout.grant.routing if self.rollout is not None and self.rollout.grant is not None else None
+        if weights and weights != self._routed and self.on_routing is not None:
+            self._routed = tuple(weights)
+            self.on_routing(self._routed)
+
     def _migrate(self, target_replica: int) -> int:
         """Hand every request in flight to `target_replica`: aborted here (its partial output
         kept), resumed there by the actor.  This replica's rollout is over."""
         if target_replica == self.config.replica_rank:
             return 0
-        moved = 0
+        carried = []
         for rid in self.engine.active():
             c = self.engine.abort(rid)
             if (p := self.pending.pop(rid, None)) is not None:
                 _resolve(p.loop, p.done, Moved(target_replica, c))
-                moved += 1
+                carried.append(len(c.output_ids))
+        moved = len(carried)
         self.stats.moved_out += moved
+        if moved:
+            say(f"replica {self.config.replica_rank} handed {moved} request(s) in flight to replica {target_replica}, "
+                f"carrying {' '.join(map(str, carried))} tokens")
         if moved and self.rollout is not None:
             self._close()
         return moved

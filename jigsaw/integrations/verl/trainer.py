@@ -4,23 +4,23 @@
         └─ when verl.trainer.ppo.v1.trainer_sync is imported: TRAINER_REGISTRY["sync"] =
            gated(PPOTrainerSync), under the same name (verl checks trainer_mode == "sync")
 
-    PPOTrainerSync.fit ─► step N ─► _submit_batch_to_rollout  the replicas learn step N;
-        │                           their engines ask for the rollout regimes (serving.py)
-        ├─ on_sample_begin..on_sample_end ─► client.substage("tool", label="gen"): the trainer
-        │                           waits on the host for the rollout (verl polls every 2 s), so
-        │                           the scheduler does not keep a share of the cores for it
-        ├─ _compute_reward_colocate ► client.substage("reference", label="reward")  (a reward model)
-        ├─ _compute_old_log_prob  ─► client.substage("reference", label="old_log_prob")
-        ├─ _compute_ref_log_prob  ─► client.substage("reference", label="ref")
-        ├─ _compute_values        ─► client.substage("reference", label="values")
-        ├─ _update_critic         ─► client.substage("training",  label="update_critic")
-        ├─ _update_actor          ─► client.substage("training",  label="update_actor")
-        └─ on_step_end            ─► client.substage("training",  label="update_weights")
-    each: admitted before verl's call (the trainer ranks bound to the grant's cores, found
-    through Ray), reported done after it with the batch size.
+    PPOTrainerSync.fit ─► step N ─► _submit_batch_to_rollout  the replicas learn step N; `gen`
+        │                           is their engines' regimes, each replica a DP worker
+        │                           (serving.py); the trainer itself only waits meanwhile
+        ├─ _compute_reward_colocate ► client.gang("reference", label="reward")  (a reward model)
+        ├─ _compute_old_log_prob  ─► client.gang("reference", label="old_log_prob")
+        ├─ _compute_ref_log_prob  ─► client.gang("reference", label="ref")
+        ├─ _compute_values        ─► client.gang("reference", label="values")
+        ├─ _update_critic         ─► client.gang("training",  label="update_critic")
+        ├─ _update_actor          ─► client.gang("training",  label="update_actor")
+        └─ on_step_end            ─► client.gang("training",  label="update_weights")
+    each: a sub-stage per DP rank (placement.gang_members: trainer rank i on DP rank i mod the
+    node's devices, its process found through Ray), all admitted before verl's call and bound
+    to their grants' cores, reported done after it with their share of the batch.
 
 Gating here, never per rank: the ranks run collectives, and a rank held back alone would
-deadlock the others.  Without a daemon every stage is granted at once (fail open).
+deadlock the others; the gang is asked for whole and verl's call starts once every member is
+admitted.  Without a daemon every stage is granted at once (fail open).
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ STAGES = {
 "reward" runs in the trainer only with a colocated reward model (a forward on the device); a
 rule-based reward runs in verl's reward workers, inside `gen`, on the host."""
 WEIGHT_SYNC = "update_weights"
-GEN_WAIT = "gen"
-"""The trainer's wait for the rollout inside verl's `gen` stage: a host wait (kind tool)."""
 
 
 def install() -> None:
@@ -76,21 +74,6 @@ def gated(base: type) -> type:
         with self._jigsaw_stage(WEIGHT_SYNC, "training"):
             return base.on_step_end(self)
 
-    def on_sample_begin(self):
-        # the trainer now waits for the rollout (and verl's replay buffer polls every 2 s):
-        # a wait on the host, so its share of the cores is not kept for it meanwhile
-        wait = self._jigsaw_stage(GEN_WAIT, "tool")
-        wait.__enter__()
-        self.__dict__["_jigsaw_wait"] = wait
-        return base.on_sample_begin(self)
-
-    def on_sample_end(self):
-        try:
-            return base.on_sample_end(self)
-        finally:
-            if (wait := self.__dict__.pop("_jigsaw_wait", None)) is not None:
-                wait.__exit__(None, None, None)
-
     def _submit_batch_to_rollout(self, batch):
         _tell_replicas(self, self.global_steps)
         return base._submit_batch_to_rollout(self, batch)
@@ -101,8 +84,7 @@ def gated(base: type) -> type:
             gate = self.__dict__["_jigsaw_gate"] = Gate()
         return gate.stage(self, label, kind, batch)
 
-    ns = dict(methods, on_step_end=on_step_end, on_sample_begin=on_sample_begin, on_sample_end=on_sample_end,
-              _submit_batch_to_rollout=_submit_batch_to_rollout,
+    ns = dict(methods, on_step_end=on_step_end, _submit_batch_to_rollout=_submit_batch_to_rollout,
               _jigsaw_stage=_jigsaw_stage, jigsaw_gated=True, __doc__=f"{base.__doc__ or ''}\n(stages gated by jigsaw)")
     return type(base.__name__, (base,), ns)
 
@@ -131,13 +113,15 @@ class Gate:
     """The trainer process's client and the processes its stages run in."""
 
     def __init__(self):
+        from jigsaw.integrations.verl.placement import node_devices
         from jigsaw.runtime.client import connect
 
         self.client = connect()
+        self.devices = node_devices(self.client)
         self._pids: tuple[int, ...] | None = None
 
     def pids(self, trainer) -> tuple[int, ...]:
-        """The trainer ranks' processes (asked of Ray once)."""
+        """The trainer ranks' processes, in rank order (asked of Ray once)."""
         if self._pids is None:
             import ray
 
@@ -146,8 +130,10 @@ class Gate:
         return self._pids
 
     def stage(self, trainer, label: str, kind: str, batch=None):
-        pids = self.pids(trainer) if kind not in ("reward", "tool") else ()
-        cm = self.client.substage(kind, step=trainer.global_steps, pids=pids, label=label)
+        from jigsaw.integrations.verl.placement import gang_members
+
+        members = gang_members(self.pids(trainer), self.devices)
+        cm = self.client.gang(kind, members=members, step=trainer.global_steps, label=label)
         return _Reported(cm, batch)
 
 
@@ -156,17 +142,18 @@ def _pid(actor) -> int:
 
 
 class _Reported:
-    """client.substage(...) that reports the batch's size when the stage is done."""
+    """client.gang(...) whose members report their share of the batch when the stage is done."""
 
     def __init__(self, cm, batch):
         self.cm, self.batch = cm, batch
 
     def __enter__(self):
-        self.grant = self.cm.__enter__()
-        return self.grant
+        self.grants = self.cm.__enter__()
+        return self.grants
 
     def __exit__(self, *exc):
         keys = getattr(self.batch, "keys", None)
         if isinstance(keys, list | tuple):
-            self.grant.report(batch_size=len(keys))
+            for g in self.grants:
+                g.report(batch_size=len(keys) / len(self.grants))
         return self.cm.__exit__(*exc)
