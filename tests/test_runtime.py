@@ -244,6 +244,9 @@ def test_a_gang_is_asked_for_at_once_and_each_member_runs_on_its_own_device(tmp_
     every = n.events()
     order = [e["event"] for e in every if e["event"] == "plan" or (e["pipeline"] == "T" and e["event"] == "request")]
     assert order[:3] == ["request", "request", "plan"], order  # read together, decided once: never half a gang
+    ends = [e["event"] for e in every if e["event"] == "plan" or (e["pipeline"] == "T" and e["event"] == "done")]
+    first = ends.index("done")
+    assert ends[first:first + 2] == ["done", "done"], ends  # ended together as well: no decision between
     ev = [e for e in every if e["pipeline"] == "T"]
     assert sorted(e["data"]["rank"] for e in ev if e["event"] == "request") == [0, 1]
     assert [e["data"]["batch_size"] for e in ev if e["event"] == "done"] == [4.0, 4.0]

@@ -168,10 +168,10 @@ class Client:
         try:
             yield [h for h, _, _ in handles]
         finally:
-            for handle, key, why in handles:
-                with self._binding:
+            with self._binding:
+                for _, key, _ in handles:
                     self._live.pop(key, None)
-                self._close(handle, why)
+            self._close([(h, why) for h, _, why in handles])
 
     def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = (), label: str = "") -> Rollout:
         """A rollout worker's regimes from its forward steps (client-side bucketing)."""
@@ -247,21 +247,27 @@ class Client:
                 if moved:
                     self._bind(h)
 
-    def _close(self, h: GrantHandle, why: str) -> None:
-        if h.substage and not (h.exclusive or h.lost):
-            done = pr.Done(session=self.session or "", substage=h.substage, final=h.final, **h.numbers,
-                           req=self._next_req())
-            reply = self._call(self._sock, done, 4 * self.heartbeat_s) if self.connected else None
-            if isinstance(reply, pr.Error) and reply.code == "unknown-session":
-                h.lost = True  # reclaimed while this process could not beat (stopped, starved)
-                self._forgotten(done.session)
-        if h.exclusive or h.lost:
+    def _close(self, handles: Sequence[tuple[GrantHandle, str]]) -> None:
+        """Report the handles' ends, every Done in one write (a gang's members end together:
+        the daemon must not decide between them); what ran without the daemon is counted."""
+        told = [h for h, _ in handles if h.substage and not (h.exclusive or h.lost)]
+        if told:
+            dones = [pr.Done(session=self.session or "", substage=h.substage, final=h.final, **h.numbers,
+                             req=self._next_req()) for h in told]
+            replies = self._call_many(self._sock, dones, 4 * self.heartbeat_s) if self.connected else [None] * len(told)
+            for h, reply in zip(told, replies):
+                if isinstance(reply, pr.Error) and reply.code == "unknown-session":
+                    h.lost = True  # reclaimed while this process could not beat (stopped, starved)
+            if any(h.lost for h in told):
+                self._forgotten(dones[0].session)
+        opened = [(h, why) for h, why in handles if h.exclusive or h.lost]
+        for h, why in opened:
             with self._lock:
                 self.fallen_open.append({"kind": h.kind, "dp_rank": h.dp_rank, "step": h.step,
                                          "substage": h.substage, "reason": "lost" if h.lost else why,
                                          "reported": False, "duration_s": time.monotonic() - h.started_s})
-            if self.connected:
-                self._report_open(self._sock)
+        if opened and self.connected:
+            self._report_open(self._sock)
 
     def _say_open(self, why: str) -> None:
         """Once per outage: the daemon went away (or never answered) and the work goes on
