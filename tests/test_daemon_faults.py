@@ -292,3 +292,21 @@ def test_an_operators_migration_reaches_the_source_and_one_that_cannot_move_chan
     assert told.sm_frac == 0.0 and [(m.source_rank, m.target_rank) for m in told.migrations] == [(0, 1)]
     assert reply.source not in d.state.pipelines["A"].running
     assert isinstance(d.ask(pr.Done(session=s0, substage=reply.source, final=True, req=8))[-1], pr.Ok)
+
+
+def test_a_migration_the_applier_ignores_is_neither_traced_nor_told(d, monkeypatch):
+    """A plan may merge into a tail that has not asked yet (its prediction): the applier
+    ignores it, and nothing says it happened."""
+    s1 = d.register("A")
+    d.ask(admit(s1, "rollout_tail", rank=1, req=1))
+    src, absent = "A/0/r1/rollout_tail/0", "A/0/r0/rollout_tail/0"
+    real = d.state.policy.plan
+    monkeypatch.setattr(d.state.policy, "plan", lambda view: replace(real(view), migrations=(
+        Migration(pipeline="A", source=src, target=absent, source_rank=1, target_rank=0, delta_s=0.5,
+                  target_remaining_s=1.0),)))
+    ev = []
+    monkeypatch.setattr(d, "_event", lambda event, pipeline, substage="", **kw: ev.append(event))
+    d.ask(admit(s1, "reward", req=2))
+    beats = [r for r in d.ask(pr.Heartbeat(session=s1), tick=False) if isinstance(r, pr.Beat)]
+    assert "migration" not in ev and not any(g.migrations for b in beats for g in b.grants)
+    assert src in d.state.pipelines["A"].running

@@ -91,7 +91,7 @@ def user_dir():
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_block_runs(index, user_dir):
     cwd, env = user_dir
-    background = []
+    background, said = [], ""
     for cmd, in_background in BLOCKS[index]:
         if cmd in NOT_RUN:
             continue
@@ -102,10 +102,11 @@ def test_readme_block_runs(index, user_dir):
         for bg_cmd, proc in background:
             out, _ = proc.communicate(timeout=DEADLINE_S)
             assert proc.returncode == 0, f"{bg_cmd} exited {proc.returncode}:\n{out[-3000:]}"
+            said += f"\n--- {bg_cmd}:\n{out[-1500:]}"  # what the jobs said, should a later command fail
         background = []
         done = subprocess.run(cmd, shell=True, cwd=cwd, env=env, text=True, capture_output=True, timeout=DEADLINE_S)
         assert done.returncode == EXPECTED_RC.get(cmd, 0), \
-            f"{cmd} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            f"{cmd} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}{said}"
         if out := re.search(r"--out (\S+)", cmd):  # what the command says it writes is there
             assert (cwd / out.group(1)).stat().st_size > 0, cmd
         for name in SHOWS.get(cmd, ()):

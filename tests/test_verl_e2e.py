@@ -1,6 +1,7 @@
 """Two unmodified verl 0.9.1 GRPO jobs under `jigsaw run`, one CPU-partitioning daemon (verl venv).
 
-    assets: tiny Qwen3 (a long tail of answer lengths) + GSM8K-format parquet, made here
+    assets: tiny Qwen3 + GSM8K-format parquet of prompts it answers long (48+ tokens:
+            every rollout is mid-generation for a while), made here
     daemon: --partitioner cpu --devices 2 (a device per core, as a GPU per replica), the
             one-core grid ─► trace
     jigsaw run --name verl-s1 -- python -m verl.trainer.main_ppo <CPU overrides, seed 1, greedy>
@@ -8,8 +9,8 @@
         2 rollout replicas each (jigsaw's engine), 2 trainer ranks each: replica / rank i is
         DP rank i on device i; verl writes every step's prompts and responses (rollout dump)
     while they run: Cpus_allowed_list of every granted pid (binding.Sampler), the summed RSS
-    of both jobs' process trees, and, from step 2 of verl-s1 on, `jigsaw daemon migrate` of
-    its rank-1 rollout to rank 0 until a replica reports requests in flight moved
+    (PSS) of both jobs' process trees, and `jigsaw daemon migrate` of verl-s1's rank-1
+    rollout to rank 0 until a replica reports requests in flight moved
     the same two jobs again without jigsaw (no daemon): the unmigrated outputs
 
 Checked: both exit 0; every verl stage of every step of both jobs was requested under its
@@ -26,6 +27,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -45,6 +47,9 @@ from jigsaw.runtime.client import ask  # noqa: E402
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(900)]
 
 STEPS = 4
+PROMPTS = 4
+RESPONSE_TOKENS = 48
+"""Every prompt's greedy answer runs to this cap (`long_rows`): a rollout takes about 0.5 s."""
 STAGES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 """verl's stage names (its `marked_timer` names) each step of these jobs runs."""
 TRAINER_STAGES = STAGES[1:]
@@ -54,8 +59,6 @@ MEM_LIMIT_BYTES = 20 * 2**30
 """Both jobs together, leaving room for the test runner on this 24 GiB machine."""
 JOB_TIMEOUT_S = 600
 RANK1_ROLLOUT = re.compile(r"verl-s1/(\d+)/r1/rollout_")
-MID_S = 0.15
-"""A rank-1 rollout this old has its long answers mid-generation (48 tokens take about 0.5 s)."""
 MOVED = re.compile(r"\(jigsaw\) replica (\d+) handed (\d+) request\(s\) in flight to replica (\d+), "
                    r"carrying ([\d ]+) tokens")
 RESUMED = re.compile(r"\(jigsaw\) replica (\d+) finished (\S+), migrated here: (\d+) tokens carried, "
@@ -64,19 +67,21 @@ RESUMED = re.compile(r"\(jigsaw\) replica (\d+) finished (\S+), migrated here: (
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> tuple[Path, Path]:
-    from jigsaw.integrations.verl.assets import make_gsm8k, make_model
+    from jigsaw.integrations.verl.assets import long_rows, make_gsm8k, make_model
 
     tmp = tmp_path_factory.mktemp("verl-assets")
-    make_gsm8k(tmp / "data")
-    return make_model(tmp / "model"), tmp / "data"
+    model = make_model(tmp / "model")
+    make_gsm8k(tmp / "data", train_rows=long_rows(model, STEPS * PROMPTS, min_tokens=RESPONSE_TOKENS))
+    return model, tmp / "data"
 
 
 def command(assets, seed: int, tmp: Path) -> list[str]:
     from jigsaw.integrations.verl.job import JobConfig, grpo_command
 
     model, data = assets
-    return grpo_command(JobConfig(model=model, data=data, seed=seed, steps=STEPS, temperature=0.0,
-                                  response_tokens=48, out=tmp / f"out-s{seed}", rollout_dump=tmp / f"dump-s{seed}"))
+    return grpo_command(JobConfig(model=model, data=data, seed=seed, steps=STEPS, prompts=PROMPTS, temperature=0.0,
+                                  response_tokens=RESPONSE_TOKENS, out=tmp / f"out-s{seed}",
+                                  rollout_dump=tmp / f"dump-s{seed}"))
 
 
 def start(cmd: list[str], env: dict, tmp: Path, seed: int) -> subprocess.Popen:
@@ -87,7 +92,8 @@ def start(cmd: list[str], env: dict, tmp: Path, seed: int) -> subprocess.Popen:
 
 
 class PeakMemory(threading.Thread):
-    """The largest summed RSS of the given processes and all their descendants."""
+    """The largest summed PSS of the given processes and all their descendants (RSS would
+    count the pages they share, torch's libraries above all, once per process)."""
 
     def __init__(self, procs: list[subprocess.Popen]):
         super().__init__(daemon=True)
@@ -102,7 +108,7 @@ class PeakMemory(threading.Thread):
                 try:
                     root = psutil.Process(p.pid)
                     for q in (root, *root.children(recursive=True)):
-                        total += q.memory_info().rss
+                        total += q.memory_full_info().pss
                 except psutil.Error:
                     continue
             self.peak_bytes = max(self.peak_bytes, total)
@@ -110,41 +116,71 @@ class PeakMemory(threading.Thread):
 
 
 class Drain(threading.Thread):
-    """From step 2 of verl-s1 on, once its rank-1 rollout has run for MID_S (its long answers
-    are mid-generation then): `Migrate` it to rank 0 (what `jigsaw daemon migrate` sends), until
-    its log says a replica handed requests over with tokens generated."""
+    """`Migrate` verl-s1's rank-1 rollout to rank 0 (what `jigsaw daemon migrate` sends) part-way
+    through, until its log says a replica handed requests over with tokens generated.  The pace
+    is the job's own: the order goes at `frac` of the rank-1 rollouts of its earlier steps (step
+    1 runs whole), so it lands mid-generation however loaded the machine is; an order that
+    moved requests with no tokens yet goes later the next step, one that came as the rollout
+    ended, earlier.  Orders and refusals are kept, to tell what happened."""
 
     def __init__(self, node: Node, log: Path):
         super().__init__(daemon=True)
-        self.node, self.log, self.stop, self.orders = node, log, threading.Event(), []
+        self.node, self.log, self.stop = node, log, threading.Event()
+        self.orders: list[tuple[int, float, str]] = []
+        self.refused: list[str] = []
 
     def run(self) -> None:
+        frac, tried = 0.5, set()
         while not self.stop.wait(0.02):
-            if any(int(c) for *_, cs in MOVED.findall(self.log.read_text(errors="replace")) for c in cs.split()):
+            step = self._due(frac, tried)
+            if step is None:
+                continue
+            tried.add(step)
+            before = len(self._moved())
+            reply = ask(self.node.ep, pr.Migrate(pipeline="verl-s1", source_rank=1, target_rank=0, req=9), 2.0)
+            if not isinstance(reply, pr.Migrated):
+                self.refused.append(repr(reply))
+                continue
+            self.orders.append((step, frac, reply.source))
+            moved = self._said_after(before)
+            if any(c > 0 for cs in moved for c in cs):
                 return
-            if self._mid_generation():
-                reply = ask(self.node.ep, pr.Migrate(pipeline="verl-s1", source_rank=1, target_rank=0, req=9), 2.0)
-                if isinstance(reply, pr.Migrated):
-                    self.orders.append(reply.source)
-                    self.stop.wait(1.0)  # the replica's log line, or the order came as its rollout ended
+            frac = min(0.9, frac + 0.2) if moved else max(0.1, frac - 0.2)
 
-    def _mid_generation(self) -> bool:
-        """A step-2+ rollout of verl-s1's rank 1 runs, begun MID_S ago or more (its first regime)."""
+    def _due(self, frac: float, tried: set[int]) -> int | None:
+        """The step whose rank-1 rollout has run `frac` of its earlier steps' (median), if any."""
         ev = self.node.events()
         t0 = next((e["data"]["clock_t0_s"] for e in ev if e["event"] == "node"), None)
-        began: dict[int, float] = {}
+        spans: dict[int, list[float]] = {}
         running: set[str] = set()
         for e in ev:
             if e["pipeline"] != "verl-s1" or not (m := RANK1_ROLLOUT.match(e["substage"])):
                 continue
+            span = spans.setdefault(int(m[1]), [e["t_s"], e["t_s"]])
+            span[1] = e["t_s"]
             if e["event"] == "grant":
-                began.setdefault(int(m[1]), e["t_s"])
                 running.add(e["substage"])
-            elif e["event"] == "release":
+            elif e["event"] in ("release", "migration"):
                 running.discard(e["substage"])
-        steps = {int(RANK1_ROLLOUT.match(sid)[1]) for sid in running}
-        now = time.monotonic() - t0 if t0 is not None else 0.0
-        return any(step >= 2 and now - began[step] >= MID_S for step in steps)
+        whole = [b - a for s, (a, b) in spans.items() if s not in tried and s < max(spans, default=0)]
+        step = max(spans, default=0)
+        if t0 is None or not whole or step in tried or not any(f"/{step}/r1/" in sid for sid in running):
+            return None
+        ran_s = time.monotonic() - t0 - spans[step][0]
+        return step if ran_s >= frac * statistics.median(whole) else None
+
+    def _moved(self) -> list[list[int]]:
+        return [[int(c) for c in cs.split()] for *_, cs in MOVED.findall(self.log.read_text(errors="replace"))]
+
+    def _said_after(self, before: int) -> list[list[int]]:
+        """The hand-overs the log says after the first `before` (Ray forwards a worker's lines
+        late: up to 5 s; none by then, the order came as the rollout ended)."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not self.stop.is_set():
+            if len(said := self._moved()) > before:
+                return said[before:]
+            self.stop.wait(0.1)
+        return []
 
 
 def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None, drain: bool = False) -> dict:
@@ -172,7 +208,8 @@ def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None, drain: b
         node.stop()
     logs = [(tmp / f"verl-s{s}.log").read_text(errors="replace") for s in (1, 2)]
     return {"rcs": rcs, "events": node.events(), "samples": sampler.samples, "peak_bytes": memory.peak_bytes,
-            "logs": logs, "dumps": [_dump(tmp / f"dump-s{s}") for s in (1, 2)], "orders": drainer.orders}
+            "logs": logs, "dumps": [_dump(tmp / f"dump-s{s}") for s in (1, 2)], "orders": drainer.orders,
+            "refused": drainer.refused}
 
 
 def _dump(folder: Path) -> dict[int, list[tuple[str, str]]]:
@@ -267,7 +304,7 @@ def test_verl_worker_processes_ran_on_their_granted_cores(pair):
 
 def test_requests_moved_mid_generation_and_every_response_is_token_identical(pair, unmigrated):
     log = pair["logs"][0]
-    assert pair["orders"] and any(e["event"] == "migration" for e in pair["events"]), pair["orders"]
+    assert pair["orders"] and any(e["event"] == "migration" for e in pair["events"]), pair["refused"][-5:]
     handed = [(int(src), int(n), int(dst), [int(c) for c in carried.split()])
               for src, n, dst, carried in MOVED.findall(log)]
     assert handed and all((src, dst) == (1, 0) and len(c) == n > 0 for src, n, dst, c in handed), handed
@@ -275,8 +312,12 @@ def test_requests_moved_mid_generation_and_every_response_is_token_identical(pai
     resumed = [(int(r), rid, int(c), int(p), int(g)) for r, rid, c, p, g in RESUMED.findall(log)]
     assert carried and sorted(c for _, _, c, _, _ in resumed) == carried, (handed, resumed)  # each resumed once
     assert all(r == 0 for r, *_ in resumed)
+    assert any(g > 0 for *_, g in resumed), resumed  # some went on generating where they landed
     for _, _, c, prefilled, generated in resumed:  # a migration, not a restart: prompt + partial
-        assert prefilled > c and c + generated <= 48  # prefilled, only the rest of the budget made
+        if generated:  # prefilled, only the rest of the budget made
+            assert prefilled > c and c + generated <= RESPONSE_TOKENS, (c, prefilled, generated)
+        else:  # it had said EOS before the hand-over: nothing to compute again
+            assert prefilled == 0, (c, prefilled)
     for seed, (got, plain) in enumerate(zip(pair["dumps"], unmigrated["dumps"]), 1):
         assert sorted(got) == list(range(1, STEPS + 1)) and sorted(plain) == sorted(got), (seed, got.keys())
         for step in got:
@@ -284,7 +325,7 @@ def test_requests_moved_mid_generation_and_every_response_is_token_identical(pai
 
 
 def test_two_verl_jobs_fit_in_this_machines_memory(pair):
-    print(f"peak summed RSS of both verl jobs: {pair['peak_bytes'] / 2**30:.1f} GiB")
+    print(f"peak summed PSS of both verl jobs: {pair['peak_bytes'] / 2**30:.1f} GiB")
     assert 0 < pair["peak_bytes"] < MEM_LIMIT_BYTES
 
 

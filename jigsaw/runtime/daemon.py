@@ -508,8 +508,10 @@ class Daemon:
             log.warning("plan at %.3f s: %s", now, note)
         self._event("plan", "", t_s=now, data={**d.record(), "decide_ms": decide_ms})
         self._gauge()  # before any grant goes out: a worker acting on its grant sees it counted
+        handed = {r.sid for r in d.moved}
         for m in d.plan.migrations:
-            self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
+            if m.source in handed:  # a migration the applier ignored is in the plan's notes, not here
+                self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
         for r, g in zip(d.moved, made.moved):  # its owner hands its requests over: told like a budget change
             if r.owner is not None and r.owner.session in self.sessions:
                 self.sessions[r.owner.session].queue(g, self.wall(), 0.0)

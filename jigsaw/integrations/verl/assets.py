@@ -8,6 +8,10 @@
     make_gsm8k(dir)    train/test parquet files in verl's GSM8K layout (data_source
                        "openai/gsm8k", a chat prompt, the answer as `reward_model.ground_truth`
                        scored by verl's own gsm8k rule: "#### <number>")
+    long_rows(model, n, min_tokens)
+                       train rows whose greedy answer by that model runs to min_tokens or
+                       more: a data set whose every rollout is long (tests that must catch
+                       requests mid-generation pass them to make_gsm8k as train_rows)
 """
 
 from __future__ import annotations
@@ -91,15 +95,38 @@ def gsm8k_rows(n: int, *, seed: int, split: str) -> list[dict]:
     return rows
 
 
-def make_gsm8k(path: Path, *, train: int = 64, test: int = 8, seed: int = 0) -> tuple[Path, Path]:
-    """train.parquet and test.parquet under `path`."""
+def make_gsm8k(path: Path, *, train: int = 64, test: int = 8, seed: int = 0,
+               train_rows: list[dict] | None = None) -> tuple[Path, Path]:
+    """train.parquet and test.parquet under `path` (`train_rows`, when given, are the train split)."""
     import pandas as pd
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    out = []
-    for split, n in (("train", train), ("test", test)):
-        f = path / f"{split}.parquet"
-        pd.DataFrame(gsm8k_rows(n, seed=seed, split=split)).to_parquet(f)
-        out.append(f)
-    return out[0], out[1]
+    splits = {"train": train_rows or gsm8k_rows(train, seed=seed, split="train"),
+              "test": gsm8k_rows(test, seed=seed, split="test")}
+    for split, rows in splits.items():
+        pd.DataFrame(rows).to_parquet(path / f"{split}.parquet")
+    return path / "train.parquet", path / "test.parquet"
+
+
+def long_rows(model: Path, n: int, *, min_tokens: int, seed: int = 0, candidates: int = 512) -> list[dict]:
+    """`n` train rows (of the first `candidates`) whose greedy answer by the checkpoint at
+    `model` has no EOS in its first `min_tokens` tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model, padding_side="left")
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    rows, found = gsm8k_rows(candidates, seed=seed, split="train"), []
+    for i in range(0, candidates, 32):
+        batch = rows[i:i + 32]
+        texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in batch]
+        enc = tok(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = lm.generate(**enc, max_new_tokens=min_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
+        found += [r for r, ids in zip(batch, out.tolist()) if tok.eos_token_id not in ids[:min_tokens]]
+        if len(found) >= n:
+            return found[:n]
+    raise ValueError(f"only {len(found)} of {candidates} prompts get an answer of {min_tokens}+ tokens "
+                     f"from {model}; {n} were asked for")
