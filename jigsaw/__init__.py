@@ -22,7 +22,7 @@ _EXPORTS = {
     "jigsaw.graph.plan": ("Assignment", "Budget", "Migration", "NodeSpec", "PipelineState", "Plan", "Routing",
                           "SchedulerConfig"),
     "jigsaw.graph.schedule": ("schedule",),
-    "jigsaw.graph.execute": ("Execution", "Interval", "execute"),
+    "jigsaw.sim.execute": ("Execution", "Interval", "execute"),
     "jigsaw.graph.merge": ("Balance", "MergeConfig", "MergeDecision", "TailWorker", "balance", "best_merge",
                            "merge_decision"),
     "jigsaw.mux.slowdown": ("DeviceInfo", "SlowdownFileError", "SlowdownGrid", "load_grid"),

@@ -11,7 +11,7 @@
       pruned by `actions.lower_bound` (no piece faster than alone, no device clearing work
       faster than its best pair) and by states already reached at the same time or earlier
     ─► Optimum(makespan, events): each event's assignments, replayable through
-       `jigsaw.graph.execute` with `Replay` (validates the search against the executor)
+       `jigsaw.sim.execute` with `Replay` (validates the search against the executor)
 
 What the system may do and the search covers: start or hold back any ready sub-stage at any
 completion, co-locate two per device at any partitioned grid point (σ + (1 − σ) = 1) that

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jigsaw.graph.node import NodeState
+from jigsaw.node.state import NodeState
 from jigsaw.graph.plan import Assignment, Migration, Plan, SchedulerConfig
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.daemon import Daemon, DaemonConfig, Inbound

@@ -3,11 +3,11 @@
 
 import pytest
 
-from jigsaw.graph.node import NodeState
+from jigsaw.node.state import NodeState
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import make
 from jigsaw.graph.substage import SubStageKind as K
-from jigsaw.graph.view import pipeline_state
+from jigsaw.node.view import pipeline_state
 from jigsaw.mux.slowdown import load_grid
 
 PRIOR = load_grid("h100/qwen3-4b")

@@ -11,7 +11,7 @@ from factories import GIB, NODE, chain, states, sub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jigsaw.graph.execute import execute
+from jigsaw.sim.execute import execute
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.policy import make

@@ -207,7 +207,7 @@ def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first
 def test_view_graphs_are_valid_sub_stage_graphs():
     # The view builds its graphs without the checks (from_ordered); they must pass them.
     from jigsaw.graph.graph import SubStageGraph
-    from jigsaw.graph.node import NodeState
+    from jigsaw.node.state import NodeState
 
     runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",) * 2, steps=2, trace=False))
     sim = NodeSim(runs, node, grid, pol, trace=False)
@@ -238,7 +238,7 @@ def test_view_graphs_are_valid_sub_stage_graphs():
 def test_summarised_next_step_keeps_chain_lengths_and_device_work():
     # The look-ahead sees the next step through its longest chain and per-device work only.
     from jigsaw.graph.builder import predict_next
-    from jigsaw.graph.view import summarised
+    from jigsaw.node.view import summarised
 
     runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",), steps=2, trace=False))
     NodeSim(runs, node, grid, pol, trace=False).run()

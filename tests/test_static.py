@@ -6,7 +6,7 @@ import pytest
 from factories import NODE, chain, states, synthetic_grid
 
 from jigsaw.graph.baselines import Static
-from jigsaw.graph.execute import execute
+from jigsaw.sim.execute import execute
 from jigsaw.graph.policy import make
 from jigsaw.graph.substage import SubStageKind as K
 

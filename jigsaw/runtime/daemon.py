@@ -9,7 +9,7 @@
         │    (register with an owner token, request, finish, drop); a bug in one: `internal`
         ▼
       tick: one decision for the whole batch (and when a request passes max-wait) ─►
-        │   NodeState.decide() (graph/node.py, the simulator's too; group by group, all or
+        │   NodeState.decide() (node/state.py, the simulator's too; group by group, all or
         │   nothing) ─► grants.py partitions (pure) ─► Grant replies, budget changes for the
         │   next heartbeat replies; a decision that fails answers every request it held
         ▼
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from jigsaw.graph.ids import SubStageId
-from jigsaw.graph.node import Decision, NodeState
+from jigsaw.node.state import Decision, NodeState
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import NAMES, make
 from jigsaw.graph.substage import SubStageKind

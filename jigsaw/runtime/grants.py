@@ -1,6 +1,6 @@
 """From a Decision to the Grants a daemon sends: budgets, partitions, routing, migrations.
 
-    Decision (graph/node.py) ─► devices whose occupants changed ─► their layouts, from the
+    Decision (node/state.py) ─► devices whose occupants changed ─► their layouts, from the
         node state after the plan ─► Partitioner.partitions(device, layout)  (mux/partition.py)
     ─► one Grant per admission (the answer to its Admit) and per budget change (heartbeat);
        a migration's source gets one with no budget and the order (its requests go elsewhere)
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jigsaw.graph.ids import SubStageId
-from jigsaw.graph.node import Decision, NodeState
+from jigsaw.node.state import Decision, NodeState
 from jigsaw.graph.plan import Assignment
 from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, Partition
 from jigsaw.runtime import protocol as pr

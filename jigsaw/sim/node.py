@@ -6,7 +6,7 @@
     each engine reports to the node state as its client would (report.py): a worker's regime
     changes finish one sub-stage and ask for the next (urgent), stages ask and finish
     after all events at one time, if anything changed:
-        NodeState.decide()  (graph/node.py: the daemon's view, policy and applier)
+        NodeState.decide()  (node/state.py: the daemon's view, policy and applier)
         ─► admitted: workers and gangs start; migrations move requests; budgets from the
            node state ─► each worker's KV pool follows its memory budget ─► actual slowdowns
            (physics.py) for what really shares a device ─► workers re-timed (interrupt),
@@ -25,7 +25,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
-from jigsaw.graph.node import Decision, NodeState
+from jigsaw.node.state import Decision, NodeState
 from jigsaw.graph.plan import Budget, NodeSpec
 from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStageKind

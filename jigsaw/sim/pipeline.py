@@ -118,7 +118,7 @@ class PipelineRun:
         self.deferred_scales: list[float] = []
         self._round: dict = {}
         self.ledger = None
-        """Its facts in the node state (graph.live.LivePipeline), set by the simulator."""
+        """Its facts in the node state (node.ledger.LivePipeline), set by the simulator."""
         self.last_graph: SubStageGraph | None = None
         """The builder's graph of the last finished step (the pipeline's history)."""
         self.lengths = ResidualLength(max_tokens=spec.lengths.max_tokens)

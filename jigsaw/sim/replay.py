@@ -3,7 +3,7 @@
     re-pack:   Trace ─► per sub-stage: grant/release intervals on devices (exclusive time =
                Σ interval / slowdown), host intervals, memory held ─► SubStage
                └─► assemble_step_graph per (pipeline, step) ─► steps chained ─► PipelineState
-                   ─► jigsaw.graph.execute.execute(any policy) ─► Execution
+                   ─► jigsaw.sim.execute.execute(any policy) ─► Execution
     decisions: a daemon's trace ─► its inputs (node, pipeline, request, done, drop) fed in
                order to a fresh NodeState with the recorded policy and configuration ─► at
                each recorded plan, decide() again ─► the same plans, or the first difference
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from jigsaw.graph.builder import assemble_step_graph
-from jigsaw.graph.execute import Execution, execute
+from jigsaw.sim.execute import Execution, execute
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.substage import SubStage, SubStageKind
@@ -215,7 +215,7 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
 
 
 def _node_state(trace: Trace, grid, sched: SchedulerConfig | None):
-    from jigsaw.graph.node import NodeState
+    from jigsaw.node.state import NodeState
     from jigsaw.graph.policy import make
 
     node = next((e for e in trace.events if e.event == "node"), None)

@@ -18,7 +18,7 @@ builder does, so the node state's facts line up with the pipeline's history.
 from __future__ import annotations
 
 from jigsaw.graph.ids import SubStageId
-from jigsaw.graph.live import LiveNumbers, LivePipeline
+from jigsaw.node.ledger import LiveNumbers, LivePipeline
 from jigsaw.graph.substage import SubStageKind
 from jigsaw.sim.pipeline import PipelineRun
 

@@ -22,10 +22,10 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
-from jigsaw.graph.live import HOST, LivePipeline, Running, Waiting
+from jigsaw.node.ledger import HOST, LivePipeline, Running, Waiting
 from jigsaw.graph.plan import Assignment, Budget, Migration, NodeSpec, Plan
 from jigsaw.graph.policy import Policy, View
-from jigsaw.graph.view import host_frac, pipeline_state
+from jigsaw.node.view import host_frac, pipeline_state
 
 log = logging.getLogger("jigsaw.node")
 EPS = 1e-9

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from jigsaw.graph.live import LivePipeline, Running
-from jigsaw.graph.node import NodeState
+from jigsaw.node.ledger import LivePipeline, Running
+from jigsaw.node.state import NodeState
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.state import EPS_S, gang_rate

@@ -31,7 +31,7 @@ from dataclasses import replace
 from jigsaw.graph.builder import predict_next
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.ids import SUMMARY, SubStageId, with_step
-from jigsaw.graph.live import HOST, STAGE_ORDER, LivePipeline, Running, Waiting, stage_of
+from jigsaw.node.ledger import HOST, STAGE_ORDER, LivePipeline, Running, Waiting, stage_of
 from jigsaw.graph.plan import Budget, PipelineState, Progress
 from jigsaw.graph.problem import decode_fit, prefill_stats
 from jigsaw.graph.substage import SubStage, SubStageKind
