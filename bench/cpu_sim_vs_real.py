@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jigsaw.graph.ids import SubStageId
-from jigsaw.graph.policy import make
+from jigsaw.graph.policies import make
 from jigsaw.mux.slowdown import load_grid
 from jigsaw.profiles import CPU_DEFAULT
 from jigsaw.recipes.demo import DemoConfig, run_demo

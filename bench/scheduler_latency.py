@@ -26,11 +26,11 @@ from _graphs import grpo_graph  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from jigsaw.sim.execute import execute  # noqa: E402
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig  # noqa: E402
 from jigsaw.graph.policy import Jigsaw  # noqa: E402
 from jigsaw.mux.slowdown import load_grid  # noqa: E402
 from jigsaw.profiles import SHIPPED_DIR
+from jigsaw.sim.execute import execute  # noqa: E402
 
 PRIOR = SHIPPED_DIR / "h100" / "qwen3-4b.prior.json"
 

@@ -30,10 +30,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scheduler_latency import PRIOR, measure, setups  # noqa: E402
 
-from jigsaw.sim.execute import execute  # noqa: E402
 from jigsaw.graph.plan import SchedulerConfig  # noqa: E402
-from jigsaw.graph.policy import make  # noqa: E402
+from jigsaw.graph.policies import make  # noqa: E402
 from jigsaw.mux.slowdown import load_grid  # noqa: E402
+from jigsaw.sim.execute import execute  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,19 @@
                                               execute() (what-if) ◄─┘─► runtime / simulator
 
 Names are imported on first use, so `import jigsaw` costs nothing until you need a part.
+
+    graph/         the sub-stage graph, its scheduling and every policy (pure)
+    node/          one node's ledger: facts from worker requests, decisions, their effects
+    mux/           the device side: slowdown models, profiling, partitions and binding, telemetry
+    runtime/       the node daemon and the pipeline-side client (a Unix socket)
+    sim/           simulators fed the daemon's requests: a node, and graphs at sub-stage level
+    engines/       CPU engines of real pipelines (torch, transformers)
+    recipes/       pipelines built from them, and `jigsaw demo`
+    integrations/  verl and SGLang, unmodified
+    timeline/      what every device did, from a trace
+    cli/           one module per `jigsaw` subcommand
+    protocol.py    the requests workers send their node (the wire, and the simulator's diet)
+    trace.py       one JSON-lines trace format for the daemon and the simulator
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
     TraceEvent(t_s, event, pipeline, substage, device, sm_frac, mem_bytes, slowdown, data)
         event ∈ node       a daemon started (data: policy, sched, max_wait_s, grid, devices)
                 pipeline   a pipeline joined (data: workload, model, device, devices, prior)
-                request    a sub-stage asked to start (data: kind, rank, step, urgent, need_bytes, pids)
+                request    a sub-stage asked to start (data: its Admit's fields, dp_rank as
+                           rank and mem_bytes as need_bytes; queued_ms)
                 grant      a sub-stage replica runs on a device under a budget from t_s on
                            (data: need_bytes, the memory it needs; partition, when enforced)
                 delivered  a budget change (a later grant of a running sub-stage) went to its
@@ -11,6 +12,14 @@
                 release    it stops holding the device (done, migrated away, or waiting on a tool)
                 host       a host sub-stage (tool wait, reward) ran from t_s (data: end_s)
                 done       a sub-stage reported its end (data: its numbers)
+                progress   an engine said what its piece holds now (data: requests,
+                           context_tokens, generated, mem_bytes)
+                samples    how far a step's rollout is (data: step, done, total)
+                lengths    finished turns' lengths (data: turns, more)
+                no_rollout a DP rank has no rollout in a step (data: dp_rank, step)
+                forecast   a pipeline's guess of a step before any history (data: step, pieces)
+                migrate    an operator's migration order (data: pipeline, source_rank,
+                           target_rank); its plan event says `operator`
                 drop       a client left or lost its lease (data: withdrawn sub-stages, removed)
                 plan       the daemon decided (data: started, assignments, decisions, fallback)
                 open       a sub-stage ran without the daemon (fail-open; data: reason, kind, rank, step)
@@ -25,7 +34,8 @@
 `jigsaw timeline` draws per-device utilisation from grant/release pairs and MFU from step
 FLOPs over the device's peak; `jigsaw sim --replay` rebuilds the step graphs from grants
 (exclusive time = interval / slowdown), host events and the pipeline metadata, and replays a
-daemon's inputs (node, pipeline, request, done, drop) to reproduce its plan events.
+daemon's inputs (node, pipeline, the requests above, drop, migrate) to reproduce its plan
+events (jigsaw.node.inputs writes and reads the requests' data).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 EVENTS = ("node", "pipeline", "request", "grant", "delivered", "release", "host", "done", "drop", "plan", "open",
-          "migration", "step", "telemetry")
+          "migration", "step", "telemetry", "progress", "samples", "lengths", "no_rollout", "forecast", "migrate")
 log = logging.getLogger("jigsaw.trace")
 
 

@@ -26,7 +26,7 @@ from collections import Counter
 import msgspec
 from hypothesis import strategies as st
 
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 from jigsaw.runtime.paths import socket_path
 from jigsaw.runtime.wire import Channel, ChannelError, frame
 

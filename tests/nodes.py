@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 from jigsaw.runtime.paths import socket_path
 from jigsaw.runtime.wire import Channel
 

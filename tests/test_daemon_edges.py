@@ -14,7 +14,7 @@ import pytest
 from nodes import ROOT, Node
 from test_runtime import work_done
 
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 from jigsaw.runtime.paths import MAX_SOCKET_PATH_BYTES
 from jigsaw.runtime.wire import Channel, frame
 

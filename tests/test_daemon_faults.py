@@ -1,66 +1,21 @@
 """The daemon's own logic under faults, driven message by message on scripted clocks.
 
 The real `Daemon` (node state, policy, grants, leases, timers) with its socket replaced by a
-list of what it sent: every test here can say exactly which reply each request got.
+list of what it sent (tests/recorder.py): every test here can say exactly which reply each
+request got.
 """
 
-import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from recorder import Recorder
 
-from jigsaw.node.state import NodeState
+from jigsaw import protocol as pr
 from jigsaw.graph.plan import Assignment, Migration, Plan, SchedulerConfig
-from jigsaw.runtime import protocol as pr
-from jigsaw.runtime.daemon import Daemon, DaemonConfig, Inbound
+from jigsaw.node.state import NodeState
+from jigsaw.runtime.daemon import Daemon, Inbound
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Recorder(Daemon):
-    """The daemon, its replies kept instead of sent."""
-
-    def __init__(self, tmp: Path, **config):
-        self.sent: list[tuple[int, object]] = []
-        self.time = Clock()
-        super().__init__(DaemonConfig(**config), directory=tmp, clock=self.time, wall=self.time)
-
-    def _send(self, conn, reply) -> None:
-        self.sent.append((conn, reply))
-
-    def ask(self, msg, conn: int = 1, tick: bool = True):
-        """Deliver `msg` as if it arrived now; the replies it (and the tick after it) caused."""
-        before = len(self.sent)
-        self._serve([Inbound(conn, msg, self.time())])
-        if tick:
-            self._tick()
-        return [r for _, r in self.sent[before:]]
-
-    def register(self, name: str, owner: str = "", devices=()) -> str:
-        (reply,) = self.ask(pr.Register(pipeline=name, pid=os.getpid(), owner=owner, devices=devices))
-        assert isinstance(reply, pr.Registered), reply
-        return reply.session
-
-    def beat(self, session: str) -> None:
-        self.ask(pr.Heartbeat(session=session), tick=False)
-
-    def run_for(self, seconds: float, beating=()) -> None:
-        """The loop turning every 50 ms, `beating` sessions heartbeating every 250 ms."""
-        for i in range(round(seconds / 0.05)):
-            self.time.t += 0.05
-            if i % 5 == 0:
-                for s in beating:
-                    self.beat(s)
-            self._tick()
 
 
 @pytest.fixture

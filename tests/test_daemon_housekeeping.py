@@ -19,9 +19,9 @@ import pytest
 from nodes import ROOT, Node
 from test_daemon_faults import Recorder
 
+from jigsaw import protocol as pr
 from jigsaw.profiles import CPU_DEFAULT, CPU_PER_CORE, resolve
 from jigsaw.runtime import housekeeping, node_info
-from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.client import connect
 from jigsaw.runtime.client import status as ask_status
 

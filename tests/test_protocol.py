@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from nodes import ask
 from test_runtime import Node
 
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 from jigsaw.runtime.paths import check_private, runtime_dir
 
 
@@ -98,7 +98,7 @@ def test_oversized_messages_are_refused_from_their_length_and_the_daemon_keeps_s
 
 NOBODY = """
 import sys, os
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 from jigsaw.runtime.wire import Channel
 os.setgid(65534); os.setuid(65534)
 s = Channel(sys.argv[1][len("ipc://"):])

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from jigsaw.graph.policy import make
+from jigsaw.graph.policies import make
 from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay
 from jigsaw.sim.run import SimConfig, simulate
 from jigsaw.trace import Trace, TraceEvent

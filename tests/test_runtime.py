@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from nodes import ROOT, Node
 
+from jigsaw import protocol as pr
 from jigsaw.mux.partition import Advisory
-from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.client import connect
 from jigsaw.runtime.paths import socket_path
 from jigsaw.runtime.wire import Channel
@@ -338,7 +338,7 @@ def test_gpu_options_without_a_gpu_leave_the_daemon_serving(tmp_path):
 
 @pytest.mark.parametrize("policy", ["serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
 def test_the_daemon_runs_every_policy_live(tmp_path, policy):
-    from jigsaw.graph.policy import NAMES
+    from jigsaw.graph.policies import NAMES
 
     assert policy in NAMES  # the list above is every policy `make` knows
     assert len(NAMES) == 7
@@ -383,8 +383,8 @@ def test_a_trace_that_cannot_be_written_stops_and_the_daemon_keeps_serving(tmp_p
 def test_a_change_of_memory_alone_moves_no_process_a_change_of_cores_does(monkeypatch):
     """A budget change whose partition is the one the worker is on (on a CPU: memory from
     half to whole when a partner ends) updates the handle but re-pins nothing; new cores do."""
+    from jigsaw import protocol as pr
     from jigsaw.mux.partition import Cpu
-    from jigsaw.runtime import protocol as pr
     from jigsaw.runtime.client import GrantHandle
 
     c = connect(pipeline="P", endpoint=None)

@@ -11,13 +11,13 @@ from factories import GIB, NODE, chain, states, sub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jigsaw.sim.execute import execute
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
-from jigsaw.graph.policy import make
+from jigsaw.graph.policies import make
 from jigsaw.graph.schedule import schedule
 from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.mux.slowdown import load_grid
+from jigsaw.sim.execute import execute
 
 PRIOR = load_grid("h100/qwen3-4b")
 

@@ -3,8 +3,8 @@ settle time unless taken back, a parked heartbeat answered when one falls due.""
 
 import pytest
 
+from jigsaw import protocol as pr
 from jigsaw.mux.partition import Cpu
-from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.session import Session
 
 pytestmark = pytest.mark.timeout(30)

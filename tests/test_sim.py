@@ -241,8 +241,9 @@ def test_summarised_next_step_keeps_chain_lengths_and_device_work():
     from jigsaw.node.view import summarised
 
     runs, node, grid, pol = build(replace(SMALL, workload=("qwen3-4b-search-r1",), steps=2, trace=False))
-    NodeSim(runs, node, grid, pol, trace=False).run()
-    full = predict_next(list(runs[0].ledger.history))
+    sim = NodeSim(runs, node, grid, pol, trace=False)
+    sim.run()
+    full = predict_next(list(sim.state.pipelines[runs[0].name].history))
     short = summarised(full)
 
     def longest(g):

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from jigsaw.graph.policy import NAMES
+from jigsaw.graph.policies import NAMES
 from jigsaw.mux.prior import MODELS
 from jigsaw.sim.node import Infeasible
 from jigsaw.sim.run import SimConfig, lower_bound, simulate

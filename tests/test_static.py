@@ -6,9 +6,9 @@ import pytest
 from factories import NODE, chain, states, synthetic_grid
 
 from jigsaw.graph.baselines import Static
-from jigsaw.sim.execute import execute
-from jigsaw.graph.policy import make
+from jigsaw.graph.policies import make
 from jigsaw.graph.substage import SubStageKind as K
+from jigsaw.sim.execute import execute
 
 pytestmark = pytest.mark.timeout(60)
 GRID = synthetic_grid()

@@ -41,7 +41,7 @@ pytest.importorskip("verl", reason="verl is not installed: pip install -c constr
 from binding import Sampler, holdings, off_cores  # noqa: E402
 from nodes import ROOT, Node  # noqa: E402
 
-from jigsaw.runtime import protocol as pr  # noqa: E402
+from jigsaw import protocol as pr  # noqa: E402
 from jigsaw.runtime.client import ask  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(900)]

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
+from jigsaw import protocol as pr
 from jigsaw.engines.model import ModelConfig, load
 from jigsaw.engines.rollout import Completion, Request, RolloutConfig, RolloutEngine
 from jigsaw.integrations.verl.server import ServerConfig, _Pending
 from jigsaw.integrations.verl.serving import Moved, Serving
-from jigsaw.runtime import protocol as pr
 
 pytestmark = pytest.mark.timeout(120)
 NEW_TOKENS = 40

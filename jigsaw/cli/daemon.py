@@ -110,14 +110,14 @@ def _endpoint() -> str | None:
 
 def _ask_status(ep: str | None):
     """The daemon's StatusReply; None, or an Error from a daemon of another version."""
-    from jigsaw.runtime import protocol as pr
+    from jigsaw import protocol as pr
     from jigsaw.runtime.client import ask
 
     return None if ep is None else ask(ep, pr.Status(req=1), ASK_TIMEOUT_S)
 
 
 def status() -> int:
-    from jigsaw.runtime import protocol as pr
+    from jigsaw import protocol as pr
 
     ep = _endpoint()
     st = _ask_status(ep)
@@ -129,7 +129,7 @@ def status() -> int:
 
 
 def stop(timeout_s: float) -> int:
-    from jigsaw.runtime import protocol as pr
+    from jigsaw import protocol as pr
     from jigsaw.runtime.client import ask
 
     ep = _endpoint()
@@ -152,7 +152,7 @@ def stop(timeout_s: float) -> int:
 
 
 def migrate(args: Args) -> int:
-    from jigsaw.runtime import protocol as pr
+    from jigsaw import protocol as pr
     from jigsaw.runtime.client import ask
 
     if None in (args.pipeline, args.source_rank, args.target_rank):

@@ -83,7 +83,7 @@ def run(args: Args) -> int:
 
     if not args.cmd:
         raise ValueError("jigsaw run needs a command after `--`, e.g. jigsaw run -- python train.py")
-    from jigsaw.runtime.protocol import check_name, safe_name
+    from jigsaw.protocol import check_name, safe_name
 
     name = check_name(args.name) if args.name else safe_name(f"{Path(args.cmd[0]).name}-{os.getpid()}")
     framework = _framework(args)

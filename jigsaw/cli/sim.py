@@ -109,7 +109,7 @@ def _violations(results: dict, log) -> bool:
 
 
 def _policies(spec: str) -> list[str]:
-    from jigsaw.graph.policy import NAMES
+    from jigsaw.graph.policies import NAMES
 
     names = list(NAMES) if spec == "all" else [p for p in spec.split(",") if p]
     unknown = [p for p in names if p not in NAMES]
@@ -166,7 +166,7 @@ def _same_work(results: dict) -> str:
 def _replay(path: Path, profile: Path | None, policies: list[str], config: SimConfig):
     from rich.table import Table
 
-    from jigsaw.graph.policy import make
+    from jigsaw.graph.policies import make
     from jigsaw.mux.slowdown import load_grid
     from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay, replay_decisions
     from jigsaw.trace import Trace

@@ -3,8 +3,9 @@
     DPRollout (caller process)                          worker r (spawned; loads the model itself)
       generate(prompts, routing) ── split by weights ──► "submit" [Request…] ──► RolloutEngine
         loop every poll_interval_s, until every sample is back or timeout_s:         │ CB thread
-          "poll" ◄── (finished Completions, ForwardSteps) ◄────────────────────────────┘
+          "poll" ◄── (finished Completions, ForwardSteps, requests held) ◄────────────┘
              ├─ on_step(rank, step) for every forward step   (the recipe feeds jigsaw's client)
+             ├─ held[rank]: (context, generated) tokens of each request in flight there
              └─ on_poll(self)  ──► migrate(source, target):
                    "abort_all" on source ─► partials ─► "submit" Request(partial_ids=…) on target
       update_weights(state_dict) ── torch.save bytes ──► "update_weights" on every worker (paused CB)
@@ -62,6 +63,8 @@ class DPRollout:
         self._procs, self._conns = [], []
         self.pids: list[int] = []
         """Worker process ids, by rank."""
+        self.held: list[tuple[tuple[int, int], ...]] = [() for _ in range(num_workers)]
+        """Per rank, (context tokens, tokens generated) of each request in flight at its last poll."""
         try:
             self._spawn(model_config)
         except BaseException:
@@ -122,7 +125,7 @@ class DPRollout:
     def _poll_round(self, on_step) -> None:
         """Collect finished samples and forward steps of every worker."""
         for rank in range(self.num_workers):
-            done, steps = self._rpc(rank, "poll")
+            done, steps, self.held[rank] = self._rpc(rank, "poll")
             if on_step is not None:
                 for step in steps:
                     on_step(rank, step)
@@ -339,7 +342,7 @@ def _handlers(engine) -> dict[str, Callable]:
 
     return {
         "submit": submit,
-        "poll": lambda: (engine.poll(0.0), engine.forward_steps()),
+        "poll": lambda: (engine.poll(0.0), engine.forward_steps(), engine.holding()),
         "abort_all": engine.abort_all,
         "abort": engine.abort,
         "active": engine.active,

@@ -211,6 +211,12 @@ class RolloutEngine:
         done, self._done = self._done, []
         return done
 
+    def holding(self) -> tuple[tuple[int, int], ...]:
+        """(context tokens, tokens generated in its turn) of each request in flight, as last
+        streamed: what a migration of them, or the rest of a tail, is priced by."""
+        return tuple((len(x.req.prompt_ids) + len(x.req.partial_ids) + len(x.new_ids),
+                      len(x.req.partial_ids) + len(x.new_ids)) for x in self._live.values())
+
     def forward_steps(self) -> list[ForwardStep]:
         """Forward steps recorded since the last call, oldest first."""
         with self._steps_lock:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from jigsaw.graph import state as st
-from jigsaw.graph.context import Context, Option, PairPoint, Verb  # noqa: F401 (act.Context, act.Verb for the search)
+from jigsaw.graph.context import Context, Option, Packing, PairPoint, Verb  # noqa: F401 (act.Context, act.Verb for the search)
 from jigsaw.graph.merge import DecodeFit, MergeDecision, TailWorker, best_merge, steps_in
 from jigsaw.graph.plan import PipelineState
 from jigsaw.graph.problem import Problem
@@ -408,18 +408,6 @@ def _running_end(P: Problem, S: State, i: int) -> float:
     if theirs >= mine or len(P.tasks[j].devices) != 1:
         return t + mine
     return t + theirs + (rem[i] - rate[i] * theirs)
-
-
-class Packing(NamedTuple):
-    """How fast devices can clear the work left on them (exclusive seconds per second)."""
-
-    device: tuple[float, ...]
-    """Per device, a bound for that device alone: a lockstep gang with balanced micro-batches
-    advances at the mean of its replicas' rates, up to 1 even where its replica is slowed,
-    so beside a gang a device clears up to 1 + the partner's rate."""
-    node: float
-    """Bound for all devices together: summed over a gang's devices, its progress is the
-    sum of its replicas' 1/s, so every device counts at its best pair's 1/s_a + 1/s_b."""
 
 
 def packing(P: Problem, S: State, ctx: Context) -> Packing:

@@ -17,15 +17,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import MergeConfig, MergeDecision
+from jigsaw.graph.model import PairModels, PairPricing, SlowdownModel
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
-
-if TYPE_CHECKING:
-    from jigsaw.graph.actions import Packing
 
 
 class Verb(enum.Enum):
@@ -60,6 +58,18 @@ SOLO_GAIN = 0.02
 """Least gain of a share alone over the whole device that keeps a sub-stage on the share."""
 
 
+class Packing(NamedTuple):
+    """How fast devices can clear the work left on them (exclusive seconds per second)."""
+
+    device: tuple[float, ...]
+    """Per device, a bound for that device alone: a lockstep gang with balanced micro-batches
+    advances at the mean of its replicas' rates, up to 1 even where its replica is slowed,
+    so beside a gang a device clears up to 1 + the partner's rate."""
+    node: float
+    """Bound for all devices together: summed over a gang's devices, its progress is the
+    sum of its replicas' 1/s, so every device counts at its best pair's 1/s_a + 1/s_b."""
+
+
 class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
@@ -67,8 +77,9 @@ class Context:
                  "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
                  "bound_weight", "min_slowdown", "pack", "solo", "capped", "_pairs", "_names", "_cls", "elastic")
 
-    def __init__(self, model, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
-                 pipelines: Sequence[PipelineState] = (), pairs=None, host_frac: Mapping[int, float] | None = None):
+    def __init__(self, model: SlowdownModel, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
+                 pipelines: Sequence[PipelineState] = (), pairs: PairModels | None = None,
+                 host_frac: Mapping[int, float] | None = None):
         self.config, self.balanced, self.model = config, config.balance, model
         self.mem_bytes, self.sm_budgets_frac = node.mem_bytes, config.budgets(model)
         self.min_pack_efficiency = config.min_pack_efficiency
@@ -98,7 +109,7 @@ class Context:
         if missing:
             raise ValueError(f"SM budgets {missing} are not levels of the slowdown grid {model.sm_levels}")
 
-    def _grid(self, pa: int, pb: int) -> tuple[object, tuple[int, int] | None]:
+    def _grid(self, pa: int, pb: int) -> tuple[PairPricing, tuple[int, int] | None]:
         """The grid pricing pipeline pa's sub-stage beside pb's, and its tag in the tables
         (None: the node grid, for everything when the pipelines run one model)."""
         if self._pairs is None or pa < 0 or pb < 0 or self._cls[pa] is None or self._cls[pb] is None:

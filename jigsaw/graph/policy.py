@@ -1,24 +1,26 @@
 """One policy protocol for every scheduler, live and simulated.
 
-    LivePipeline × K ─(view.pipeline_state)─► View(time, PipelineStates, Progress, node, grid)
-        ─► policy.plan(view) ─► Plan ─► the node's applier (node.py): grants, budgets, migrations
+    the node's facts (jigsaw/node/: ledger ─► view) ─► View(time, PipelineStates, Progress,
+        node, model) ─► policy.plan(view) ─► Plan ─► the node's applier (node/state.py)
 
     jigsaw   the windowed look-ahead scheduler with merging and balancing (JigsawRL §4)
     greedy   the same with W = 1 (JigsawRL Fig. 11)
     serial, static, muxserve, rollmux, hrrs   the baselines (baselines.py)
 
-`make(name, config)` builds a fresh policy: the daemon holds one (`jigsaw daemon --policy`),
-every simulation its own.  Policies may keep state between calls (a baseline's turn, jigsaw's
-caches); the Plan they return depends only on the views they were given.
+`policies.make(name, config)` builds a fresh one: the daemon holds one (`jigsaw daemon
+--policy`), every simulation its own.  Policies may keep state between calls (a baseline's
+turn, jigsaw's caches); the Plan they return depends only on the views they were given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from jigsaw.graph.model import PairModels, SlowdownModel
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, Progress, SchedulerConfig
+from jigsaw.graph.problem import SchedulerCache
 
 Placement = tuple[tuple[int, ...], tuple[int, ...]]
 """(rollout devices, training devices) of one pipeline."""
@@ -33,9 +35,9 @@ class View:
     progress: tuple[Progress, ...]
     """Per pipeline, in the same order: where it is in its step (whole-stage baselines)."""
     node: NodeSpec
-    model: object
-    """The slowdown grid (jigsaw.mux.slowdown.SlowdownGrid)."""
-    pairs: object = None
+    model: SlowdownModel
+    """The node's slowdown grid (jigsaw.mux.slowdown.SlowdownGrid)."""
+    pairs: PairModels | None = None
     """Where the pipelines run different models: the exact grid of each ordered pair
     (jigsaw.mux.pairing.PairGrids, by pipeline name); None: `model` prices every pair."""
     host_frac: Mapping[int, float] = field(default_factory=dict)
@@ -72,36 +74,17 @@ class Jigsaw:
     name: str = "jigsaw"
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     separable: bool = True
-    cache: object = None
-    """The scheduler's tables for this node (jigsaw.graph.problem.SchedulerCache), made on
-    first use and owned by this policy instance."""
+    cache: SchedulerCache | None = None
+    """The scheduler's tables for this node, made on first use and owned by this policy
+    instance."""
 
     def placement(self, k: int, devices: int) -> list[Placement]:
         return colocated(k, devices)
 
     def plan(self, view: View) -> Plan:
-        from jigsaw.graph.problem import SchedulerCache
         from jigsaw.graph.schedule import schedule
 
         if self.cache is None:
             self.cache = SchedulerCache()
         return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache,
                         pairs=view.pairs, host_frac=view.host_frac)
-
-
-NAMES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
-"""Every policy `make` knows, baselines first."""
-
-
-def make(name: str, config: SchedulerConfig = SchedulerConfig()) -> Policy:
-    """A fresh policy; `config` is the scheduler's (jigsaw, and greedy at W = 1)."""
-    from jigsaw.graph import baselines
-
-    factories: dict[str, Callable[[], Policy]] = {
-        "serial": baselines.Serial, "static": baselines.Static, "muxserve": baselines.MuxServe,
-        "rollmux": baselines.RollMux, "hrrs": baselines.HRRS,
-        "greedy": lambda: Jigsaw(name="greedy", config=replace(config, window=1)),
-        "jigsaw": lambda: Jigsaw(config=config)}
-    if name not in factories:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(NAMES)}")
-    return factories[name]()

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from jigsaw.graph import actions as act
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import balance
+from jigsaw.graph.model import PairModels, SlowdownModel
 from jigsaw.graph.plan import Assignment, Migration, NodeSpec, PipelineState, Plan, Routing, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
 from jigsaw.graph.state import State
@@ -33,16 +34,17 @@ from jigsaw.graph.state import State
 _TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier one wins
 
 
-def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model,
+def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model: SlowdownModel,
              config: SchedulerConfig = SchedulerConfig(), time_s: float = 0.0,
-             cache: SchedulerCache | None = None, pairs=None, host_frac: Mapping[int, float] | None = None) -> Plan:
+             cache: SchedulerCache | None = None, pairs: PairModels | None = None,
+             host_frac: Mapping[int, float] | None = None) -> Plan:
     """Decide what runs on every device from `time_s` on.
 
-    `model` is a `jigsaw.mux.slowdown.SlowdownGrid` (anything with `pair`,
-    `pair_options`, `sm_levels` and `device.peak_flops`).  `cache` keeps lookup tables
-    and task tables between calls on one node (the same Plan with or without it).
-    `pairs` (jigsaw.mux.pairing.PairGrids): the exact grid of two pipelines running
-    different models, by name; co-locations are planned with it, the rest with `model`.
+    `model`: the node's slowdown grid (graph/model.py says what it answers; a
+    `jigsaw.mux.slowdown.SlowdownGrid` does).  `cache` keeps lookup tables and task tables
+    between calls on one node (the same Plan with or without it).  `pairs`
+    (jigsaw.mux.pairing.PairGrids): the exact grid of two pipelines running different
+    models, by name; co-locations are planned with it, the rest with `model`.
     `host_frac`: per device, the share of its pipelines working on the host (View.host_frac)."""
     cache = cache or SchedulerCache()
     if len(pipelines) < 1:

@@ -1,0 +1,15 @@
+"""One node's ledger: the facts of its pipelines, the decisions about them, and what they do.
+
+    worker requests (jigsaw/protocol.py: Admit, Done, Progress, …) from the daemon's
+    clients, the simulator's engines or a replayed trace
+        ─► inputs.py  Inbox: the one mapping of a request onto the node's facts
+        ─► state.py   NodeState: the only writer of the facts; decide() ─► view ─► policy ─► apply
+                ledger.py  LivePipeline: one pipeline's facts, changed by named methods only
+                view.py    the facts ─► the scheduler's PipelineState (one builder)
+        ─► effects.py Decision: frozen, everything acting on it needs (admitted, changed,
+                      moved, every holder, orders); the one capacity check
+        ─► the daemon's grants (runtime/grants.py), the simulator's engines (sim/node.py),
+           the graph executor's timeline (sim/execute.py)
+
+No I/O and no device here: the same code decides live and simulated.
+"""

@@ -17,7 +17,7 @@ the graph executor.
        + Progress (stage, step, rollout share done, since when) for whole-stage baselines
     every registered pipeline ─► host_frac: per device, the share working on the host
 
-Pure: it reads the facts and `now_s`, and caches only derived data on the pipeline (its
+Pure: it reads the facts and `now_s`; derived data is kept in the caller's `ViewMemo` (the
 prediction, the summarised next step, the last graph, so an unchanged graph is the same
 object and the scheduler's per-graph tables stay valid).
 """
@@ -26,15 +26,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from jigsaw.graph.builder import predict_next
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.ids import SUMMARY, SubStageId, with_step
-from jigsaw.node.ledger import HOST, STAGE_ORDER, LivePipeline, Running, Waiting, stage_of
 from jigsaw.graph.plan import Budget, PipelineState, Progress
 from jigsaw.graph.problem import decode_fit, prefill_stats
 from jigsaw.graph.substage import SubStage, SubStageKind
+from jigsaw.node.ledger import HOST, STAGE_ORDER, LivePipeline, Running, Waiting, stage_of
 
 MIN_REMAINING_FRAC = 0.05
 """An overdue predicted sub-stage is still expected to need this share of its prediction
@@ -46,18 +46,40 @@ _SUMMED = (SubStageKind.REWARD, SubStageKind.REFERENCE, SubStageKind.TRAINING)
 _STAGE_INDEX = {k: STAGE_ORDER.index(stage_of(k)) for k in SubStageKind}
 
 
-def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True) -> tuple[PipelineState, Progress]:
-    """Scheduler input and progress of one pipeline at `now_s` (see the module docstring)."""
-    base = _base(p)
+@dataclass(slots=True)
+class ViewMemo:
+    """What the view derived from one pipeline's facts, kept between calls (each entry is
+    keyed by what it was derived from, so a stale one is never used)."""
+
+    prediction: tuple | None = None
+    """((step, history length, last graph's id), predicted step graph)."""
+    measured: tuple | None = None
+    """(base graph, (decode fit, prefill stats, multi-turn))."""
+    base_gangs: tuple | None = None
+    """(base graph, {gang key: member ids})."""
+    finished_ancestors: tuple | None = None
+    """(base graph, finished count, ancestors of the finished in the base)."""
+    next: tuple | None = None
+    """((step, prediction's id), next step's nodes, deps, sources)."""
+    graph: tuple | None = None
+    """(nodes, deps, the graph built from them)."""
+
+
+def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True,
+                   memo: ViewMemo | None = None) -> tuple[PipelineState, Progress]:
+    """Scheduler input and progress of one pipeline at `now_s` (see the module docstring);
+    `memo`: what earlier calls for this pipeline derived (a fresh one when None)."""
+    memo = ViewMemo() if memo is None else memo
+    base = _base(p, memo)
     live: dict[str, Waiting | Running] = {**p.waiting, **p.running}
     anchors = _anchors(p, base, live)
-    started = _started_gangs(p, base, live)
-    nodes, deps, kept, done, at_of = _current(p, base, live, anchors, started)
+    started = _started_gangs(p, base, live, memo)
+    nodes, deps, kept, done, at_of = _current(p, base, live, anchors, started, memo)
     running, remaining, urgent = _times(p, nodes, at_of, kept, started, now_s)
-    if next_step and p.more_steps and p.static is None and (pred := _prediction(p) or p.prior) is not None:
-        _append_next(p, pred, nodes, deps)
-    graph = _graph(p, nodes, deps)
-    fit, prefill, turns = _measured(p, base)
+    if next_step and p.more_steps and p.static is None and (pred := _prediction(p, memo) or p.forecast) is not None:
+        _append_next(p, pred, nodes, deps, memo)
+    graph = _graph(p, nodes, deps, memo)
+    fit, prefill, turns = _measured(base, memo)
     state = PipelineState(graph=graph, devices=p.devices, done=frozenset(done), running=running,
                           remaining_s=remaining, urgent=frozenset(urgent), decode_fit=fit, prefill_work=prefill,
                           multi_turn=turns)
@@ -82,37 +104,37 @@ def host_frac(pipelines: Iterable[LivePipeline]) -> dict[int, float]:
 
 # ---------------------------------------------------------------- base graph
 
-def _base(p: LivePipeline) -> SubStageGraph | None:
+def _base(p: LivePipeline, memo: ViewMemo) -> SubStageGraph | None:
     if p.static is not None:
         return p.static
-    return _prediction(p) or p.prior
+    return _prediction(p, memo) or p.forecast
 
 
-def _prediction(p: LivePipeline) -> SubStageGraph | None:
+def _prediction(p: LivePipeline, memo: ViewMemo) -> SubStageGraph | None:
     """predict_next of the history, renumbered to the current step (memoised per step)."""
-    if not p.history:
+    last = p.last_graph
+    if last is None:
         return None
-    key = (p.step, len(p.history), id(p.history[-1]))
-    memo = p.cache.get("prediction")
-    if memo is None or memo[0] != key:
-        pred = predict_next(list(p.history))
+    history = p.history
+    key = (p.step, len(history), id(last))
+    if memo.prediction is None or memo.prediction[0] != key:
+        pred = predict_next(list(history))
         if pred.steps != (p.step,):
             ren = {s.id: with_step(s.id, p.step) for s in pred}
             pred = SubStageGraph([replace(s, id=ren[s.id], step=p.step) for s in pred],
                                  {ren[k]: tuple(ren[d] for d in v) for k, v in pred.deps.items()})
-        memo = p.cache["prediction"] = (key, pred)
-    return memo[1]
+        memo.prediction = (key, pred)
+    return memo.prediction[1]
 
 
-def _measured(p: LivePipeline, base: SubStageGraph | None):
+def _measured(base: SubStageGraph | None, memo: ViewMemo):
     """The engine's decode step model, its prefill work and whether it is multi-turn, read
     once per base graph (the remaining graph may have none of it left to read)."""
-    memo = p.cache.get("measured")
-    if memo is None or memo[0] is not base:
+    if memo.measured is None or memo.measured[0] is not base:
         got = (decode_fit(base), prefill_stats(base), any(s.kind is SubStageKind.TOOL for s in base)) \
             if base is not None else (None, None, False)
-        memo = p.cache["measured"] = (base, got)
-    return memo[1]
+        memo.measured = (base, got)
+    return memo.measured[1]
 
 
 def _anchors(p: LivePipeline, base: SubStageGraph | None, live: dict) -> dict[str, str | None]:
@@ -131,9 +153,9 @@ def _anchors(p: LivePipeline, base: SubStageGraph | None, live: dict) -> dict[st
     return out
 
 
-def _started_gangs(p: LivePipeline, base: SubStageGraph | None, live: dict) -> dict[tuple, list[str]]:
+def _started_gangs(p: LivePipeline, base: SubStageGraph | None, live: dict, memo: ViewMemo) -> dict[tuple, list[str]]:
     """Lockstep gangs with a replica running or finished and one not finished: key → members."""
-    members = {k: list(v) for k, v in _base_gangs(p, base).items()}
+    members = {k: list(v) for k, v in _base_gangs(p, base, memo).items()}
     extra = [sid for sid, f in live.items() if f.kind.collective and (base is None or sid not in base)]
     extra += [sid for sid, s in p.finished.items() if s.kind.collective and (base is None or sid not in base)]
     for sid in extra:
@@ -146,33 +168,33 @@ def _started_gangs(p: LivePipeline, base: SubStageGraph | None, live: dict) -> d
     return out
 
 
-def _base_gangs(p: LivePipeline, base: SubStageGraph | None) -> dict[tuple, tuple[str, ...]]:
+def _base_gangs(p: LivePipeline, base: SubStageGraph | None, memo: ViewMemo) -> dict[tuple, tuple[str, ...]]:
     """The base graph's lockstep gangs (memoised per base graph: a static one lives all run)."""
-    memo = p.cache.get("base_gangs")
-    if memo is None or memo[0] is not base:
+    if memo.base_gangs is None or memo.base_gangs[0] is not base:
         members: dict[tuple, list[str]] = {}
         for s in base or ():
             if s.kind.collective:
                 members.setdefault(p.gang_key(s.id), []).append(s.id)
-        memo = p.cache["base_gangs"] = (base, {k: tuple(v) for k, v in members.items()})
-    return memo[1]
+        memo.base_gangs = (base, {k: tuple(v) for k, v in members.items()})
+    return memo.base_gangs[1]
 
 
 # ---------------------------------------------------------------- this step
 
-def _current(p, base, live, anchors, started):
+def _current(p, base, live, anchors, started, memo: ViewMemo):
     """Nodes (topological) and deps of this step, and which are done: finished, skipped
     (the pipeline went past them), replaced by a live piece, or never to run (their worker
     ended).  Done nodes stay in the graph, so a graph keeps its shape while facts come in
     (the scheduler patches the tasks of a same-shaped graph instead of rebuilding them).
     `kept`: finished replicas of a running gang, which run on until the gang ends; `at_of`:
     the base piece each live one stands in for (None for a loose one)."""
-    kept = {sid for sids in started.values() for sid in sids if sid in p.finished}
-    done = set(p.finished) - kept
+    finished = p.finished
+    kept = {sid for sids in started.values() for sid in sids if sid in finished}
+    done = set(finished) - kept
     if base is not None:
         places = {a for a in anchors.values() if a}
-        placed = {sid for sid in (*p.finished, *live) if sid in base} | places
-        done |= (_finished_ancestors(p, base) | _ancestors(base, placed - set(p.finished))) - set(live) - kept
+        placed = {sid for sid in (*finished, *live) if sid in base} | places
+        done |= (_finished_ancestors(p, base, memo) | _ancestors(base, placed - set(finished))) - set(live) - kept
         done |= places
         # A worker runs the rest of its predicted chain after the piece it is in now: back in
         # an earlier regime, or in a piece whose id the base has at another place (a tail
@@ -180,8 +202,8 @@ def _current(p, base, live, anchors, started):
         # tail/1 comes after tool/0 and is still to run, and so is the tool wait after it).
         now = places | {sid for sid in live if sid in base}
         done -= {s for a in now for s in _chain_after(base, a)}
-        if p.ended:  # a worker out of requests will run nothing more of its predicted rollout
-            done |= {s.id for s in base if s.dp_rank in p.ended and s.id not in live
+        if (ended := p.ended):  # a worker out of requests will run nothing more of its predicted rollout
+            done |= {s.id for s in base if s.dp_rank in ended and s.id not in live
                      and (s.kind.is_rollout or s.kind is SubStageKind.TOOL)}
     by_anchor: dict[str, list[str]] = {}
     at_of: dict[str, SubStage | None] = {}
@@ -203,7 +225,7 @@ def _current(p, base, live, anchors, started):
             at_of[s.id] = s
             _emit(nodes, deps, _live_node(p, live[s.id], s), tuple(d for d in ds if d in done))
         elif s.id in kept:
-            _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, p.finished[s.id].duration_s)), ds)
+            _emit(nodes, deps, replace(s, duration_s=max(s.duration_s, finished[s.id].duration_s)), ds)
         else:
             if loose:  # a piece the base did not know still sits between its neighbours in the step
                 ds += _after_loose(loose, s)
@@ -213,7 +235,7 @@ def _current(p, base, live, anchors, started):
             _emit(nodes, deps, _live_node(p, live[sid], s), ())
     emitted = set(deps)
     for sid in kept - emitted:  # a finished replica the base does not know
-        _emit(nodes, deps, p.finished[sid], ())
+        _emit(nodes, deps, finished[sid], ())
     return nodes, deps, kept, done, at_of
 
 
@@ -244,16 +266,17 @@ def _emit(nodes: list, deps: dict, s: SubStage, ds: tuple[str, ...]) -> None:
     deps[s.id] = ds
 
 
-def _finished_ancestors(p: LivePipeline, base: SubStageGraph) -> set[str]:
+def _finished_ancestors(p: LivePipeline, base: SubStageGraph, memo: ViewMemo) -> set[str]:
     """Ancestors in `base` of the finished sub-stages, grown as they finish (finished only
     grows while the base stands: memoised on the base and how many have finished)."""
-    memo = p.cache.get("finished_ancestors")
-    n = len(p.finished)
-    if memo is None or memo[0] is not base or memo[1] > n:
-        memo = (base, 0, set())
-    new = [sid for sid in list(p.finished)[memo[1]:] if sid in base]
-    seen = _ancestors(base, new, memo[2]) if new else memo[2]
-    p.cache["finished_ancestors"] = (base, n, seen)
+    finished = p.finished
+    got = memo.finished_ancestors
+    n = len(finished)
+    if got is None or got[0] is not base or got[1] > n:
+        got = (base, 0, set())
+    new = [sid for sid in list(finished)[got[1]:] if sid in base]
+    seen = _ancestors(base, new, got[2]) if new else got[2]
+    memo.finished_ancestors = (base, n, seen)
     return seen
 
 
@@ -354,14 +377,13 @@ def _left(p: LivePipeline, r: Running, node: SubStage, at: SubStage | None, now_
 
 # ---------------------------------------------------------------- the next step
 
-def _append_next(p: LivePipeline, pred: SubStageGraph, nodes: list, deps: dict) -> None:
+def _append_next(p: LivePipeline, pred: SubStageGraph, nodes: list, deps: dict, memo: ViewMemo) -> None:
     """The predicted next step behind the barrier (built once per step)."""
     key = (p.step, id(pred))
-    memo = p.cache.get("next")
-    if memo is None or memo[0] != key:
+    if memo.next is None or memo.next[0] != key:
         g = _renumber(summarised(pred), p.step + 1)
-        memo = p.cache["next"] = (key, g.substages, g.deps, tuple(s.id for s in g.sources()))
-    _, next_nodes, next_deps, sources = memo
+        memo.next = (key, g.substages, g.deps, tuple(s.id for s in g.sources()))
+    _, next_nodes, next_deps, sources = memo.next
     has_succ = {d for ds in deps.values() for d in ds}
     sinks = tuple(s.id for s in nodes if s.id not in has_succ)
     nodes.extend(next_nodes)
@@ -427,19 +449,19 @@ def _renumber(g: SubStageGraph, step: int) -> SubStageGraph:
                          {ren[k]: tuple(ren[d] for d in v) for k, v in g.deps.items()})
 
 
-def _graph(p: LivePipeline, nodes: list[SubStage], deps: dict[str, tuple[str, ...]]) -> SubStageGraph:
+def _graph(p: LivePipeline, nodes: list[SubStage], deps: dict[str, tuple[str, ...]], memo: ViewMemo) -> SubStageGraph:
     """The same graph object as last time if nothing in it changed: the scheduler caches
     its per-pipeline tables by graph identity, and most decisions concern one pipeline."""
-    memo = p.cache.get("graph")
-    if memo is not None and memo[0] == nodes and memo[1] == deps:
-        return memo[2]
+    got = memo.graph
+    if got is not None and got[0] == nodes and got[1] == deps:
+        return got[2]
     base = p.static
     if base is not None and len(base) == len(nodes) and all(a is b for a, b in zip(base.substages, nodes)) \
             and all(base.deps[k] == v for k, v in deps.items()):
         graph = base  # the known graph itself: nothing about it changed
     else:
         graph = SubStageGraph.from_ordered(nodes, deps)  # built in topological order above
-    p.cache["graph"] = (nodes, deps, graph)
+    memo.graph = (nodes, deps, graph)
     return graph
 
 

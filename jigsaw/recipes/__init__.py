@@ -1,0 +1,7 @@
+"""Pipelines built from jigsaw's engines and client, and the demo that runs them side by side.
+
+    grpo.py         one GRPO pipeline (`python -m jigsaw.recipes.grpo`), alone or under `jigsaw run`
+    demo.py         `jigsaw demo`: two pipelines serially, side by side, statically split, under jigsaw
+    demo_report.py  what the demo's runs say, and whether to believe it
+    verl_jobs.py    the demo's verl jobs (unmodified verl GRPO on this CPU)
+"""

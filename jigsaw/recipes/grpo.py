@@ -6,7 +6,9 @@
       prompts (reasoning-gym) × group ─► rollout: DPRollout workers (continuous batching);
           each worker's forward steps feed client.rollout(rank, pids=[its pid]).forward() ─►
           regime sub-stages; the client binds the worker to each grant's partition (and to
-          every budget change while it runs); migration orders move its requests
+          every budget change while it runs); migration orders move its requests; what the
+          workers hold (rollout.progress), samples done and, at the end, the responses'
+          lengths go to the node (the facts the simulator's engines give it too)
       ─► reward (host)  ─► reference log-probs  ─► training (FSDP2 GRPO step), the trainer's
          rank processes bound the same way ─► weights to the rollout workers ─► client.step_end()
     ─► result JSON: per-step latency, tokens, reward, loss; first step start and last end
@@ -94,7 +96,7 @@ def run(cfg: RecipeConfig) -> dict:
     from jigsaw.runtime.client import connect
 
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
-    client = connect(pipeline=name)
+    client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens)
     mc = ModelConfig(name=cfg.model)
     model, tok = load(mc)
     params = sum(p.numel() for p in model.parameters())
@@ -171,6 +173,9 @@ def _rollout(cfg, step, client, dp, prompts, params: int):
     moved: set[tuple[int, int]] = set()
 
     def on_poll(d) -> None:
+        total = len(prompts)
+        if any(ro.progress(d.held[r]) for r, ro in enumerate(rollouts) if not ro.closed):
+            client.samples(step, total - len(d.pending()), total)
         for r, ro in enumerate(rollouts):
             for m in ro.grant.migrations if ro.grant is not None else ():
                 if m.source_rank == r and (m.source_rank, m.target_rank) not in moved:
@@ -179,13 +184,15 @@ def _rollout(cfg, step, client, dp, prompts, params: int):
                     ro.close()  # its requests went to the target: this worker's rollout is over
 
     try:
-        return dp.generate(prompts, _caps(cfg, step, len(prompts)), routing=routing,
+        done = dp.generate(prompts, _caps(cfg, step, len(prompts)), routing=routing,
                            on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs,
                                                                      fs.kv_tokens),
                            on_poll=on_poll)
     finally:
         for ro in rollouts:
             ro.close()
+    client.lengths(len(c.output_ids) for c in done)  # how long responses run: the next tails' residual life
+    return done
 
 
 if __name__ == "__main__":

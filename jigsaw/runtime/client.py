@@ -10,6 +10,9 @@
        │  with client.gang(kind, members=[(rank, pids), …], step=) as grants:  one Admit per
        │      member, all sent before any reply is awaited (a lockstep stage starts whole)
        │  client.step_end(step, tokens=…)                                StepEnd (no wait)
+       │  what the engine knows, for the scheduler's view (no wait): rollout.progress(…)
+       │      Progress · client.samples(…) Samples · client.lengths(…) Lengths ·
+       │      client.no_rollout(…) NoRollout · client.forecast(…) Forecast
        └─ heartbeat thread (own socket): Heartbeat(wait_s=heartbeat_s), the next as soon as
                                           its Beat comes ─► Beat: sent when a budget changes (or
                                           after wait_s), re-bound at once (a sub-stage is
@@ -34,7 +37,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from jigsaw.runtime import protocol as pr
+import msgspec
+
+from jigsaw import protocol as pr
 from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE, socket_path
 from jigsaw.runtime.wire import Channel
 
@@ -90,9 +95,12 @@ class GrantHandle:
 
 class Client:
     def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
-                 connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S, owner: str = ""):
+                 connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S, owner: str = "",
+                 steps: int = 0, max_tokens: int = 0):
+        """`steps`: RL steps the pipeline runs in all, `max_tokens`: its response cap (0: not
+        said), told at registration."""
         self.pipeline, self.endpoint, self.devices = pr.check_name(pipeline), endpoint, tuple(devices)
-        self.owner = owner
+        self.owner, self.steps, self.max_tokens = owner, steps, max_tokens
         self.refusal: pr.Error | None = None
         """Why the daemon refused to register this pipeline (None: it did not)."""
         self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
@@ -173,13 +181,41 @@ class Client:
                     self._live.pop(key, None)
             self._close([(h, why) for h, _, why in handles])
 
-    def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = (), label: str = "") -> Rollout:
-        """A rollout worker's regimes from its forward steps (client-side bucketing)."""
+    def rollout(self, *, dp_rank: int = 0, step: int = 0, pids: Sequence[int] = (), label: str = ""):
+        """A rollout worker's regimes from its forward steps (client-side bucketing,
+        runtime/rollout.py)."""
+        from jigsaw.runtime.rollout import Rollout
+
         return Rollout(self, dp_rank, step, tuple(pids), label)
 
     def step_end(self, step: int, *, tokens: int = 0, samples: int = 0, flops: float = 0.0) -> None:
         if self.connected:
             self._send(pr.StepEnd(session=self.session or "", step=step, tokens=tokens, samples=samples, flops=flops))
+
+    def samples(self, step: int, done: int, total: int) -> None:
+        """How far this step's rollout is (no wait)."""
+        self.tell(pr.Samples(session="", step=step, done=done, total=total))
+
+    def lengths(self, turns: Sequence[int]) -> None:
+        """Lengths (generated tokens) of the turns that finished, one observation (no wait)."""
+        turns = [int(n) for n in turns]
+        parts = [turns[i:i + pr.MAX_LIST] for i in range(0, len(turns), pr.MAX_LIST)] or [[]]
+        for i, part in enumerate(parts):
+            self.tell(pr.Lengths(session="", turns=tuple(part), more=i < len(parts) - 1))
+
+    def no_rollout(self, dp_rank: int, step: int) -> None:
+        """DP rank `dp_rank` has nothing to generate this step (no wait)."""
+        self.tell(pr.NoRollout(session="", dp_rank=dp_rank, step=step))
+
+    def forecast(self, step: int, pieces: Sequence[pr.Piece]) -> None:
+        """The pipeline's guess of `step` before it has run one (no wait)."""
+        self.tell(pr.Forecast(session="", step=step, pieces=tuple(pieces)))
+
+    def tell(self, msg) -> None:
+        """Send a request that needs no answer, under this client's session (nothing without
+        a daemon: the facts are for its scheduler)."""
+        if self.connected:
+            self._send(msgspec.structs.replace(msg, session=self.session or ""))
 
     def close(self, pipeline_done: bool = False) -> None:
         self._stop.set()
@@ -364,6 +400,7 @@ class Client:
             if self.refusal is not None and self.refusal.code == "name-taken":
                 return  # another job holds the name: asking again would not change that
             msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, owner=self.owner,
+                              steps=self.steps, max_tokens=self.max_tokens,
                               req=self._next_req())
             reply = self._call(sock, msg, timeout_s)
             if isinstance(reply, pr.Registered):
@@ -467,89 +504,11 @@ def wait_for_daemon(endpoint: str, timeout_s: float) -> bool:
     return False
 
 
-def connect(pipeline: str | None = None, endpoint: str | None = None, devices: tuple[int, ...] = ()) -> Client:
+def connect(pipeline: str | None = None, endpoint: str | None = None, devices: tuple[int, ...] = (), *,
+            steps: int = 0, max_tokens: int = 0) -> Client:
     """The client of this process.  Without a daemon endpoint (not under `jigsaw run`),
-    a client that grants every sub-stage exclusively."""
+    a client that grants every sub-stage exclusively.  `steps` and `max_tokens`: the
+    pipeline's step count and response cap, when it knows them (the scheduler plans better)."""
     ep = endpoint or os.environ.get(ENV_ENDPOINT)
     name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
-    return Client(name, ep, devices, owner=os.environ.get(ENV_OWNER, ""))
-
-
-class Rollout:
-    """Forward steps in, sub-stage transitions out: one Done + Admit per regime change.
-
-        with client.rollout(dp_rank=r, step=n, pids=[worker_pid]) as ro:
-            for each engine forward step:  grant = ro.forward(num_prefill_tokens, num_decode_reqs)
-
-    The bucket rule is the graph builder's (`BucketTracker`: token buckets + hysteresis);
-    the first regime waits for admission, the next ones are urgent (a running rollout
-    cannot pause) and only learn their budget."""
-
-    def __init__(self, client: Client, dp_rank: int, step: int, pids: tuple[int, ...] = (), label: str = ""):
-        from jigsaw.graph.builder import BucketTracker
-
-        self.client, self.dp_rank, self.step, self.pids, self.label = client, dp_rank, step, pids, label
-        self.tracker = BucketTracker()
-        self.grant: GrantHandle | None = None
-        self._cm = None
-        self._tokens = self._steps = self._reqs = self._kv = 0
-        self.transitions = 0
-        self._primed, self._started_kind = False, ""
-        self.closed = False
-        self.flops_per_token = 0.0
-        """Model FLOPs per token processed (2 × parameters for a forward), for MFU in the trace."""
-
-    def start(self, num_prefill_tokens: int) -> GrantHandle:
-        """Admit the first regime before any forward step runs (blocks like `substage`), from
-        the tokens the first forward will carry; the step itself is counted by `forward`."""
-        kind = self.tracker.observe(num_prefill_tokens).kind
-        self.tracker = type(self.tracker)()  # `forward` sees the first step again, in the same bucket
-        self._open(kind.value, urgent=False)
-        self._primed, self._started_kind = True, kind.value
-        return self.grant
-
-    def forward(self, num_prefill_tokens: int, num_decode_reqs: int, kv_tokens: int = 0) -> GrantHandle:
-        """One engine forward step; `kv_tokens`: the KV cache its decoding requests read (0:
-        unknown).  A regime reports what the graph builder summarises from such steps: its
-        steps, tokens, mean decoding requests per step (batch size) and KV tokens per request
-        (sequence length), which is what a migration of its requests is priced by."""
-        switch = self.tracker.observe(num_prefill_tokens + num_decode_reqs)
-        if self._primed:  # the regime `start` admitted is not a transition
-            self._primed = False
-            if switch is not None and switch.kind.value == self._started_kind:
-                switch = None
-        if switch is not None and not self.closed:
-            self._end(final=False)
-            self._open(switch.kind.value, urgent=self.grant is not None)
-        self._tokens += num_prefill_tokens + num_decode_reqs
-        self._steps += 1
-        self._reqs += num_decode_reqs
-        self._kv += kv_tokens
-        return self.grant
-
-    def _open(self, kind: str, urgent: bool) -> None:
-        self._cm = self.client.substage(kind, dp_rank=self.dp_rank, step=self.step, urgent=urgent, pids=self.pids,
-                                        label=self.label)
-        self.grant = self._cm.__enter__()
-        self.transitions += 1
-
-    def close(self) -> None:
-        """The worker's rollout of this step is over (its requests are done, or handed over)."""
-        self._end(final=True)
-        self.closed = True
-
-    def _end(self, final: bool) -> None:
-        if self._cm is not None:
-            self.grant.report(num_tokens=self._tokens, num_steps=self._steps,
-                              flops=self.flops_per_token * self._tokens,
-                              batch_size=self._reqs / self._steps if self._steps else 0.0,
-                              seq_len=self._kv / self._reqs if self._reqs else 0.0)
-            self.grant.final = final
-            self._cm.__exit__(None, None, None)
-            self._cm, self._tokens, self._steps, self._reqs, self._kv = None, 0, 0, 0, 0
-
-    def __enter__(self) -> Rollout:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    return Client(name, ep, devices, owner=os.environ.get(ENV_OWNER, ""), steps=steps, max_tokens=max_tokens)

@@ -5,13 +5,13 @@
       read every whole message waiting (the listener already turned away other uids and
         │    lengths past the limit) ─► schema with bounded fields  (anything else: an Error
         ▼    reply, nothing changes); each stamped with its arrival time
-      serve heartbeats and status first, then the rest in arrival order ─► sessions / NodeState
-        │    (register with an owner token, request, finish, drop); a bug in one: `internal`
-        ▼
+      serve heartbeats and status first, then the rest in arrival order ─► sessions; a
+        │    pipeline's facts (Admit, Done, Progress, …) through node/inputs.py ─► NodeState,
+        ▼    the simulator's path too; a bug in one: `internal`
       tick: one decision for the whole batch (and when a request passes max-wait) ─►
         │   NodeState.decide() (node/state.py, the simulator's too; group by group, all or
-        │   nothing) ─► grants.py partitions (pure) ─► Grant replies, budget changes for the
-        │   next heartbeat replies; a decision that fails answers every request it held
+        │   nothing) ─► Decision ─► grants.py partitions (pure) ─► Grant replies, budget changes
+        │   for the next heartbeat replies; a decision that fails answers every request it held
         ▼
       leases: a session silent for lease_s since its last arrival expires, but never within a
         lease of the daemon coming back from a stall (it was the one not listening)
@@ -20,8 +20,9 @@
       trace under traces/ when none is named, exit after idle_exit_s with no pipeline, Stop
 
 A failing policy falls back to admitting requests alone by turn (a pipeline never fails
-because the daemon did).  The trace holds every input the node state saw, so a run's
-decisions can be replayed offline (`jigsaw.sim.replay.replay_decisions`).
+because the daemon did).  The trace holds every request the node state took
+(`node.inputs.record`), operator orders included, so a run's decisions can be replayed
+offline (`jigsaw.sim.replay.replay_decisions`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from jigsaw.graph.ids import SubStageId
-from jigsaw.node.state import Decision, NodeState
+from jigsaw import protocol as pr
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
-from jigsaw.graph.policy import NAMES, make
-from jigsaw.graph.substage import SubStageKind
+from jigsaw.graph.policies import NAMES, make
 from jigsaw.mux.prior import node_grid
+from jigsaw.node import inputs
+from jigsaw.node.effects import Decision
+from jigsaw.node.state import NodeState
 from jigsaw.runtime import grants, housekeeping, plumbing
-from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import runtime_dir
 from jigsaw.runtime.session import Session
 from jigsaw.trace import TraceEvent, TraceWriter
@@ -130,8 +131,7 @@ class Inbound(NamedTuple):
 FIRST = (pr.Heartbeat, pr.Status, pr.Stop)
 """Served before anything else read in the same batch: they are cheap, and a lease never
 waits behind a decision."""
-DECIDE_AFTER = (pr.Admit, pr.Done, pr.Unregister)
-KINDS = tuple(k.value for k in SubStageKind)
+DECIDE_AFTER = (*pr.FACTS, pr.Unregister)
 
 
 class Daemon:
@@ -152,6 +152,7 @@ class Daemon:
         node = NodeSpec(num_devices=config.devices, mem_bytes=self.grid.device.mem_bytes)
         self.state = NodeState(node, self.grid, make(config.policy, config.sched), next_step=config.sched.next_step,
                                max_wait_s=config.max_wait_s, liveness=True)
+        self.inbox = inputs.Inbox(self.state)
         self.t0 = clock()
         self.sessions: dict[str, Session] = {}
         self.owners: dict[str, str] = {}
@@ -322,10 +323,8 @@ class Daemon:
                 session.park(conn, msg.req, arrived_s + min(msg.wait_s, self.config.lease_s / 2))
                 return None
             return self._delivered(session, pr.Beat(grants=session.take(now), req=msg.req))
-        if isinstance(msg, pr.Admit):
-            return self._admit(msg, session, conn, arrived_s)
-        if isinstance(msg, pr.Done):
-            return self._done(msg, session)
+        if isinstance(msg, pr.FACTS):
+            return self._fact(msg, session, conn, arrived_s)
         if isinstance(msg, pr.Opened):
             return self._opened(msg, session)
         if isinstance(msg, pr.StepEnd):
@@ -348,9 +347,10 @@ class Daemon:
             raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
                                                  "choose another name (jigsaw run --name)")
         if name not in self.state.pipelines:
-            p = self.state.register(name, tuple(msg.devices))
+            self.inbox.register(msg)
             self.owners[name], self.step_start[name] = msg.owner, self.now()
-            self._event("pipeline", name, data={"devices": list(p.devices), "pid": msg.pid,
+            self._event("pipeline", name, data={"devices": list(self.state.pipeline(name).devices), "pid": msg.pid,
+                                                "steps": msg.steps, "max_tokens": msg.max_tokens,
                                                 "device": self.grid.device.sku,
                                                 "peak_flops": self.grid.device.peak_flops})
         token = secrets.token_hex(8)
@@ -359,54 +359,53 @@ class Daemon:
         return pr.Registered(session=token, heartbeat_s=self.config.heartbeat_s, lease_s=self.config.lease_s,
                              req=msg.req)
 
-    def _admit(self, msg: pr.Admit, session: Session, conn: int, arrived_s: float) -> None:
-        p = self.state.pipelines[session.pipeline]
-        if msg.kind not in KINDS:
-            raise pr.ProtocolError("bad-request", f"unknown sub-stage kind {msg.kind!r}; one of {', '.join(KINDS)}")
-        kind = SubStageKind(msg.kind)
-        if msg.mem_bytes > self.state.node.mem_bytes:
-            raise pr.ProtocolError("bad-request", f"{kind.value} needs {msg.mem_bytes} bytes; a device of this "
-                                                  f"node has {self.state.node.mem_bytes}")
-        if msg.step > p.step + 1 and (p.history or p.finished or p.ordinals):
-            raise pr.ProtocolError("bad-request", f"step {msg.step} of {p.name} jumps ahead of its step {p.step}")
-        w = p.request(kind, msg.dp_rank, msg.step, self.now(), urgent=msg.urgent, need_bytes=msg.mem_bytes,
-                      pids=tuple(msg.pids), owner=Owner(msg.session, conn, msg.req))
-        self.requested[p.name] += 1
-        self._event("request", p.name, w.sid, data={"kind": kind.value, "rank": msg.dp_rank, "step": msg.step,
-                                                    "urgent": msg.urgent, "need_bytes": msg.mem_bytes,
-                                                    "pids": list(msg.pids), "label": msg.label,
-                                                    "queued_ms": 1e3 * (self.wall() - arrived_s)})
-        return None  # answered by a Grant when admitted
+    def _fact(self, msg, session: Session, conn: int, arrived_s: float) -> pr.Ok | None:
+        """A request carrying facts of the session's pipeline (node/inputs.py maps it); an
+        Admit is answered by its Grant, when admitted."""
+        name, now = session.pipeline, self.now()
+        if isinstance(msg, pr.Admit):
+            w = self.inbox.take(name, msg, now, owner=Owner(msg.session, conn, msg.req))
+            self.requested[name] += 1
+            self._event("request", name, w.sid, data={**inputs.record(msg),
+                                                      "queued_ms": 1e3 * (self.wall() - arrived_s)})
+            return None
+        if isinstance(msg, pr.Done):
+            return self._done(msg, session, now)
+        self.inbox.take(name, msg, now)
+        self._event(inputs.EVENTS[type(msg)], name, getattr(msg, "substage", ""), data=inputs.record(msg))
+        return pr.Ok(req=msg.req)
 
-    def _done(self, msg: pr.Done, session: Session) -> pr.Ok:
-        p = self.state.pipelines[session.pipeline]
-        r = p.running.get(msg.substage)
-        if msg.substage not in p.merged_away and (r is None or r.owner is None or r.owner.session != msg.session):
+    def _done(self, msg: pr.Done, session: Session, now: float) -> pr.Ok:
+        name = session.pipeline
+        try:
+            who = self.state.owner(name, msg.substage)
+        except KeyError:
+            raise ValueError(f"{msg.substage} is not running for this session") from None
+        if who is not None and who.session != msg.session:  # None: a migration ended it
             raise ValueError(f"{msg.substage} is not running for this session")
-        numbers = {"batch_size": msg.batch_size, "seq_len": msg.seq_len, "num_steps": msg.num_steps,
-                   "num_tokens": msg.num_tokens, "flops": msg.flops}
-        self._event("done", p.name, msg.substage, data={**numbers, "final": msg.final})
+        self._event("done", name, msg.substage, data=inputs.record(msg))
         session.ended(msg.substage)
-        ended = self.state.finish(p.name, msg.substage, self.now(), final=msg.final, **numbers)
-        if ended is None:  # a migration already ended it
+        ended = self.inbox.take(name, msg, now)
+        if ended is None:  # a migration already ended it, or it never started
             return pr.Ok(req=msg.req)
         r, piece = ended
         if not r.on_device:  # host work (reward, tool): it never held the device
-            self._event("host", p.name, piece.id, t_s=r.start_s, data={"end_s": self.now()})
+            self._event("host", name, piece.id, t_s=r.start_s, data={"end_s": now})
         else:
-            self._event("release", p.name, piece.id, device=r.device,
+            self._event("release", name, piece.id, device=r.device,
                         data={"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s})
         return pr.Ok(req=msg.req)
 
     def _migrate(self, msg: pr.Migrate) -> pr.Migrated:
         """An operator's migration order, applied as the scheduler's are (the source's owner
-        is told; the trace records it)."""
+        is told; the trace records the order, so a replay applies it too)."""
         now = self.now()
         try:
             d = self.state.migrate(msg.pipeline, msg.source_rank, msg.target_rank, now)
         except ValueError as exc:
             raise pr.ProtocolError("bad-request", str(exc)) from None
-        self._effect(d, grants.make(d, self.state, self.partitioner), now, decide_ms=0.0)
+        self._event("migrate", msg.pipeline, data=inputs.record(msg))
+        self._effect(d, grants.make(d, self.partitioner), now, decide_ms=0.0, operator=True)
         self._dirty = True  # the source's device is free: decide again
         m = d.plan.migrations[0]
         return pr.Migrated(source=m.source, target=m.target, req=msg.req)
@@ -452,16 +451,13 @@ class Daemon:
             tokens |= {t for t, s in self.sessions.items() if s.pipeline == name}
             for t in tokens:
                 self.sessions.pop(t, None)
-        p = self.state.pipelines.get(name)
-        if p is None:
+        if name not in self.state.pipelines:
             return
-        gone = [f for f in (*p.waiting.values(), *p.running.values())
-                if f.owner is not None and f.owner.session in tokens]
-        for f in gone:
-            p.withdraw(f.sid)
+        gone = self.state.drop(name, lambda owner: owner.session in tokens)
         removed = whole or not any(s.pipeline == name for s in self.sessions.values())
         if removed:
             self.state.remove(name)
+            self.inbox.forget(name)
             for per_pipeline in (self.owners, self.step_start, self.requested, self.granted):
                 per_pipeline.pop(name, None)
         self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in gone], "removed": removed})
@@ -480,61 +476,61 @@ class Daemon:
             d = self.state.decide(now)
         except Exception as exc:  # noqa: BLE001 - the node state must never take the daemon down
             log.exception("deciding failed: every waiting request runs without the daemon")
-            waiting = [(p, w) for p in self.state.pipelines.values() for w in p.waiting.values()]
-            return self._give_up(waiting, f"{type(exc).__name__}: {exc}")
+            return self._give_up(self.state.waiting_requests(), f"{type(exc).__name__}: {exc}")
         if d is None:
             return
         try:
-            made = grants.make(d, self.state, self.partitioner)
+            made = grants.make(d, self.partitioner)
         except Exception as exc:  # noqa: BLE001 - admitted requests are answered all the same
             log.exception("making the partitions failed: the admitted requests run without the daemon")
-            admitted = [(self.state.pipelines[a.assignment.pipeline], a.waiting) for a in d.admitted]
+            admitted = [(a.held.pipeline, a.sid, a.held.owner) for a in d.admitted]
             return self._give_up(admitted, f"{type(exc).__name__}: {exc}")
         self._effect(d, made, now, decide_ms=1e3 * (self.wall() - began))
 
     def _give_up(self, requests, why: str) -> None:
-        """The scheduler failed: each of these requests is withdrawn and answered (it runs
-        without the daemon and reports so); none is left waiting for a reply."""
-        for p, w in requests:
-            p.withdraw(w.sid)
-            if w.owner is not None:
-                self._send(w.owner.conn, pr.Error(code="scheduler", message=f"scheduler failed ({why}); "
-                                                   "run it without the daemon", req=w.owner.req))
+        """The scheduler failed: each of these requests (pipeline, id, owner) is withdrawn and
+        answered (it runs without the daemon and reports so); none is left waiting for a reply."""
+        for name, sid, owner in requests:
+            self.state.withdraw(name, [sid])
+            if owner is not None:
+                self._send(owner.conn, pr.Error(code="scheduler", message=f"scheduler failed ({why}); "
+                                                 "run it without the daemon", req=owner.req))
 
-    def _effect(self, d: Decision, made: grants.Made, now: float, decide_ms: float) -> None:
+    def _effect(self, d: Decision, made: grants.Made, now: float, decide_ms: float, operator: bool = False) -> None:
+        """Act on a decision (`operator`: an operator's migration order, not the policy's plan)."""
         if d.fallback:
             log.warning("policy %s failed (%s): requests admitted alone by turn", self.config.policy, d.fallback)
         for note in d.notes:
             log.warning("plan at %.3f s: %s", now, note)
-        self._event("plan", "", t_s=now, data={**d.record(), "decide_ms": decide_ms})
+        self._event("plan", "", t_s=now, data={**d.record(), "decide_ms": decide_ms,
+                                               **({"operator": True} if operator else {})})
         self._gauge()  # before any grant goes out: a worker acting on its grant sees it counted
-        handed = {r.sid for r in d.moved}
-        for m in d.plan.migrations:
-            if m.source in handed:  # a migration the applier ignored is in the plan's notes, not here
+        for ms in d.orders.values():  # a migration the applier ignored is in the plan's notes, not here
+            for m in ms:
                 self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
-        for r, g in zip(d.moved, made.moved):  # its owner hands its requests over: told like a budget change
-            if r.owner is not None and r.owner.session in self.sessions:
-                self.sessions[r.owner.session].queue(g, self.wall(), 0.0)
-            self._event("release", SubStageId.parse(r.sid).pipeline, r.sid, device=r.device,
-                        data={"migrated": True})
+        for h, g in zip(d.moved, made.moved):  # its owner hands its requests over: told like a budget change
+            if h.owner is not None and h.owner.session in self.sessions:
+                self.sessions[h.owner.session].queue(g, self.wall(), 0.0)
+            self._event("release", h.pipeline, h.sid, device=h.device, data={"migrated": True})
         for adm, g in zip(d.admitted, made.admitted):
-            if (s := self.sessions.get(adm.waiting.owner.session)) is not None:
+            owner = adm.held.owner
+            if (s := self.sessions.get(owner.session)) is not None:
                 s.admitted(g)
-            self._traced_grant(adm.assignment.pipeline, adm.running, g)  # before the worker can act on it
-            self._send(adm.waiting.owner.conn, g)
-            self.granted[adm.assignment.pipeline] += 1
-        for (r, a), g in zip(d.changed, made.changed):
-            if r.owner is not None and r.owner.session in self.sessions:
-                self.sessions[r.owner.session].queue(g, self.wall(), self.config.grow_delay_s)
-            self._traced_grant(a.pipeline, r, g)
+            self._traced_grant(adm.held, g)  # before the worker can act on it
+            self._send(owner.conn, g)
+            self.granted[adm.held.pipeline] += 1
+        for h, g in zip(d.changed, made.changed):
+            if h.owner is not None and h.owner.session in self.sessions:
+                self.sessions[h.owner.session].queue(g, self.wall(), self.config.grow_delay_s)
+            self._traced_grant(h, g)
         for session in self.sessions.values():
             self._wake(session)
 
-    def _traced_grant(self, pipeline: str, r, g: pr.Grant) -> None:
-        if r.on_device:
+    def _traced_grant(self, h, g: pr.Grant) -> None:
+        if h.on_device:
             part = {"partition": grants.describe(g.partition)} if g.partition is not None else {}
-            self._event("grant", pipeline, g.substage, device=g.device, sm_frac=g.sm_frac, mem_bytes=g.mem_bytes,
-                        slowdown=r.slowdown, data={"need_bytes": r.need_bytes, "pids": list(r.pids), **part})
+            self._event("grant", h.pipeline, g.substage, device=g.device, sm_frac=g.sm_frac, mem_bytes=g.mem_bytes,
+                        slowdown=h.slowdown, data={"need_bytes": h.need_bytes, "pids": list(h.pids), **part})
 
     # ------------------------------------------------------------ trace, metrics
 

@@ -1,12 +1,13 @@
 """From a Decision to the Grants a daemon sends: budgets, partitions, routing, migrations.
 
-    Decision (node/state.py) ─► devices whose occupants changed ─► their layouts, from the
-        node state after the plan ─► Partitioner.partitions(device, layout)  (mux/partition.py)
+    Decision (node/effects.py) ─► layouts of the touched devices (its holders after the plan)
+        ─► Partitioner.partitions(device, layout)  (mux/partition.py)
     ─► one Grant per admission (the answer to its Admit) and per budget change (heartbeat);
        a migration's source gets one with no budget and the order (its requests go elsewhere)
 
 A partitioner that cannot express a layout leaves that device's budgets advisory: the node
-keeps scheduling and the worker is told so.
+keeps scheduling and the worker is told so.  Nothing here reads the node state: the
+Decision says everything.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jigsaw.graph.ids import SubStageId
-from jigsaw.node.state import Decision, NodeState
-from jigsaw.graph.plan import Assignment
+from jigsaw import protocol as pr
 from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, Partition
-from jigsaw.runtime import protocol as pr
+from jigsaw.node.effects import Decision, Held
 
 log = logging.getLogger("jigsaw.daemon")
 
@@ -51,42 +50,32 @@ class Made:
     """In the order of Decision.moved: no budget left, and the migration orders."""
 
 
-def make(d: Decision, state: NodeState, parts_by) -> Made:
-    """Grants for the decision's admissions and budget changes."""
-    routing = {r.pipeline: r.weights for r in d.plan.routing}
-    orders: dict[str, list[pr.MigrationOrder]] = {}
-    for m in d.plan.migrations:
-        orders.setdefault(m.pipeline, []).append(pr.MigrationOrder(source=m.source, target=m.target,
-                                                                   source_rank=m.source_rank,
-                                                                   target_rank=m.target_rank))
-    touched = {a.device for a in (*(x.assignment for x in d.admitted if x.running.on_device),
-                                  *(a for _, a in d.changed))}
-    parts = partitions(state, touched, parts_by)
+def make(d: Decision, parts_by) -> Made:
+    """Grants for the decision's admissions, budget changes and migration sources."""
+    routing = d.routing
+    orders = {name: tuple(pr.MigrationOrder(source=m.source, target=m.target, source_rank=m.source_rank,
+                                            target_rank=m.target_rank) for m in ms)
+              for name, ms in d.orders.items()}
+    parts = partitions(d, parts_by)
 
-    def grant(a: Assignment, req: int = 0) -> pr.Grant:
-        return pr.Grant(substage=a.substage, device=a.device, sm_frac=a.sm_frac, mem_bytes=a.mem_bytes,
-                        micro_batch=a.micro_batch, routing=routing.get(a.pipeline),
-                        migrations=tuple(orders.get(a.pipeline, ())), partition=parts.get(a.substage), req=req)
+    def grant(h: Held, req: int = 0) -> pr.Grant:
+        return pr.Grant(substage=h.sid, device=h.device, sm_frac=h.budget.sm_frac if h.on_device else 0.0,
+                        mem_bytes=h.mem_bytes, micro_batch=h.micro_batch, routing=routing.get(h.pipeline),
+                        migrations=orders.get(h.pipeline, ()), partition=parts.get(h.sid), req=req)
 
-    return Made(admitted=tuple(grant(x.assignment, x.waiting.owner.req if x.waiting.owner else 0)
-                               for x in d.admitted),
-                changed=tuple(grant(a) for _, a in d.changed),
-                moved=tuple(pr.Grant(substage=r.sid, device=r.device, sm_frac=0.0, mem_bytes=0,
-                                     migrations=tuple(orders.get(SubStageId.parse(r.sid).pipeline, ())))
-                      for r in d.moved))
+    return Made(admitted=tuple(grant(x.held, x.held.owner.req if x.held.owner else 0) for x in d.admitted),
+                changed=tuple(grant(h) for h in d.changed),
+                moved=tuple(pr.Grant(substage=h.sid, device=h.device, sm_frac=0.0, mem_bytes=0,
+                                     migrations=orders.get(h.pipeline, ())) for h in d.moved))
 
 
-def partitions(state: NodeState, devices: set[int], parts_by) -> dict[str, Partition]:
-    """Partition of every sub-stage running on `devices`, from the node state's layout."""
-    layouts: dict[int, list[tuple[str, float]]] = {d: [] for d in devices}
-    for p in state.pipelines.values():
-        for r in p.running.values():
-            if r.on_device and r.device in layouts:
-                layouts[r.device].append((r.sid, r.budget.sm_frac))
+def partitions(d: Decision, parts_by) -> dict[str, Partition]:
+    """Partition of every sub-stage holding a touched device after the decision."""
     out: dict[str, Partition] = {}
-    for device, layout in layouts.items():
+    for device, holders in d.layout(d.touched).items():
+        layout = tuple(sorted((h.sid, h.budget.sm_frac) for h in holders))
         try:
-            out.update(parts_by.partitions(device, tuple(sorted(layout))))
+            out.update(parts_by.partitions(device, layout))
         except ValueError as exc:  # e.g. more than a pair on a device: advisory rather than stopping
             log.warning("device %d: %s; budgets there are advisory", device, exc)
             out.update({sid: Advisory() for sid, _ in layout})

@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from jigsaw import protocol as pr
 from jigsaw.runtime import plumbing
-from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import endpoint, new_trace_path, socket_path, traces_dir
 
 log = logging.getLogger("jigsaw.daemon")
@@ -171,9 +171,9 @@ def hello(d) -> str:
 def status_reply(d, req: int) -> pr.StatusReply:
     """What `jigsaw daemon status` shows: the set-up, the counters, each pipeline."""
     clients = Counter(s.pipeline for s in d.sessions.values())
-    info = tuple(pr.PipelineInfo(name=p.name, clients=clients[p.name], step=p.step, running=tuple(p.running),
-                                 pending=tuple(p.waiting), requested=d.requested[p.name], granted=d.granted[p.name])
-                 for p in d.state.pipelines.values())
+    info = tuple(pr.PipelineInfo(name=p.name, clients=clients[p.name], step=p.step, running=p.running,
+                                 pending=p.waiting, requested=d.requested[p.name], granted=d.granted[p.name])
+                 for p in d.state.summary())
     c = d.config
     return pr.StatusReply(pid=os.getpid(), pipelines=info, refused=d.refused, errors=d.errors,
                           scheduler_failures=d.state.failures + d.give_ups, trace=trace_state(d.trace_writer),

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 from jigsaw.runtime.wire import Listener
 
 log = logging.getLogger("jigsaw.daemon")
@@ -68,6 +68,7 @@ class Metrics:
         self.events.labels(event=event).inc()
 
     def set(self, state) -> None:
-        self.pipelines.set(len(state.pipelines))
-        self.running.set(sum(len(p.running) for p in state.pipelines.values()))
-        self.pending.set(sum(len(p.waiting) for p in state.pipelines.values()))
+        pipelines = state.summary()
+        self.pipelines.set(len(pipelines))
+        self.running.set(sum(len(p.running) for p in pipelines))
+        self.pending.set(sum(len(p.waiting) for p in pipelines))

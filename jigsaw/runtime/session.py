@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from jigsaw.runtime import protocol as pr
+from jigsaw import protocol as pr
 
 
 def _what_binds(g: pr.Grant) -> pr.Grant:

@@ -1,30 +1,32 @@
 """Graph-level executor: pipelines whose graphs are known, run to completion under a policy.
 
-    (graph, devices) × K ─► LivePipeline(static=graph) in a NodeState (node.py)
+    (graph, devices) × K ─► registered with their static graph in a NodeState (node/state.py)
       loop: every ready sub-stage asks to start (with `continuous`, a rollout piece that
             continues its worker's rollout asks as urgent, as a live engine does)
             NodeState.decide() ─► view, policy, Plan applied: the daemon's and the simulator's path
-            effect: each running replica's actual slowdown from the grid for what really
-                    shares its device; a lockstep gang at the gang's rate
-            advance to the next completion ─► the ledger is told it finished
+            effect, from the Decision alone (node/effects.py): each holder's actual slowdown
+                    from the grid for what really shares its device; a lockstep gang at the
+                    gang's rate
+            advance to the next completion ─► the node state is told it finished
     ─► Execution(makespan, finish times, intervals, plans)
 
-It is the effect side at sub-stage granularity: what-if questions on recorded or predicted
-graphs (`jigsaw sim --replay`, the scheduler's tests, `bench/`).  The simulator is the same
-at forward-step granularity.
+It is a simulator at sub-stage granularity: what-if questions on recorded or predicted
+graphs (`jigsaw sim --replay`, the scheduler's tests, `bench/`).  The node simulator
+(node.py) is the same at forward-step granularity.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from jigsaw.node.ledger import LivePipeline, Running
-from jigsaw.node.state import NodeState
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.state import EPS_S, gang_rate
 from jigsaw.graph.substage import SubStageKind
+from jigsaw.node.effects import Decision, Held, layout
+from jigsaw.node.ledger import LivePipeline
+from jigsaw.node.state import NodeState
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,7 +62,7 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     for ps in pipelines:
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
-        state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, more_steps=False)
+        state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1)
     run = _Run(state, model, config.balance, continuous)
     while not run.done():
         if len(run.plans) >= max_plans:
@@ -102,17 +104,19 @@ class _Run:
             raise RuntimeError(f"plan at t={self.t} cannot take effect: {d.notes[0]}")
         self.plans.append(d.plan)
         for adm in d.admitted:
-            p = self.state.pipelines[adm.assignment.pipeline]
-            self.left[(p.name, adm.running.sid)] = p.static[adm.running.sid].duration_s
+            p = self.state.pipelines[adm.held.pipeline]
+            self.left[(p.name, adm.sid)] = p.static[adm.sid].duration_s
+        handed = {h.sid for h in d.moved}
         for m in d.plan.migrations:  # the source's requests now run on the target
-            self.left.pop((m.pipeline, m.source), None)
-            self.left[(m.pipeline, m.target)] = m.target_remaining_s
-            self._end_chain(self.state.pipelines[m.pipeline], m.source)
-        units = self._units()
+            if m.source in handed:
+                self.left.pop((m.pipeline, m.source), None)
+                self.left[(m.pipeline, m.target)] = m.target_remaining_s
+                self._end_chain(self.state.pipelines[m.pipeline], m.source)
+        units = self._units(d)
         if not units:
             raise RuntimeError(f"schedule stuck at t={self.t}: nothing runs and work is left")
         dt = min(left / rate for left, rate, _, _ in units)
-        self._record(self.t + dt)
+        self._record(d, self.t + dt)
         self.t += dt
         self._advance(units, dt)
 
@@ -127,8 +131,7 @@ class _Run:
             if not same_chain or (p.name, s.id) in self.asked:
                 continue
             self.asked.add((p.name, s.id))
-            p.finished[s.id] = replace(s, duration_s=0.0)
-            p.merged_away.add(s.id)
+            self.state.skip(p.name, s.id)
             todo.extend(g.successors(s.id))
 
     def _ask(self) -> None:
@@ -139,7 +142,8 @@ class _Run:
                 key = (p.name, s.id)
                 if key not in self.asked:
                     self.asked.add(key)
-                    p.request(s.kind, s.dp_rank, s.step, self.t, sid=s.id, urgent=self._continues(p, s))
+                    self.state.request(p.name, s.kind, s.dp_rank, s.step, self.t, sid=s.id,
+                                       urgent=self._continues(p, s))
 
     def _continues(self, p: LivePipeline, s) -> bool:
         """A rollout piece right after its worker's previous piece (or tool wait) ended."""
@@ -148,58 +152,54 @@ class _Run:
             g[d].dp_rank == s.dp_rank and (g[d].kind.is_rollout or g[d].kind is SubStageKind.TOOL)
             for d in g.deps[s.id])
 
-    def _units(self) -> list[tuple[float, float, LivePipeline, list[Running]]]:
-        """(work left, rate, pipeline, replicas) per unit: a replica, or a gang's replicas."""
-        slow = self._slowdowns()
+    def _units(self, d: Decision) -> list[tuple[float, float, str, list[Held]]]:
+        """(work left, rate, pipeline, holders) per unit: a holder, or a gang's holders."""
+        slow = self._slowdowns(d)
+        groups: dict[tuple, list[Held]] = {}
+        for h in d.holders:
+            p = self.state.pipelines[h.pipeline]
+            groups.setdefault((h.pipeline, p.gang_key(h.sid) if h.kind.collective else h.sid), []).append(h)
         units = []
-        for p in self.state.pipelines.values():
-            groups: dict[object, list[Running]] = {}
-            for sid, r in p.running.items():
-                groups.setdefault(p.gang_key(sid) if r.kind.collective else sid, []).append(r)
-            for rs in groups.values():
-                s = [slow.get((p.name, r.sid), 1.0) for r in rs]
-                rate = gang_rate(s, self.balanced and any(r.micro_batch is not None for r in rs)) \
-                    if len(rs) > 1 else 1.0 / s[0]
-                units.append((max(self.left[(p.name, r.sid)] for r in rs), rate, p, rs))
+        for (name, _), hs in groups.items():
+            s = [slow.get((name, h.sid), 1.0) for h in hs]
+            rate = gang_rate(s, self.balanced and any(h.micro_batch is not None for h in hs)) \
+                if len(hs) > 1 else 1.0 / s[0]
+            units.append((max(self.left[(name, h.sid)] for h in hs), rate, name, hs))
         return units
 
-    def _slowdowns(self) -> dict[tuple[str, str], float]:
+    def _slowdowns(self, d: Decision) -> dict[tuple[str, str], float]:
         """What the grid says for what really shares each device (the plan's own prediction
         is not trusted: this is the effect side)."""
-        on: dict[int, list[tuple[str, Running]]] = {}
-        for p in self.state.pipelines.values():
-            for r in p.running.values():
-                if r.on_device:
-                    on.setdefault(r.device, []).append((p.name, r))
         out = {}
-        for d, group in on.items():
-            got = self.model.actual(*[(r.kind.value, r.budget.sm_frac, r.budget.mem_frac) for _, r in group])
+        for dev, group in layout(d.holders).items():
+            got = self.model.actual(*[(h.kind.value, h.budget.sm_frac, h.budget.mem_frac) for h in group])
             if got is None:
-                raise RuntimeError(f"plan at t={self.t} co-locates {[r.sid for _, r in group]} on device {d}, "
+                raise RuntimeError(f"plan at t={self.t} co-locates {[h.sid for h in group]} on device {dev}, "
                                    "which the slowdown grid says does not fit")
-            out.update({(name, r.sid): s for (name, r), s in zip(group, got)})
+            out.update({(h.pipeline, h.sid): s for h, s in zip(group, got)})
         return out
 
     def _advance(self, units, dt: float) -> None:
-        for left, rate, p, rs in units:
+        for left, rate, name, hs in units:
             rest = left - dt * rate
-            ends = rest <= EPS_S * max(1.0, max(p.static[r.sid].duration_s for r in rs))
-            for r in rs:
+            static = self.state.pipelines[name].static
+            ends = rest <= EPS_S * max(1.0, max(static[h.sid].duration_s for h in hs))
+            for h in hs:
                 if ends:
-                    del self.left[(p.name, r.sid)]
-                    p.finish(r.sid, self.t)
-                    self.finish_s[p.name] = max(self.finish_s.get(p.name, 0.0), self.t)
+                    del self.left[(name, h.sid)]
+                    self.state.finish(name, h.sid, self.t)
+                    self.finish_s[name] = max(self.finish_s.get(name, 0.0), self.t)
                 else:
-                    self.left[(p.name, r.sid)] = rest
+                    self.left[(name, h.sid)] = rest
 
-    def _record(self, t1: float) -> None:
-        """Extend or open one Interval per running replica; close those whose budget changed."""
-        slow = self._slowdowns()
+    def _record(self, d: Decision, t1: float) -> None:
+        """Extend or open one Interval per holder; close those whose budget changed."""
+        slow = self._slowdowns(d)
         current = {}
-        for p in self.state.pipelines.values():
-            for sid, r in p.running.items():
-                dev = r.device if r.on_device else None
-                current[(p.name, sid)] = (dev, r.budget.sm_frac if r.on_device else 0.0, slow.get((p.name, sid), 1.0))
+        for h in d.holders:
+            dev = h.device if h.on_device else None
+            current[(h.pipeline, h.sid)] = (dev, h.budget.sm_frac if h.on_device else 0.0,
+                                            slow.get((h.pipeline, h.sid), 1.0))
         for key in list(self.open):
             iv = self.open[key]
             if current.get(key) != (iv.device, iv.sm_frac, iv.slowdown):

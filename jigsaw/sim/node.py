@@ -3,14 +3,16 @@
     heap of Events keyed (time_s, priority, seq)        frozen records; ties fire in that order
         segment   a rollout worker's batch segment ended  ─► commit, re-plan the worker
         reward / gang   a host reward or a reference / training stage ended ─► next stage or step
-    each engine reports to the node state as its client would (report.py): a worker's regime
-    changes finish one sub-stage and ask for the next (urgent), stages ask and finish
+    each engine's client sends the node the protocol requests a live worker would (report.py,
+    through node/inputs.py as the daemon does): a worker's regime changes finish one
+    sub-stage and ask for the next (urgent), stages ask and finish, engines say what they hold
     after all events at one time, if anything changed:
-        NodeState.decide()  (node/state.py: the daemon's view, policy and applier)
+        NodeState.decide()  (node/state.py: the daemon's view, policy and applier) ─► Decision
         ─► admitted: workers and gangs start; migrations move requests; budgets from the
-           node state ─► each worker's KV pool follows its memory budget ─► actual slowdowns
-           (physics.py) for what really shares a device ─► workers re-timed (interrupt),
-           gangs re-rated; requests an interrupt finished are counted; invariants checked
+           Decision's holders ─► each worker's KV pool follows its memory budget ─► actual
+           slowdowns (physics.py) for what really shares a device ─► workers re-timed
+           (interrupt), gangs re-rated; requests an interrupt finished are counted; the one
+           capacity check (node/effects.py) on what the engines hold
     every grant, release, migration and finished step goes to the Trace
 
 The simulator is the ground truth: slowdowns come from each model's own prior for what
@@ -25,13 +27,15 @@ import itertools
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
-from jigsaw.node.state import Decision, NodeState
 from jigsaw.graph.plan import Budget, NodeSpec
 from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStageKind
-from jigsaw.sim import report
+from jigsaw.node.effects import Decision, overcommitted
+from jigsaw.node.inputs import Inbox
+from jigsaw.node.state import NodeState
 from jigsaw.sim.physics import Physics, pair_grids
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
+from jigsaw.sim.report import Clients, Decided
 from jigsaw.sim.rollout import DoesNotFit
 from jigsaw.trace import Trace, TraceEvent
 
@@ -76,14 +80,15 @@ class NodeSim:
     """Runs pipelines to completion under `policy`; see the module docstring."""
 
     def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy, *, trace: bool = True,
-                 next_step: bool = True):
+                 next_step: bool = True, record: list | None = None):
+        """`record`: a list that receives every request the clients send and every decision
+        (report.Sent, report.Decided), to feed a daemon the same messages and compare."""
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
         pairs = pair_grids(runs) if runs else None
         # One set of pair views for the plan and the physics: a plan is priced as it runs.
         self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=pairs)
+        self.clients = Clients(Inbox(self.state), record)
         self.physics = Physics(grid, pairs, [r.name for r in runs])
-        self.live: dict[tuple[int, int], str] = {}
-        """(pipeline, rank) -> the sub-stage id its worker's client has asked for last."""
         self.heap: list[tuple] = []
         self.seq = itertools.count()
         self.t = 0.0
@@ -103,7 +108,7 @@ class NodeSim:
             self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
                                                     "device": run.spec.device, "devices": list(run.devices),
                                                     "prior": asdict(run.cost.config)})
-            run.ledger = self.state.register(run.name, run.devices, lengths=run.lengths)
+            self.clients.register(run)
             self._begin_step(run, 0.0)
         self._decide(0.0)
         try:
@@ -140,9 +145,9 @@ class NodeSim:
         if ev.kind == "segment":
             return self._segment_end(run, ev.rank)
         if ev.kind == "reward":
-            report.finish_stage(run, self.t)
-            run.next_gang(self.t)
-            report.ask_gang(run, self.t)
+            self.clients.finish_stage(run, self.t)
+            self._next_gang(run)
+            self.clients.ask_gang(run, self.t)
             return True
         if ev.kind == "gang":
             self._gang_end(run)
@@ -154,7 +159,12 @@ class NodeSim:
     def _begin_step(self, run: PipelineRun, t: float) -> None:
         run.begin_step(t, self._routing.get(run.name))
         if run.stage != DONE:
-            report.begin_step(run, t, self.live)
+            self.clients.begin_step(run, t, first=run.step == 0)
+
+    def _next_gang(self, run: PipelineRun) -> None:
+        """The pipeline's next stage (or step); its engines now know every finished turn."""
+        run.next_gang(self.t)
+        self.clients.observe(run, self.t)
 
     def _segment_end(self, run: PipelineRun, rank: int) -> bool:
         wk = run.workers[rank]
@@ -164,7 +174,7 @@ class NodeSim:
         if abort:
             self._abort(run, abort)
         self._reschedule_worker(run, rank)
-        report.sync_worker(run, rank, self.t, self.live)
+        self.clients.sync_worker(run, rank, self.t)
         changed = out.switched or out.idle_ended or out.finished or was_on != wk.on_device or bool(abort)
         if run.stage == ROLLOUT and run.rollout_done():
             self._end_rollout(run)
@@ -176,7 +186,7 @@ class NodeSim:
             if wk.take(rids) and r in run.started_workers:
                 wk.segment = None
                 self._reschedule_worker(run, r)
-                report.sync_worker(run, r, self.t, self.live)
+                self.clients.sync_worker(run, r, self.t)
 
     def _reschedule_worker(self, run: PipelineRun, rank: int) -> None:
         wk = run.workers[rank]
@@ -190,25 +200,24 @@ class NodeSim:
         for r in range(len(run.workers)):
             self._release(run, ("w", run.index, r))
         end = run.end_rollout(self.t)
-        report.ask_reward(run, self.t, end)
+        self.clients.ask_reward(run, self.t, end)
         self.push(end, Priority.STAGE, "reward", run.index)
 
     def _gang_end(self, run: PipelineRun) -> None:
         g = run.gang
         g.advance(self.t)
         self._release(run, ("g", run.index))
-        report.finish_stage(run, self.t)
+        self.clients.finish_stage(run, self.t, gang=g)
         was = run.stage
-        run.next_gang(self.t)
+        self._next_gang(run)
         if was != TRAINING:
-            report.ask_gang(run, self.t)
+            self.clients.ask_gang(run, self.t)
             return
         self._trace_host(run)
         m = run.metrics[-1]
         self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
                                             "samples": m.samples, "round": m.round,
                                             "flops": run.cost.flops_per_token * m.tokens * 4})
-        run.ledger.close_step(run.step + 1, self.t, graph=run.last_graph)
         self._begin_step(run, self.t)
 
     def _trace_host(self, run: PipelineRun) -> None:
@@ -230,13 +239,15 @@ class NodeSim:
     def _decide(self, t: float) -> None:
         for run in self.runs:
             if run.stage == ROLLOUT:
-                report.live_numbers(run)
+                self.clients.live_numbers(run, t)
         try:
             d = self.state.decide(t)
         except (ValueError, RuntimeError) as exc:
             # The daemon falls back so live pipelines go on; a simulated fallback would
             # measure the fallback, not the policy: the policy cannot run this deployment.
             raise Infeasible(f"{self.policy.name} cannot plan at t={t:.3f} s: {exc}") from exc
+        if self.clients.record is not None:
+            self.clients.record.append(Decided(t, d.record() if d is not None else None))
         if d is None:
             return
         self.decisions += 1
@@ -244,14 +255,16 @@ class NodeSim:
         self._apply(d, t)
 
     def _apply(self, d: Decision, t: float) -> None:
-        self._routing = {r.pipeline: r.weights for r in d.plan.routing}  # the latest plan's
+        self._routing = d.routing  # the latest plan's
+        handed = {h.sid for h in d.moved}
         for m in d.plan.migrations:
-            self._migrate(m, t)
+            if m.source in handed:  # one the applier refused is in the notes (a violation)
+                self._migrate(m, t)
         by_name = {r.name: r for r in self.runs}
         for adm in d.admitted:
-            self._start(by_name[adm.assignment.pipeline], adm.running, t)
+            self._start(by_name[adm.held.pipeline], adm.held, t)
         self.balanced_gangs = any(a.micro_batch is not None for a in d.plan.assignments) or self.balanced_gangs
-        self._enact_budgets(t)
+        self._enact_budgets(d, t)
 
     def _start(self, run: PipelineRun, r, t: float) -> None:
         if run.stage == ROLLOUT and r.kind.is_rollout and r.rank < len(run.workers) \
@@ -259,7 +272,7 @@ class NodeSim:
             run.started_workers.add(r.rank)
             run.workers[r.rank].t = max(run.workers[r.rank].t, t)
             self._reschedule_worker(run, r.rank)
-            report.sync_worker(run, r.rank, t, self.live)
+            self.clients.sync_worker(run, r.rank, t)
         elif run.gang is not None and run.gang.started_s is None and r.sid in run.gang.ids:
             g = run.gang
             g.started_s, g.t_last = t, t
@@ -279,7 +292,7 @@ class NodeSim:
                                                             "delta_s": m.delta_s})
         for r in (m.source_rank, m.target_rank):
             self._reschedule_worker(run, r)
-            report.sync_worker(run, r, t, self.live)
+            self.clients.sync_worker(run, r, t)
         self._release(run, ("w", run.index, m.source_rank))
         if abort:
             self._abort(run, abort)
@@ -288,13 +301,14 @@ class NodeSim:
 
     # ------------------------------------------------------------ budgets
 
-    def _enact_budgets(self, t: float) -> None:
+    def _enact_budgets(self, d: Decision, t: float) -> None:
         """The physics of a decision (the daemon's counterpart sends Grants): budgets of every
-        unit on a device, as the node state granted them, their actual slowdowns, re-timing."""
-        new_slots: dict[int, list[_Slot]] = {d: [] for d in range(self.node.num_devices)}
+        unit on a device, as the decision's holders have them, their actual slowdowns, re-timing."""
+        held = {h.sid: h for h in d.holders}
+        new_slots: dict[int, list[_Slot]] = {dev: [] for dev in range(self.node.num_devices)}
         ungranted = set()
-        for key, run, sid, kind, device in self._occupants():
-            r = run.ledger.running.get(sid)
+        for key, _, sid, kind, device in self._occupants():
+            r = held.get(sid)
             if r is None or r.device != device:
                 self.violations.append(f"t={t:.3f}: {sid} runs on device {device} without a grant")
                 ungranted.add(device)
@@ -318,7 +332,7 @@ class NodeSim:
                 for r in sorted(run.started_workers):
                     wk = run.workers[r]
                     if wk.on_device or (wk.segment is not None and wk.segment.kind != "idle"):
-                        sid = self.live.get((run.index, r)) or wk.piece_id()
+                        sid = self.clients.asked.get((run.index, r)) or wk.piece_id()
                         kind = wk.piece.kind if wk.piece and wk.piece.kind.on_device else _kind(sid)
                         out.append((("w", run.index, r), run, sid, kind, run.rollout_devices[r]))
             g = run.gang
@@ -327,15 +341,12 @@ class NodeSim:
                     out.append((("g", run.index, d), run, sid, g.kind, d))
         return out
 
-    def _check(self, slots: dict[int, list[_Slot]], t: float) -> None:
-        for d, ss in slots.items():
-            if len(ss) > 2:
-                raise AssertionError(f"t={t:.3f}: {len(ss)} sub-stages on device {d}")
-            sm = sum(s.budget.sm_frac for s in ss)
-            if sm > 1.0 + EPS and not (len(ss) == 2 and all(s.budget.sm_frac == 1.0 for s in ss)):
-                raise AssertionError(f"t={t:.3f}: device {d} SM shares sum to {sm:.3f}")
-            if sum(s.budget.mem_frac for s in ss) > 1.0 + EPS:
-                raise AssertionError(f"t={t:.3f}: device {d} memory over capacity")
+    @staticmethod
+    def _check(slots: dict[int, list[_Slot]], t: float) -> None:
+        """What the engines hold, by the node state's own capacity check."""
+        over = overcommitted(slots, name_of=lambda s: s.sid)
+        if over:
+            raise AssertionError(f"t={t:.3f}: {over[0]}")
 
     def _slowdowns(self, ss: list[_Slot]) -> None:
         if not ss:
@@ -392,9 +403,9 @@ class NodeSim:
         if abort:
             self._abort(run, abort)
         for rank in ranks:
-            was = self.live.get((run.index, rank))
-            report.sync_worker(run, rank, self.t, self.live)
-            if self.live.get((run.index, rank)) != was:  # a new regime asks now: decide again
+            was = self.clients.asked.get((run.index, rank))
+            self.clients.sync_worker(run, rank, self.t)
+            if self.clients.asked.get((run.index, rank)) != was:  # a new regime asks now: decide again
                 self.push(self.t, Priority.SEGMENT, "wake", run.index, rank)
         if run.stage == ROLLOUT and run.rollout_done():
             self._end_rollout(run)

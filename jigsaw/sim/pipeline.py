@@ -5,7 +5,8 @@
         REWARD    host, the samples' reward times (workload [reward], cut at its timeout)
         REFERENCE Gang: actor old log-probs + reference log-probs (two forward passes, verl)
         TRAINING  Gang: forward, recompute, backward, optimizer share
-    end_step  ─► records + columns ─► GraphBuilder ─► the step's graph (the node's history)
+    end_step  ─► records + columns ─► GraphBuilder ─► the step's graph (its true work; the node
+                  assembles its own from what the workers' clients report, as live)
 
 A Gang's replicas run in lockstep: it progresses at the balanced rate Σ(1/s_d)/n when the
 plan skews micro-batches (jigsaw), else at 1/max(s_d) (verl's equal split).
@@ -30,7 +31,6 @@ import numpy as np
 from jigsaw.graph.builder import GraphBuilder, GraphConfig
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.ids import SubStageId
-from jigsaw.graph.residual import ResidualLength
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
 from jigsaw.mux.costmodel import StepCost
 from jigsaw.sim.rollout import Request, RolloutWorker
@@ -117,12 +117,9 @@ class PipelineRun:
         """rid -> times completed, this step (exactly-once check)."""
         self.deferred_scales: list[float] = []
         self._round: dict = {}
-        self.ledger = None
-        """Its facts in the node state (node.ledger.LivePipeline), set by the simulator."""
         self.last_graph: SubStageGraph | None = None
-        """The builder's graph of the last finished step (the pipeline's history)."""
-        self.lengths = ResidualLength(max_tokens=spec.lengths.max_tokens)
-        """Turn lengths of finished requests: how long a live tail still runs."""
+        """The builder's graph of the last finished step (the ground truth of its work: the
+        lower bound's device-seconds; the node learns the step from its clients' reports)."""
         self._stage_s: dict[str, float] = {}
         self._step_start = 0.0
         self._reward_s = np.zeros(0)
@@ -293,7 +290,6 @@ class PipelineRun:
 
     def _make_gang(self, kind: SubStageKind) -> Gang:
         samples = self.trained_samples()
-        self.lengths.observe(n for wk in self.workers for q in wk.finished for n in q.turns)
         tokens = sum(q.context for q in samples)  # final context = prompt + response (+ tool text)
         ranks = len(self.train_devices)
         gpus = ranks * self.cost.gpus_per_device  # FSDP ranks: every GPU of every scheduling device
@@ -331,7 +327,6 @@ class PipelineRun:
 
     def _end_step(self, t: float) -> None:
         samples = self.trained_samples()
-        self.lengths.observe(n for wk in self.workers for q in wk.finished for n in q.turns)
         self.metrics.append(StepMetrics(step=self.step, start_s=self._step_start, end_s=t,
                                         tokens=sum(q.context for q in samples), samples=len(samples),
                                         round=self._round.get("kind", "plain"), stage_s=dict(self._stage_s)))

@@ -4,9 +4,12 @@
                Σ interval / slowdown), host intervals, memory held ─► SubStage
                └─► assemble_step_graph per (pipeline, step) ─► steps chained ─► PipelineState
                    ─► jigsaw.sim.execute.execute(any policy) ─► Execution
-    decisions: a daemon's trace ─► its inputs (node, pipeline, request, done, drop) fed in
-               order to a fresh NodeState with the recorded policy and configuration ─► at
-               each recorded plan, decide() again ─► the same plans, or the first difference
+    decisions: a daemon's trace ─► the requests it took (node/inputs.py reads them back:
+               Admit, Done, Progress, …; registrations, drops, operator migrations) fed in
+               order through the daemon's own Inbox to a fresh NodeState with the recorded
+               policy and configuration ─► at each recorded plan, decide() again (an
+               operator's migration: applied as the daemon did) ─► the same plans, or the
+               first difference
 
 What re-packs is the recorded work at sub-stage granularity: the same sub-stages with
 their exclusive durations, re-packed by another policy (no forward-step re-simulation,
@@ -24,10 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from jigsaw.graph.builder import assemble_step_graph
-from jigsaw.sim.execute import Execution, execute
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.substage import SubStage, SubStageKind
+from jigsaw.sim.execute import Execution, execute
 from jigsaw.trace import Trace, TraceEvent
 
 
@@ -196,11 +199,13 @@ class DecisionReplay:
 def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = None) -> DecisionReplay:
     """Feed a daemon trace's inputs to a fresh NodeState and re-decide at every plan event.
     `sched` replaces the recorded scheduler config (what would another setting have decided?)."""
-    state = _node_state(trace, grid, sched)
+    from jigsaw.node.inputs import Inbox
+
+    replaying = _Replaying(Inbox(_node_state(trace, grid, sched)))
     plans, mismatches = 0, []
     for e in trace.events:
         try:
-            got = _apply(state, e)
+            got = replaying.apply(e)
         except (KeyError, ValueError) as exc:
             mismatches.append(f"t={e.t_s:.6f} {e.event} {e.substage}: {exc}")
             continue
@@ -215,8 +220,8 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
 
 
 def _node_state(trace: Trace, grid, sched: SchedulerConfig | None):
+    from jigsaw.graph.policies import make
     from jigsaw.node.state import NodeState
-    from jigsaw.graph.policy import make
 
     node = next((e for e in trace.events if e.event == "node"), None)
     if node is None:
@@ -243,28 +248,40 @@ def _sched(d: dict) -> SchedulerConfig:
     return SchedulerConfig(**d)
 
 
-def _apply(state, e: TraceEvent):
-    """One recorded input; for a request its new id, for a plan the Decision."""
-    if e.event == "pipeline" and e.pipeline not in state.pipelines:
-        state.register(e.pipeline, tuple(e.data["devices"]))
-    elif e.event == "request":
-        d = e.data
-        w = state.pipelines[e.pipeline].request(SubStageKind(d["kind"]), d["rank"], d["step"], e.t_s,
-                                                urgent=d["urgent"], need_bytes=d["need_bytes"],
-                                                pids=tuple(d.get("pids", ())))
-        return w.sid
-    elif e.event == "done":
-        state.finish(e.pipeline, e.substage, e.t_s, **e.data)
-    elif e.event == "drop":
-        p = state.pipelines.get(e.pipeline)
-        if p is not None:
-            for sid in e.data["withdrawn"]:
-                p.withdraw(sid)
-            if e.data["removed"]:
-                state.remove(e.pipeline)
-    elif e.event == "plan":
-        return state.decide(e.t_s)
-    return None
+class _Replaying:
+    """One recorded input at a time, as the daemon took it (node/inputs.py's mapping)."""
+
+    def __init__(self, inbox):
+        self.inbox, self.state = inbox, inbox.state
+        self.ordered = None
+        """The decision an operator's migration made, for the plan event the daemon wrote of it."""
+
+    def apply(self, e: TraceEvent):
+        """For a request its new id, for a plan the Decision."""
+        from jigsaw import protocol as pr
+        from jigsaw.node import inputs
+
+        if e.event == "pipeline" and e.pipeline not in self.state.pipelines:
+            self.inbox.register(pr.Register(pipeline=e.pipeline, pid=1, devices=tuple(e.data["devices"]),
+                                            steps=e.data.get("steps", 0), max_tokens=e.data.get("max_tokens", 0)))
+        elif e.event == "migrate":
+            m = inputs.message(e.event, e.data)
+            self.ordered = self.state.migrate(m.pipeline, m.source_rank, m.target_rank, e.t_s)
+        elif (msg := inputs.message(e.event, e.data)) is not None:
+            got = self.inbox.take(e.pipeline, msg, e.t_s)
+            return got.sid if e.event == "request" else None
+        elif e.event == "drop":
+            if e.pipeline in self.state.pipelines:
+                self.state.withdraw(e.pipeline, e.data["withdrawn"])
+                if e.data["removed"]:
+                    self.state.remove(e.pipeline)
+                    self.inbox.forget(e.pipeline)
+        elif e.event == "plan":
+            if e.data.get("operator"):
+                ordered, self.ordered = self.ordered, None
+                return ordered
+            return self.state.decide(e.t_s)
+        return None
 
 
 def _brief(record: dict | None) -> str:

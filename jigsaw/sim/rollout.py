@@ -135,6 +135,7 @@ class RolloutWorker(KVPool):
         self._ordinal: dict[SubStageKind, int] = defaultdict(int)
         self._recent_starts: deque[float] = deque(maxlen=graph_config.hysteresis_steps + 1)
         self._steps = 0
+        self._counted = (0, 0, 0, 0)
         self._cols: list[dict[str, np.ndarray]] = []
         self.tools: list[StepRecord] = []
         self.segment: _Segment | None = None
@@ -400,8 +401,15 @@ class RolloutWorker(KVPool):
 
     # ------------------------------------------------------------ records
 
+    def counters(self) -> tuple[int, int, int, int]:
+        """Forward steps, tokens, decoding requests (summed over steps) and KV tokens read, so
+        far this step: what a live client counts for the regime it reports."""
+        return self._counted
+
     def _record(self, ends: np.ndarray, starts: np.ndarray, prefill: int, decode: int, kv: np.ndarray) -> None:
         n = len(ends)
+        steps, tokens, reqs, kv_sum = self._counted
+        self._counted = (steps + n, tokens + n * (prefill + decode), reqs + n * decode, kv_sum + int(np.sum(kv)))
         self._cols.append({
             "t_start_s": starts, "t_end_s": ends, "num_prefill_tokens": np.full(n, prefill),
             "num_decode_reqs": np.full(n, decode), "kv_tokens_used": np.asarray(kv, dtype=np.int64),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
-from jigsaw.graph.policy import make
+from jigsaw.graph.policies import make
 from jigsaw.mux.costmodel import StepCost
 from jigsaw.mux.prior import DEVICES, PriorConfig
 from jigsaw.mux.slowdown import SlowdownGrid
@@ -245,7 +245,7 @@ def lower_bound(config: SimConfig) -> LowerBound:
 
 def _placements(config: SimConfig) -> list[str]:
     """One policy per distinct way of placing a pipeline alone."""
-    from jigsaw.graph.policy import NAMES
+    from jigsaw.graph.policies import NAMES
 
     items = pipelines(config)
     devices = (config.gpus or max(s.gpus for s, *_ in items)) // max(tp for _, tp, _, _ in items)

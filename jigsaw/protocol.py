@@ -1,8 +1,15 @@
-"""Typed, versioned messages between pipeline clients and the node daemon.
+"""Typed, versioned messages between pipeline workers and their node: the only way facts enter it.
 
     client ── [length][msgpack(Request)] ──► daemon ── [length][msgpack(Reply)] ──► client
               one message ≤ MAX_MESSAGE_BYTES, field `v` = PROTOCOL_VERSION,
               `req` echoed so a client can drop stale replies
+    a simulated worker ── the same Request objects, in process ──► the simulator's node
+    a daemon's trace ── the requests it took (node/inputs.py) ──► a replay of its decisions
+
+Every fact the node's view reads comes in as one of these requests (node/inputs.py maps
+them onto the node state): what a worker asks for and finishes, and what its engine knows
+(`Progress`, `Samples`, `Lengths`, `NoRollout`) or guesses (`Forecast`).  The simulator
+sends nothing a live worker could not.
 
 Framing is wire.py's (a length prefix on a Unix stream socket); encoding and schema
 validation are msgspec's.  Decoding never runs
@@ -21,7 +28,7 @@ from msgspec import Meta
 
 from jigsaw.mux.partition import Partition
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
 3: pipelines owned by a token; the trace's state in status replies.
 4: the daemon's set-up and uptime, and each pipeline's requests and grants, in status
@@ -29,7 +36,10 @@ replies; `Stop`.
 5: a heartbeat may wait for a budget change (`Heartbeat.wait_s`): re-plans reach workers
 at once, not at their next heartbeat.
 6: an operator's migration order (`Migrate`, `jigsaw daemon migrate`); a migration's source
-is told of it like a budget change."""
+is told of it like a budget change.
+7: what an engine knows reaches the node as it reaches the simulator's: `Progress` (a piece's
+requests now), `Samples`, `Lengths`, `NoRollout`, `Forecast`; a pipeline's step count and
+response cap at registration; a request's own ordinal, size and head start in `Admit`."""
 MAX_MESSAGE_BYTES = 64 << 10
 """Largest request the daemon reads (the largest real one, an Admit naming 4,096 processes,
 is about 20 KiB): a longer one is refused from its length prefix, before its body is read."""
@@ -56,6 +66,10 @@ Bytes = Annotated[int, Meta(ge=0, le=1 << 50)]
 Count = Annotated[int, Meta(ge=0, le=10**15)]
 Amount = Annotated[float, Meta(ge=0.0, le=1e9)]
 """Batch sizes, sequence lengths, seconds."""
+Tokens = Annotated[int, Meta(ge=0, le=1 << 24)]
+"""Tokens of one request or turn."""
+MAX_LIST = 8192
+"""Most entries of a list of numbers in one message (a longer one is sent in parts)."""
 Flops = Annotated[float, Meta(ge=0.0, le=1e30)]
 
 
@@ -77,6 +91,12 @@ class Register(_Msg, tag="register"):
     """The job's secret (`jigsaw run` hands it to its command in $JIGSAW_OWNER): a pipeline
     is joined only with the token it was created with, so another job using the same name
     is refused instead of taking the pipeline over ("" joins a pipeline created without)."""
+    steps: StepNo = 0
+    """RL steps the pipeline runs in all (0: not said; the scheduler then always expects
+    another step after this one)."""
+    max_tokens: Tokens = 0
+    """Its response cap in tokens (0: not said); with it, turn lengths (`Lengths`) tell how
+    long a live tail still runs."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
@@ -107,6 +127,16 @@ class Admit(_Msg, tag="admit"):
     """Processes that run the sub-stage: the client binds them to its partition (traced)."""
     label: Word = ""
     """The framework's own name for the work (verl's stage, e.g. "old_log_prob"); traced only."""
+    ordinal: Annotated[int, Meta(ge=-1, le=1 << 20)] = -1
+    """Its ordinal among this kind's sub-stages on this worker in this step, as the worker
+    counts them (-1: the daemon counts)."""
+    expected_s: Amount = 0.0
+    """The worker's own estimate of its exclusive seconds (0: not known; predicted)."""
+    batch_size: Amount = 0.0
+    """Sequences it processes, when the worker knows (a stage whose batch is done)."""
+    elapsed_s: Amount = 0.0
+    """Seconds it already ran before it asked (a rollout regime is recognised some forward
+    steps into it)."""
 
 
 class Done(_Msg, tag="done"):
@@ -139,6 +169,69 @@ class Opened(_Msg, tag="opened"):
     duration_s: Amount = 0.0
 
 
+class Progress(_Msg, tag="progress"):
+    """What a rollout engine knows now about its waiting or running sub-stage: the requests it
+    holds (decoding, or queued for their prefill).  Sent when they change, before the node
+    decides; the view prices a tail by its requests' residual life."""
+
+    session: Token
+    substage: SubStageRef
+    requests: Count = 0
+    """Requests it holds."""
+    context_tokens: Amount = 0.0
+    """Their mean context (KV tokens per request)."""
+    generated: Annotated[tuple[Tokens, ...], Meta(max_length=MAX_LIST)] = ()
+    """Tokens each has generated in its current turn (at most MAX_LIST: the longest-running)."""
+    mem_bytes: Bytes | None = None
+    """Memory its engine needs for them now (None: not known; what it asked with stands)."""
+
+
+class Samples(_Msg, tag="samples"):
+    """How far a step's rollout is: samples finished of all (what whole-stage baselines, such
+    as RollMux's tail consolidation at 80%, go by)."""
+
+    session: Token
+    step: StepNo
+    done: Count
+    total: Count
+
+
+class Lengths(_Msg, tag="lengths"):
+    """Lengths (generated tokens) of finished turns: one observation of how long responses
+    run.  More than MAX_LIST go in several messages, all but the last with `more`."""
+
+    session: Token
+    turns: Annotated[tuple[Tokens, ...], Meta(max_length=MAX_LIST)]
+    more: bool = False
+
+
+class NoRollout(_Msg, tag="no_rollout"):
+    """DP rank `dp_rank` has no rollout in `step` (its routing sent it nothing)."""
+
+    session: Token
+    dp_rank: Rank
+    step: StepNo
+
+
+class Piece(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One sub-stage of a forecast step."""
+
+    kind: Word
+    dp_rank: Rank
+    duration_s: Amount
+    mem_bytes: Bytes = 0
+
+
+class Forecast(_Msg, tag="forecast"):
+    """The pipeline's own guess of step `step` before it has run one (e.g. every response at
+    its cap): per stage a chain of pieces per worker, in order; stages in RL order with a
+    barrier between them.  Replaced by the node's own prediction once a step has run."""
+
+    session: Token
+    step: StepNo
+    pieces: Annotated[tuple[Piece, ...], Meta(max_length=4096)]
+
+
 class StepEnd(_Msg, tag="step_end"):
     """An RL step of the pipeline finished (sent by one worker, e.g. rank 0)."""
 
@@ -168,7 +261,10 @@ class Migrate(_Msg, tag="migrate"):
     target_rank: Rank
 
 
-Request = Register | Heartbeat | Unregister | Admit | Done | Opened | StepEnd | Status | Stop | Migrate
+Request = (Register | Heartbeat | Unregister | Admit | Done | Progress | Samples | Lengths | NoRollout | Forecast
+           | Opened | StepEnd | Status | Stop | Migrate)
+FACTS = (Admit, Done, Progress, Samples, Lengths, NoRollout, Forecast)
+"""Requests that carry facts of a pipeline (node/inputs.py takes them)."""
 
 
 # ------------------------------------------------------------------ replies
