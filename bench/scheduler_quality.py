@@ -33,7 +33,7 @@ from scheduler_latency import PRIOR, measure, setups  # noqa: E402
 from jigsaw.graph.execute import execute  # noqa: E402
 from jigsaw.graph.plan import SchedulerConfig  # noqa: E402
 from jigsaw.graph.policy import make  # noqa: E402
-from jigsaw.mux.slowdown import load_grid  # noqa: E402
+from jigsaw.mux.model.slowdown import load_grid  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     assert {e["sm_frac"] for e in alone if e["event"] == "grant"} == {1.0}  # every sub-stage on every core
     first = {p: min(e["t_s"] for e in alone if e["pipeline"] == p) for p in ("grpo-seed1", "grpo-seed2")}
     assert max(e["t_s"] for e in alone if e["pipeline"] == "grpo-seed1" and e["event"] == "step") < first["grpo-seed2"]
-    from jigsaw.mux.slowdown import load_grid
+    from jigsaw.mux.model.slowdown import load_grid
     from jigsaw.sim.calibrate import calibrate
     from jigsaw.trace import Trace
 

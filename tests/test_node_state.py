@@ -8,7 +8,7 @@ from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import make
 from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.graph.view import pipeline_state
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.model.slowdown import load_grid
 
 PRIOR = load_grid("h100/qwen3-4b")
 KINDS = (K.ROLLOUT_DECODE, K.ROLLOUT_TAIL, K.TRAINING)

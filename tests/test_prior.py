@@ -1,4 +1,4 @@
-"""Analytic roofline prior (jigsaw.mux.prior): calibration to the paper and shipped files."""
+"""Analytic roofline prior (jigsaw.mux.model.prior): calibration to the paper and shipped files."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jigsaw.mux import prior
-from jigsaw.mux.prior import (
+from jigsaw.mux.model import prior
+from jigsaw.mux.model.prior import (
     DEVICE_KIND_NAMES,
     DEVICES,
     H100,
@@ -23,7 +23,7 @@ from jigsaw.mux.prior import (
     analytic_prior,
     shipped_path,
 )
-from jigsaw.mux.slowdown import SlowdownGrid, load_grid
+from jigsaw.mux.model.slowdown import SlowdownGrid, load_grid
 from jigsaw.profiles import SHIPPED_DIR
 
 PROFILES = SHIPPED_DIR

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from nodes import ROOT, Node
 
-from jigsaw.mux.partition import Advisory
+from jigsaw.mux.partition.partitioners import Advisory
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.client import connect
 from jigsaw.runtime.paths import socket_path
@@ -383,7 +383,7 @@ def test_a_trace_that_cannot_be_written_stops_and_the_daemon_keeps_serving(tmp_p
 def test_a_change_of_memory_alone_moves_no_process_a_change_of_cores_does(monkeypatch):
     """A budget change whose partition is the one the worker is on (on a CPU: memory from
     half to whole when a partner ends) updates the handle but re-pins nothing; new cores do."""
-    from jigsaw.mux.partition import Cpu
+    from jigsaw.mux.partition.partitioners import Cpu
     from jigsaw.runtime import protocol as pr
     from jigsaw.runtime.client import GrantHandle
 

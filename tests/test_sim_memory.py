@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jigsaw.mux.costmodel import StepCost
-from jigsaw.mux.prior import H100
+from jigsaw.mux.model.costmodel import StepCost
+from jigsaw.mux.model.prior import H100
 from jigsaw.sim.rollout import DoesNotFit, Request, RolloutWorker
 
 pytestmark = pytest.mark.timeout(60)

@@ -196,8 +196,8 @@ def test_a_running_engine_beside_a_new_one_is_planned_by_what_it_holds(policy):
 
 
 def test_the_physics_price_each_side_by_its_own_model_not_the_planning_mix():
-    from jigsaw.mux.prior import A100
-    from jigsaw.mux.prior_mix import analytic_pair_prior, pair_actual
+    from jigsaw.mux.model.prior import A100
+    from jigsaw.mux.model.prior_mix import analytic_pair_prior, pair_actual
     from jigsaw.sim.physics import Physics, pair_grids
 
     runs, _, grid, _ = build(SimConfig(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=1,

@@ -1,7 +1,7 @@
 """From a Decision to the Grants a daemon sends: budgets, partitions, routing, migrations.
 
     Decision (graph/node.py) ─► devices whose occupants changed ─► their layouts, from the
-        node state after the plan ─► Partitioner.partitions(device, layout)  (mux/partition.py)
+        node state after the plan ─► Partitioner.partitions(device, layout)  (mux/partition/partitioners.py)
     ─► one Grant per admission (the answer to its Admit) and per budget change (heartbeat);
        a migration's source gets one with no budget and the order (its requests go elsewhere)
 
@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.node import Decision, NodeState
 from jigsaw.graph.plan import Assignment
-from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, Partition
+from jigsaw.mux.partition.partitioners import (
+    Advisory,
+    AdvisoryPartitioner,
+    Cpu,
+    CpuPartitioner,
+    Green,
+    GreenPartitioner,
+    Partition,
+)
 from jigsaw.runtime import protocol as pr
 
 log = logging.getLogger("jigsaw.daemon")
@@ -31,7 +39,7 @@ def partitioner(kind: str, num_devices: int, levels: Sequence[float]):
     if kind == "cpu":
         return CpuPartitioner(num_devices)
     if kind == "green":
-        from jigsaw.mux.green import GreenContextError
+        from jigsaw.mux.partition.green import GreenContextError
 
         try:
             return GreenPartitioner(levels)

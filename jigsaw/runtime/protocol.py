@@ -19,7 +19,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from jigsaw.mux.partition import Partition
+from jigsaw.mux.partition.partitioners import Partition
 
 PROTOCOL_VERSION = 6
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.

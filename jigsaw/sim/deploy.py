@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw.mux.costmodel import DecodeCoeffs, StepCost
+from jigsaw.mux.model.costmodel import DecodeCoeffs, StepCost
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,7 +3,7 @@
     units on one device: (pipeline index, kind, sm_frac, mem_frac), one or two
         │ every pipeline the same model and deployment ─► the node grid
         │ otherwise ─► PairGrids.between(a, b).actual(...): each side priced by its OWN
-        ▼             model beside the other's (jigsaw.mux.pairing)
+        ▼             model beside the other's (jigsaw.mux.model.pairing)
     slowdowns, or None when a side does not fit
 
 The scheduler plans with the same PairGrids (NodeSim hands one object to both), whole-stage
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from jigsaw.mux.pairing import PairGrids, pair_prior
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model.pairing import PairGrids, pair_prior
+from jigsaw.mux.model.slowdown import SlowdownGrid
 
 
 @lru_cache(maxsize=64)
 def own_grid(device_name: str, a: tuple) -> SlowdownGrid:
     """The analytic prior of one deployment a = (model, PriorConfig) on a named device."""
-    from jigsaw.mux.prior import DEVICES
+    from jigsaw.mux.model.prior import DEVICES
 
     return pair_prior(DEVICES[device_name], a, a)
 
@@ -30,7 +30,7 @@ def own_grid(device_name: str, a: tuple) -> SlowdownGrid:
 def pair_grids(runs) -> PairGrids | None:
     """The exact per-pair views of the pipelines (PipelineRun) of a node, None when they
     all run one deployment (the node grid is then exact)."""
-    from jigsaw.mux.prior import DEVICES
+    from jigsaw.mux.model.prior import DEVICES
 
     deployments = {r.name: (r.spec.model, r.cost.config) for r in runs}
     if len(set(deployments.values())) <= 1:

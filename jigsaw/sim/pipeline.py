@@ -32,7 +32,7 @@ from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.residual import ResidualLength
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
-from jigsaw.mux.costmodel import StepCost
+from jigsaw.mux.model.costmodel import StepCost
 from jigsaw.sim.rollout import Request, RolloutWorker
 from jigsaw.sim.workload import WorkloadSpec, prompt_scales, sample_step
 

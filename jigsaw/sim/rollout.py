@@ -29,7 +29,7 @@ from jigsaw.graph.builder import BucketTracker, GraphConfig
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.steps import StepColumns, kind_of_bucket
 from jigsaw.graph.substage import Stage, StepRecord, SubStageKind
-from jigsaw.mux.costmodel import StepCost
+from jigsaw.mux.model.costmodel import StepCost
 from jigsaw.sim.kvpool import DoesNotFit, KVPool
 
 

@@ -22,9 +22,9 @@ from functools import lru_cache
 
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import make
-from jigsaw.mux.costmodel import StepCost
-from jigsaw.mux.prior import DEVICES, PriorConfig
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model.costmodel import StepCost
+from jigsaw.mux.model.prior import DEVICES, PriorConfig
+from jigsaw.mux.model.slowdown import SlowdownGrid
 from jigsaw.sim import workload
 from jigsaw.sim.deploy import Parallelism, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
@@ -188,7 +188,7 @@ def node_grid(device_name: str, keys: list[tuple]) -> SlowdownGrid:
 
 @lru_cache(maxsize=16)
 def _mix(device_name: str, keys: tuple) -> SlowdownGrid:
-    from jigsaw.mux.prior_mix import mix_prior
+    from jigsaw.mux.model.prior_mix import mix_prior
 
     return mix_prior(DEVICES[device_name], list(keys))
 

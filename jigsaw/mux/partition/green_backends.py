@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jigsaw.mux import green
-from jigsaw.mux.green import GREEN_STREAM_MIN_DRIVER, Cause, GreenContextError, GreenSupport, _check, log
+from jigsaw.mux.partition import green
+from jigsaw.mux.partition.green import GREEN_STREAM_MIN_DRIVER, Cause, GreenContextError, GreenSupport, _check, log
 
 
 @dataclass(kw_only=True, slots=True)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jigsaw.mux.prior import MODELS, PriorConfig, Roofline
-from jigsaw.mux.slowdown import DeviceInfo
+from jigsaw.mux.model.prior import MODELS, PriorConfig, Roofline
+from jigsaw.mux.model.slowdown import DeviceInfo
 
 
 @dataclass(frozen=True, slots=True)

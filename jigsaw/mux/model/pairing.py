@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 
-from jigsaw.mux.prior import Deployment
-from jigsaw.mux.prior_mix import analytic_pair_prior, check_views, pair_slowdowns
-from jigsaw.mux.slowdown import LEVEL_TOL, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.prior import Deployment
+from jigsaw.mux.model.prior_mix import analytic_pair_prior, check_views, pair_slowdowns
+from jigsaw.mux.model.slowdown import LEVEL_TOL, DeviceInfo, SlowdownGrid
 
 
 @lru_cache(maxsize=64)

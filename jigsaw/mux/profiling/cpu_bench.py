@@ -30,8 +30,8 @@ import multiprocessing as mp
 import platform
 import time
 
-from jigsaw.mux.cpu import split_cores, usable_cores
-from jigsaw.mux.slowdown import DeviceInfo
+from jigsaw.mux.model.slowdown import DeviceInfo
+from jigsaw.mux.partition.cpu import split_cores, usable_cores
 
 KV_CONTEXT = {"rollout_decode": 64, "rollout_tail": 256}
 BATCH_AT_TOP = {"rollout_prefill": 8, "rollout_decode": 32, "rollout_tail": 2, "reference": 16, "training": 8}
@@ -125,8 +125,8 @@ def _worker(pipe, model_name: str) -> None:
         pipe.send("ready")
         while (cmd := pipe.recv())[0] != "stop":
             if cmd[0] == "bind":
-                from jigsaw.mux.bind import Binder
-                from jigsaw.mux.partition import Cpu
+                from jigsaw.mux.partition.bind import Binder
+                from jigsaw.mux.partition.partitioners import Cpu
 
                 Binder().bind(Cpu(cores=tuple(cmd[1]), threads=len(cmd[1])))  # this process, threads follow
                 pipe.send("ok")

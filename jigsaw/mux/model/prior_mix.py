@@ -48,7 +48,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict
 
-from jigsaw.mux.prior import (
+from jigsaw.mux.model.prior import (
     DEVICE_KIND_NAMES,
     MODELS,
     Deployment,
@@ -60,7 +60,7 @@ from jigsaw.mux.prior import (
     shared,
     spec_dict,
 )
-from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
 
 _NOTE = "roofline prior, not a measurement; calibrated to JigsawRL Fig. 7/8/§4.2 figures"
 Unit = tuple[str, float, float]

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
-from jigsaw.mux.smsplit import (
+from jigsaw.mux.partition.smsplit import (
     FRAC_TOL,
     PARTITION_LEVELS,
     SmResource,
@@ -358,7 +358,7 @@ class GreenPartitions:
             return
         self._closed = True
         sides, self._sides, self._pairs, self._full = self._sides, [], {}, None
-        from jigsaw.mux.green_backends import _run_all
+        from jigsaw.mux.partition.green_backends import _run_all
 
         _run_all([functools.partial(self._backend.close, side) for side in reversed(sides)])
 
@@ -368,7 +368,7 @@ class GreenPartitions:
 
 
 def _make_backend(torch: Any, support: GreenSupport):
-    from jigsaw.mux.green_backends import _DriverBackend, _TorchBackend
+    from jigsaw.mux.partition.green_backends import _DriverBackend, _TorchBackend
 
     if support.backend == "torch":
         return _TorchBackend(torch, support)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jigsaw.mux.slowdown import DEFAULT_SM_LEVELS
+from jigsaw.mux.model.slowdown import DEFAULT_SM_LEVELS
 
 FRAC_TOL = 1e-9
 """Budgets within this of a level are that level (1 - 0.8 is 0.19999999999999996)."""

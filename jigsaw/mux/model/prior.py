@@ -40,7 +40,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from jigsaw.mux.slowdown import DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.slowdown import DeviceInfo, SlowdownGrid
 
 # NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979 TFLOPS with sparsity = 989 dense,
 # 3.35 TB/s HBM3, 80 GB, taken as 80 GiB) and the Hopper architecture whitepaper (132 SMs on H100 SXM5).
@@ -343,7 +343,7 @@ class _Parts:
 class Roofline:
     """One (device, model, config): builds work per kind and memory share, and times it.
 
-    The prior grid and the simulator's step times (`jigsaw.mux.costmodel`) both come from
+    The prior grid and the simulator's step times (`jigsaw.mux.model.costmodel`) both come from
     here, so what the simulator charges and what the scheduler predicts agree."""
 
     def __init__(self, device: DeviceInfo, model: ModelSpec, cfg: PriorConfig):
@@ -539,8 +539,8 @@ Deployment = tuple[str, PriorConfig]
 
 def analytic_prior(device: DeviceInfo, model_name: str, config: PriorConfig = PriorConfig()) -> SlowdownGrid:
     """The labelled roofline prior grid of `model_name` on `device` (see the module docstring):
-    the pair prior (`jigsaw.mux.prior_mix`) of the deployment beside itself."""
-    from jigsaw.mux.prior_mix import analytic_pair_prior  # NOTE: prior_mix builds on this module
+    the pair prior (`jigsaw.mux.model.prior_mix`) of the deployment beside itself."""
+    from jigsaw.mux.model.prior_mix import analytic_pair_prior  # NOTE: prior_mix builds on this module
 
     return analytic_pair_prior(device, (model_name, config), (model_name, config))
 
