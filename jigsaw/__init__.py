@@ -26,7 +26,8 @@ _EXPORTS = {
     "jigsaw.graph.merge": ("Balance", "MergeConfig", "MergeDecision", "TailWorker", "balance", "best_merge",
                            "merge_decision"),
     "jigsaw.mux.model.slowdown": ("DeviceInfo", "SlowdownFileError", "SlowdownGrid", "load_grid"),
-    "jigsaw.mux.model.prior": ("PriorConfig", "analytic_prior"),
+    "jigsaw.mux.model.specs": ("PriorConfig",),
+    "jigsaw.mux.model.prior": ("analytic_prior",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

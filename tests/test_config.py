@@ -15,7 +15,7 @@ from jigsaw.graph.plan import SchedulerConfig
 from jigsaw.integrations.sglang.plugin import PluginConfig
 from jigsaw.integrations.verl.job import JobConfig
 from jigsaw.integrations.verl.server import ServerConfig
-from jigsaw.mux.model.prior import PriorConfig
+from jigsaw.mux.model.specs import PriorConfig
 from jigsaw.mux.profiling.profiler import ProfileConfig
 from jigsaw.recipes.demo import DemoConfig
 from jigsaw.recipes.grpo import RecipeConfig

@@ -1,4 +1,4 @@
-"""MoE models in the roofline, and priors of different models sharing a device (jigsaw.mux.model.prior_mix)."""
+"""MoE models in the roofline, and priors of different models sharing a device (jigsaw.mux.model.prior)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from jigsaw.mux.model.costmodel import StepCost
-from jigsaw.mux.model.prior import H100, MODELS, ModelSpec, PriorConfig, Roofline, analytic_prior
-from jigsaw.mux.model.prior_mix import analytic_pair_prior, mix_prior, pair_actual
+from jigsaw.mux.model.prior import analytic_pair_prior, analytic_prior, mix_prior, pair_actual
+from jigsaw.mux.model.roofline import Roofline
 from jigsaw.mux.model.slowdown import SlowdownGrid
+from jigsaw.mux.model.specs import H100, MODELS, ModelSpec, PriorConfig
 
 MOE = "qwen3-30b-a3b"
 MOE_CFG = PriorConfig(rollout_tp=4, fsdp_degree=8)

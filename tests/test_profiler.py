@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from jigsaw.cli.main import main
-from jigsaw.mux.model.prior import H100, ModelSpec, PriorConfig
 from jigsaw.mux.model.slowdown import DeviceInfo, load_grid
+from jigsaw.mux.model.specs import H100, ModelSpec, PriorConfig
 from jigsaw.mux.profiling.kernels import KINDS, build_kernels, model_spec
 from jigsaw.mux.profiling.profiler import MeasurementError, ProfileConfig, measure_grid
 from jigsaw.profiles import SHIPPED_DIR, resolve, user_dir
@@ -188,7 +188,7 @@ def test_model_from_an_hf_config(tmp_path):
 
 
 def test_datasheet_peaks_come_from_the_prior_devices():
-    from jigsaw.mux.model.prior import A100
+    from jigsaw.mux.model.specs import A100
     from jigsaw.mux.profiling.cuda_bench import datasheet_peaks
 
     assert datasheet_peaks("NVIDIA H100 80GB HBM3") == (H100.peak_flops, H100.mem_bw_bytes_per_s)

@@ -182,7 +182,7 @@ def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first
     # arriving then must be prefilled there, not hidden behind a tool wait (whose record
     # would overlap their forward steps).
     from jigsaw.mux.model.costmodel import StepCost
-    from jigsaw.mux.model.prior import H100
+    from jigsaw.mux.model.specs import H100
     from jigsaw.sim.rollout import Request, RolloutWorker
 
     def target() -> RolloutWorker:
@@ -267,7 +267,7 @@ def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
     # A tail holding a few requests needs far less than the pool sized for the whole batch:
     # that is what lets it share a device with a training stage.
     from jigsaw.mux.model.costmodel import StepCost
-    from jigsaw.mux.model.prior import A100
+    from jigsaw.mux.model.specs import A100
     from jigsaw.sim.rollout import Request, RolloutWorker
 
     cost = StepCost(A100, "qwen3-4b")
@@ -292,7 +292,7 @@ def test_a_batched_prefill_attends_within_each_request():
     # A chunk of n requests of 300 new tokens each: every token attends to its own request,
     # so the cost grows linearly with n (one 28,800-token sequence would be quadratic).
     from jigsaw.mux.model.costmodel import StepCost
-    from jigsaw.mux.model.prior import A100
+    from jigsaw.mux.model.specs import A100
 
     cost = StepCost(A100, "qwen3-4b")
 

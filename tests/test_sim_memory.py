@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jigsaw.mux.model.costmodel import StepCost
-from jigsaw.mux.model.prior import H100
+from jigsaw.mux.model.specs import H100
 from jigsaw.sim.rollout import DoesNotFit, Request, RolloutWorker
 
 pytestmark = pytest.mark.timeout(60)

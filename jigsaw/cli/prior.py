@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from jigsaw.mux.model.prior import MODELS, PriorConfig
+from jigsaw.mux.model.specs import MODELS, PriorConfig
 
 ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
 
@@ -38,7 +38,8 @@ class Args:
 
 
 def run(args: Args) -> int:
-    from jigsaw.mux.model.prior import DEVICES, SHIPPED, analytic_prior, shipped_path
+    from jigsaw.mux.model.prior import SHIPPED, analytic_prior, shipped_path
+    from jigsaw.mux.model.specs import DEVICES
     from jigsaw.profiles import SHIPPED_DIR, user_dir
 
     jobs = SHIPPED if args.shipped else ((args.device, args.model, args.prior),)

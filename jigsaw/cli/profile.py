@@ -68,7 +68,7 @@ def _check(console: Console, ref: str) -> int:
 
 
 def _calibrate(console: Console, cfg: ProfileConfig) -> int:
-    from jigsaw.mux.model.prior import node_grid
+    from jigsaw.mux.model.grids import node_grid
     from jigsaw.mux.model.validate import check_grid
     from jigsaw.sim.calibrate import calibrate
     from jigsaw.trace import Trace

@@ -42,7 +42,7 @@ from jigsaw.graph.node import Decision, NodeState
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policy import NAMES, make
 from jigsaw.graph.substage import SubStageKind
-from jigsaw.mux.model.prior import node_grid
+from jigsaw.mux.model.grids import node_grid
 from jigsaw.runtime import grants, housekeeping, plumbing
 from jigsaw.runtime import protocol as pr
 from jigsaw.runtime.paths import runtime_dir

@@ -30,7 +30,7 @@ from jigsaw.graph.plan import Budget, NodeSpec
 from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStageKind
 from jigsaw.sim import report
-from jigsaw.sim.physics import Physics, pair_grids
+from jigsaw.sim.physics import Physics
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
 from jigsaw.sim.rollout import DoesNotFit
 from jigsaw.trace import Trace, TraceEvent
@@ -78,10 +78,9 @@ class NodeSim:
     def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy, *, trace: bool = True,
                  next_step: bool = True):
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
-        pairs = pair_grids(runs) if runs else None
+        self.physics = Physics.of(grid, runs)
         # One set of pair views for the plan and the physics: a plan is priced as it runs.
-        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=pairs)
-        self.physics = Physics(grid, pairs, [r.name for r in runs])
+        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=self.physics.pairs)
         self.live: dict[tuple[int, int], str] = {}
         """(pipeline, rank) -> the sub-stage id its worker's client has asked for last."""
         self.heap: list[tuple] = []

@@ -188,7 +188,7 @@ def pipeline_meta(trace: Trace) -> dict[str, dict]:
 
 def pipeline_peak_flops(meta: dict) -> float | None:
     """Peak FLOP/s per device of a pipeline's `pipeline` event data, if it says."""
-    from jigsaw.mux.model.prior import DEVICES
+    from jigsaw.mux.model.specs import DEVICES
 
     if meta.get("peak_flops") is not None:
         peak = meta["peak_flops"]

@@ -1,548 +1,215 @@
-"""Analytic roofline PRIOR of a slowdown grid: a stand-in until `jigsaw profile` measures one.
+"""Analytic roofline PRIORS of slowdown grids: stand-ins until `jigsaw profile` measures one.
 
-    DeviceInfo + ModelSpec + PriorConfig
-        │  Roofline.work(kind, mem_frac): kernel classes (FLOPs, bytes) + fixed s, per token
-        ▼
-    Roofline.parts(work, σ) ─► (compute s, memory s, fixed s) ─► alone / partitioned / shared
-        ▼                                             (a pair: two Sides, each its own roofline)
-    analytic_prior() ─► prior_mix (pair builder) ─► dict ─► SlowdownGrid.from_dict (validated
-    like a measured file); prior_mix also prices two different models on one device
+    Deployment A, B (specs.py) ─► Roofline each (roofline.py) ─► A alone, A's kinds beside B's
+        ─► dict ─► SlowdownGrid.from_dict (validated like a measured file)
+    analytic_prior(d, m, c)            a model's own grid: analytic_pair_prior(d, (m, c), (m, c))
+    analytic_pair_prior(d, A, B)       A's view of A beside B (another model or deployment)
+    [A, B, ...] ─► analytic_pair_prior of every ordered pair ─► entrywise max ─► mix_prior
+    analytic_pair_prior(A, B) + analytic_pair_prior(B, A) ─► pair_actual ─► exact (s_a, s_b)
+    SHIPPED, shipped_path              the priors under jigsaw/profiles (`jigsaw prior --shipped`)
 
-The model, per unit of work (one prefilled, generated, referenced or trained token):
-  * a kernel class costs max(F / (σ'·peak·η), B / (bw·η_bw·min(1, σ'/σ_sat))), where
-    σ' = min(1, σ/o) and o = min(1, rows/fill_rows) is the kind's SM demand: a forward over
-    few rows cannot keep every SM busy, so SMs it could not use cost nothing to take away.
-    σ_sat is the SM share needed to saturate HBM (higher for decode attention);
-  * plus an SM-insensitive fixed part: host time, per-layer launch latency, TP all-reduce
-    latency, exposed FSDP collectives;
-  * MoE: FLOPs by the active parameters, memory (weights, KV pool, FSDP state, gathers) by
-    the total; a rollout forward over r rows reads the experts it touches, an expected
-    1-(1-k/E)^r of them (few at small-batch decode, all at a large batch);
-  * memory: the rollout KV pool is mem·capacity − weights/tp − reserve; a pool below the
-    representative working set shrinks the running batch (more steps, less weight-read
-    amortisation); training/reference shrink the micro-batch (η and amortisation fall);
-    weights or sharded training state that do not fit are infeasible (null);
-  * partitioned pair: SMs split, HBM shared: if the two sides' average bandwidth demands sum
-    above 1, both memory-bound parts stretch by that sum; busy parts pay a small interference;
-  * unpartitioned pair (σ = 1.0): the GPU-busy parts (compute and memory-bound kernels both
-    hold SMs) time-share and stretch by max(1, u_A + u_B)·(1 + ε), u = busy fraction × o;
-    host/latency parts do not stretch.  Each side of a pair is timed by its own roofline
-    (model, config and ε), so two different models can share the device.
-Slowdown = time per unit / time per unit alone on the whole device at the top memory level.
-Constants are calibrated to JigsawRL §4.2, Fig. 7 and Fig. 8 (see PriorConfig).  The result
-is a prior, never a measurement, and every file says so in `source`.
+The result is a prior, never a measurement, and every file says so in `source`.
+
+A deployment is (model name in `specs.MODELS`, `PriorConfig`); one builder (`_pair_data`)
+serves the own, pair and mix priors, and this module only reads specs.py and roofline.py.
+
+Pair prior G_AB = analytic_pair_prior(device, A, B):
+  * `alone[x]` is A's kind x alone, normalised as A's own grid (equal to A's prior);
+  * `pairs[x][y][σ][m]` is A's kind x holding SM share σ and memory share m beside B's kind
+    y holding 1-σ and 1-m (σ = 1.0: both see every SM), over A's x alone on the whole device
+    at the top memory level.  Kinds on the first axis are A's, on the second B's.  Each side
+    is timed by its own roofline (`roofline.partitioned` / `roofline.shared` take two
+    sides), so a small model beside a big one sees the big one's bandwidth and SM demand,
+    not its own;
+  * B's time at that point is G_BA.pairs[y][x][σ'][1-m] (σ' = 1-σ, or 1.0 shared):
+    `pair_actual(G_AB, G_BA, ...)` reads both.  G_AB's own `pair()`, `pair_options()` and
+    `actual()` read pairs[y][x] as the partner's view, which here is A's y beside B's x:
+    right only when A == B;
+  * feasibility: a point is null when A's x does not fit m or B's y does not fit 1-m, and
+    also when the swapped placement (A's y in 1-m, B's x in m) does not fit.  The file
+    validator demands null(pairs[x][y] at (σ, m)) == null(pairs[y][x] at the complement),
+    a same-model assumption: there the second entry is the partner's view of the same point.
+    In a pair grid it is another placement, so only the conjunction of both placements'
+    fits satisfies the check; it is the transpose of G_BA's nulls and exactly the nulls of
+    mix_prior([A, B]).  Price: a point that fits only one way round (the small model's
+    rollout in 20% beside the big model's training in 80%, when the big model's rollout
+    does not fit 20%) is null in G_AB.  The source kind stays "analytic-prior" (the format
+    knows no other analytic kind) and `source.partner` names B.
+
+Mix prior, the grid a node schedules with when its pipelines run different deployments:
+entrywise the MAX over every ordered pair (X, Y), X == Y included, of G_XY (alone: max over
+the deployments; null if null in any).  A scheduler given one grid cannot know which pipeline
+a sub-stage belongs to at every query, so it plans with the most pessimistic slowdown any
+pairing could have: a plan that meets its deadline on the mix meets it on every real pairing,
+and a point feasible in the mix is feasible in every G_XY.  The cost is conservatism (a
+small model's cheap co-location is priced like the big one's).  The simulator's physics use
+the exact pair priors (`pair_actual`), so plans are judged by what really happens.  Inputs
+are deduplicated and sorted, so the mix is order-independent by construction; one
+deployment (or all equal) gives `analytic_prior` exactly.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import asdict, dataclass
-from typing import NamedTuple
-
-from jigsaw.mux.model.slowdown import DeviceInfo, SlowdownGrid
-
-# NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979 TFLOPS with sparsity = 989 dense,
-# 3.35 TB/s HBM3, 80 GB, taken as 80 GiB) and the Hopper architecture whitepaper (132 SMs on H100 SXM5).
-H100 = DeviceInfo(sku="H100-SXM5-80GB", num_sms=132, mem_bytes=80 * 2**30, peak_flops=989e12,
-                  mem_bw_bytes_per_s=3.35e12)
-# NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: BF16 312 TFLOPS dense, 2,039 GB/s) and the
-# Ampere architecture whitepaper (108 SMs on A100).
-A100 = DeviceInfo(sku="A100-SXM4-80GB", num_sms=108, mem_bytes=80 * 2**30, peak_flops=312e12,
-                  mem_bw_bytes_per_s=2.039e12)
-DEVICES = {"h100": H100, "a100": A100}
-PCIE_BW_BYTES_PER_S = {"H100-SXM5-80GB": 55e9, "A100-SXM4-80GB": 25e9}
-"""Host<->device copy bandwidth per GPU, achieved (PCIe Gen5 x16 / Gen4 x16: 64 / 32 GB/s
-per direction theoretical); what training-state offload pays."""
-CPU_ADAM_PARAMS_PER_S = 1.0e9
-"""Adam updates per second on the host for one rank's shard (verl's param_offload runs the
-optimizer on the CPU; a vectorised CPU Adam on a server socket, estimate)."""
-OFFLOAD_MODES = ("none", "optimizer", "full")
-LINK_BW_BYTES_PER_S = {H100.sku: 450e9, A100.sku: 300e9}
-"""NVLink bandwidth per direction (datasheets: 900 GB/s and 600 GB/s bidirectional)."""
-NET_BW_BYTES_PER_S = {H100.sku: 50e9, A100.sku: 25e9}
-"""Inter-node bandwidth per GPU: DGX H100 has one 400 Gb/s NDR port per GPU; the A100
-nodes of JigsawRL §5.1 are taken with one 200 Gb/s HDR port per GPU (DGX A100)."""
-GPUS_PER_NODE = {H100.sku: 8, A100.sku: 4}
-"""GPUs per node: DGX H100 (8); JigsawRL §5.1's A100 cluster has 4 GPUs per node."""
-
-DEVICE_KIND_NAMES = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
-"""Grid kinds, in `jigsaw.graph.substage.DEVICE_KINDS` order (names only: no graph import)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelSpec:
-    """Architecture numbers of a decoder, dense or MoE, from its public HF `config.json`.
-
-    Memory (weights, KV pool, FSDP state and gathers) scales with `params`, all of them;
-    FLOPs scale with `flop_params`, what one token multiplies: all of a dense model, the
-    published activated count of an MoE.  Weight reads of a forward depend on its rows
-    (`weight_read_bytes`): a few decode rows touch few experts, a large batch all of them."""
-
-    params: float
-    """Published parameter count (embeddings included); for an MoE the total, every expert."""
-    num_layers: int
-    """`num_hidden_layers`."""
-    hidden_size: int
-    """`hidden_size`."""
-    intermediate_size: int
-    """`intermediate_size` of the SwiGLU MLP of a dense layer (unused when every layer is MoE)."""
-    num_heads: int
-    """`num_attention_heads` (query heads); attention FLOPs scale with it."""
-    num_kv_heads: int
-    """`num_key_value_heads` (GQA); the KV cache scales with it."""
-    head_dim: int
-    """`head_dim` (hidden_size / num_heads where the config omits it)."""
-    vocab: int
-    """`vocab_size`; logits traffic scales with it."""
-    tie_word_embeddings: bool
-    """Whether the LM head shares the embedding matrix (only used to re-derive `params`)."""
-    num_experts: int = 0
-    """`num_experts`: routed experts of every layer's MoE block (`decoder_sparse_step` 1, no
-    `mlp_only_layers`); 0 for a dense model."""
-    experts_per_token: int = 0
-    """`num_experts_per_tok`: routed experts (top-k) each token runs through, per layer."""
-    moe_intermediate_size: int = 0
-    """`moe_intermediate_size`: SwiGLU width of one routed expert."""
-    shared_expert_intermediate_size: int = 0
-    """SwiGLU width of the always-active shared expert(s) (Qwen2-MoE's field; DeepSeek's
-    n_shared_experts x moe_intermediate_size); 0 if none, as in Qwen3-MoE."""
-    active_params: float = 0.0
-    """Published activated parameters per token (MoE model card); 0 for a dense model."""
-
-    @property
-    def weight_bytes(self) -> float:
-        return 2.0 * self.params  # BF16
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2  # K and V, BF16
-
-    @property
-    def flop_params(self) -> float:
-        """Parameters one token multiplies: `active_params` of an MoE, else `params`."""
-        return self.active_params or self.params
-
-    @property
-    def mlp_width(self) -> int:
-        """SwiGLU width one token's activations pass through per layer (elementwise traffic)."""
-        if not self.num_experts:
-            return self.intermediate_size
-        return self.experts_per_token * self.moe_intermediate_size + self.shared_expert_intermediate_size
-
-    @property
-    def expert_params(self) -> float:
-        """Routed-expert parameters of all layers (0 for a dense model)."""
-        return float(self.num_layers * self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size)
-
-    def weight_read_bytes(self, rows: float) -> float:
-        """Weight bytes one forward over `rows` tokens reads from HBM (all ranks together).
-
-        An MoE layer reads only the experts its rows were routed to: with uniform routing an
-        expert is untouched by all rows with probability (1 - k/E)^rows, so the expected
-        fraction read is 1 - (1 - k/E)^rows (1/16 of the experts at one Qwen3-30B-A3B row,
-        all of them at a large batch).  Everything else is read whole."""
-        if not self.num_experts:
-            return self.weight_bytes
-        touched = 1.0 - (1.0 - self.experts_per_token / self.num_experts) ** max(rows, 1.0)
-        return 2.0 * (self.params - self.expert_params * (1.0 - touched))
-
-    def derived_params(self) -> float:
-        """Parameter count re-derived from the shapes (checks `params`; biases/norms ignored)."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if self.num_experts:  # routed experts, the router, and shared experts
-            shared = 3 * h * self.shared_expert_intermediate_size
-            mlp = self.expert_params / self.num_layers + h * self.num_experts + shared
-        else:
-            mlp = 3 * h * self.intermediate_size
-        per_layer = h * q * 2 + h * kv * 2 + mlp
-        return self.num_layers * per_layer + self.vocab * h * (1 if self.tie_word_embeddings else 2)
-
-    def derived_active_params(self) -> float:
-        """Per-token parameters re-derived: all of them less the routed experts a token skips."""
-        skipped = self.num_experts - self.experts_per_token
-        return self.derived_params() - self.expert_params * skipped / max(self.num_experts, 1)
-
-
-_MOE_FIELDS = ("num_experts", "experts_per_token", "moe_intermediate_size", "shared_expert_intermediate_size",
-               "active_params")
-
-
-def spec_dict(spec: ModelSpec) -> dict:
-    """A spec as recorded in a prior's `source`; MoE fields at their dense default are left out,
-    so a dense model's file reads as it did before MoE support."""
-    return {k: v for k, v in asdict(spec).items() if k not in _MOE_FIELDS or v}
-
-
-# Values from the models' HF config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen3-4B,
-# meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, deepseek-ai/DeepSeek-R1-Distill-Qwen-14B, Qwen/Qwen3-32B,
-# Qwen/Qwen3-30B-A3B); `params` (and an MoE's `active_params`) from the model cards
-# (Qwen3-30B-A3B: 30.5B total, 3.3B activated).
-MODELS = {
-    "qwen3-0.6b": ModelSpec(params=0.6e9, num_layers=28, hidden_size=1024, intermediate_size=3072,
-                            num_heads=16, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=True),
-    "qwen3-4b": ModelSpec(params=4.0e9, num_layers=36, hidden_size=2560, intermediate_size=9728,
-                          num_heads=32, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=True),
-    "llama-3.1-8b": ModelSpec(params=8.03e9, num_layers=32, hidden_size=4096, intermediate_size=14336,
-                              num_heads=32, num_kv_heads=8, head_dim=128, vocab=128256,
-                              tie_word_embeddings=False),
-    "deepseek-r1-distill-qwen-14b": ModelSpec(params=14.8e9, num_layers=48, hidden_size=5120,
-                                              intermediate_size=13824, num_heads=40, num_kv_heads=8,
-                                              head_dim=128, vocab=152064, tie_word_embeddings=False),
-    "qwen3-32b": ModelSpec(params=32.8e9, num_layers=64, hidden_size=5120, intermediate_size=25600,
-                           num_heads=64, num_kv_heads=8, head_dim=128, vocab=151936, tie_word_embeddings=False),
-    "qwen3-30b-a3b": ModelSpec(params=30.5e9, active_params=3.3e9, num_layers=48, hidden_size=2048,
-                               intermediate_size=6144, num_heads=32, num_kv_heads=4, head_dim=128, vocab=151936,
-                               tie_word_embeddings=False, num_experts=128, experts_per_token=8,
-                               moe_intermediate_size=768),
-    "llama-3.1-70b": ModelSpec(params=70.6e9, num_layers=80, hidden_size=8192, intermediate_size=28672,
-                               num_heads=64, num_kv_heads=8, head_dim=128, vocab=128256, tie_word_embeddings=False),
-}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PriorConfig:
-    """Deployment, representative shapes and calibration constants of the prior."""
-
-    rollout_tp: int = 1
-    """Tensor-parallel degree of the rollout engine (weights and KV heads split over it)."""
-    fsdp_degree: int = 4
-    """FSDP shard degree of training and reference (JigsawRL Fig. 7: Qwen3-4B on 4 GPUs)."""
-    prefill_tokens: int = 8192
-    """Tokens per prefill forward: SGLang's default chunked-prefill size on 80 GB GPUs."""
-    prefill_context_tokens: int = 1024
-    """Mean prompt length attended to during prefill (math/agentic RL prompts)."""
-    decode_max_batch: int = 768
-    """Running-request cap of large-batch decode, inside the paper's [128,1024) bucket; with
-    `rollout_reserve_bytes` calibrated to the Qwen3-32B 80%->40% memory figure (§4.2, 1.43x)."""
-    decode_context_tokens: int = 1024
-    """Mean KV length per running request early in rollout, when most requests are active."""
-    tail_batch: int = 32
-    """Time-weighted mean batch of the long tail, which decays from 128 to 1 (bucket [0,128))."""
-    tail_context_tokens: int = 4096
-    """Mean KV length of long-tail requests (the longest responses)."""
-    train_micro_batch_tokens: int = 4096
-    """Training micro-batch at ample memory (verl: a few sequences per GPU per micro-batch)."""
-    train_min_micro_batch_tokens: int = 1024
-    """Smallest micro-batch worth running; less memory than that is infeasible."""
-    train_seq_tokens: int = 2048
-    """Mean training sequence length (prompt + response); sets attention FLOPs."""
-    train_tokens_per_step: int = 65536
-    """Tokens per GPU per optimizer step; amortises the optimizer update."""
-    ref_micro_batch_tokens: int = 8192
-    """Reference (log-prob) micro-batch at ample memory: forward only, so larger."""
-    gemm_eff: float = 0.75
-    """Tensor-core efficiency of large GEMMs (typical cuBLAS BF16 on Hopper/Ampere)."""
-    gemm_half_tokens: int = 1024
-    """Micro-batch tokens at which training GEMM efficiency is half of `gemm_eff` (Fig. 9 trend)."""
-    bw_eff: float = 0.7
-    """Achievable fraction of peak HBM bandwidth (eager elementwise kernels, decode attention)."""
-    bw_sat_sm_frac: float = 0.4
-    """SM share below which streaming kernels (elementwise, copies, weight reads) cannot
-    saturate HBM; with `train_host_s_per_micro_batch` calibrated to Fig. 7 (training 2.7x at
-    25% SMs) while training stays busy enough that two trainings sharing SMs contend (Fig. 8)."""
-    attn_bw_sat_sm_frac: float = 0.7
-    """The same for decode attention over the KV cache, which keeps few loads in flight per SM
-    between softmax steps; calibrated to Fig. 7 (large-batch rollout 2.7x slower at 25% SMs)."""
-    fill_rows: int = 128
-    """Rows (tokens) per forward that fill the device; the paper's tail bucket boundary, and
-    what makes small-batch decode SM-insensitive (Fig. 7)."""
-    elementwise_passes: float = 12.0
-    """HBM passes over (hidden + intermediate) activations per token per layer and forward:
-    unfused norms, rotary, SwiGLU, residual adds, casts and GEMM inputs/outputs (estimate)."""
-    logits_passes: float = 3.0
-    """FP32 passes over the vocab logits per token and forward (write, softmax, gather)."""
-    fsdp_copy_passes: float = 2.0
-    """HBM copies of the unsharded weights per pass (all-gather copy-out, reduce-scatter copy-in)."""
-    train_forward_passes: float = 4.0
-    """Forward-equivalents per trained token: forward, activation-checkpoint recompute (verl's
-    default), and a backward worth two forwards."""
-    train_state_bytes_per_param: float = 16.0
-    """FP32 master weights + grads + Adam m, v, sharded by FSDP (verl mixed precision)."""
-    optimizer_bytes_per_param: float = 28.0
-    """HBM traffic of one Adam update per (sharded) parameter: read 16, write 12."""
-    rollout_reserve_bytes: int = 4 * 2**30
-    """Activations, CUDA graphs and sampler buffers the rollout engine keeps outside the KV pool;
-    calibrated with `decode_max_batch` to the Qwen3-32B memory figure (§4.2, 1.43x)."""
-    train_reserve_bytes: int = 2 * 2**30
-    """Allocator fragmentation and NCCL buffers beside the training state."""
-    host_s_per_forward: float = 1.5e-3
-    """Rollout host time per forward (scheduling, sampling, detokenising, log-probs)."""
-    layer_latency_s: float = 20e-6
-    """Launch/sync latency per layer and forward pass that no SM count shortens."""
-    allreduce_latency_s: float = 30e-6
-    """Latency of one small TP all-reduce over NVLink (NCCL, ~tens of µs); two per layer when
-    rollout_tp > 1."""
-    train_host_s_per_micro_batch: float = 0.07
-    """Host time per training micro-batch (loss, entropy and log-prob bookkeeping, FSDP hooks);
-    calibrated to Fig. 7 (training 2.7x slower at 25% SMs)."""
-    ref_host_s_per_micro_batch: float = 0.05
-    """Host time per reference micro-batch (log-prob gather only, no loss or backward hooks)."""
-    partition_interference: float = 0.05
-    """Extra time of the busy parts when co-located in green-context partitions (L2, scheduler)."""
-    shared_interference: float = 0.10
-    """Extra time-sharing overhead of unpartitioned co-location (context switches between the
-    two clients' CTAs); calibrated to Fig. 8 (compute-bound pairs up to 2.19x)."""
-    offload: str = "none"
-    """Training state in host memory (verl FSDP): none; optimizer (Adam m, v offloaded between
-    updates, copied in for each update); full (params, grads and optimizer on the host, the
-    update on the CPU, shards copied in for every gather)."""
-
-    def __post_init__(self) -> None:
-        if self.offload not in OFFLOAD_MODES:
-            raise ValueError(f"offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
-
-    def state_bytes_per_param(self, *, train: bool) -> float:
-        """Training (or reference) state kept on the device per parameter of a shard."""
-        if self.offload == "full":
-            return 0.0
-        if not train:
-            return 2.0
-        return self.train_state_bytes_per_param - (8.0 if self.offload == "optimizer" else 0.0)
-
-
-def config_dict(cfg: PriorConfig) -> dict:
-    """The config as files record it (offload only when on: shipped priors stay as they were)."""
-    out = asdict(cfg)
-    if out["offload"] == "none":
-        del out["offload"]
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Kernel:
-    flops: float
-    bytes: float
-    sat_sm_frac: float
-    """SM share this class needs to saturate HBM."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Work:
-    """Cost of one token of a kind's work at one memory share."""
-
-    kernels: tuple[_Kernel, ...]
-    fixed_s: float
-    sm_demand_frac: float
-    gemm_eff: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    compute_s: float
-    memory_s: float
-    fixed_s: float
-    bw_s: float
-    """Memory-bound seconds weighted by the fraction of device bandwidth drawn meanwhile."""
-
-    @property
-    def total_s(self) -> float:
-        return self.compute_s + self.memory_s + self.fixed_s
-
-
-class Roofline:
-    """One (device, model, config): builds work per kind and memory share, and times it.
-
-    The prior grid and the simulator's step times (`jigsaw.mux.model.costmodel`) both come from
-    here, so what the simulator charges and what the scheduler predicts agree."""
-
-    def __init__(self, device: DeviceInfo, model: ModelSpec, cfg: PriorConfig):
-        self.device, self.model, self.cfg = device, model, cfg
-        if device.sku not in LINK_BW_BYTES_PER_S:
-            raise ValueError(f"no NVLink bandwidth known for {device.sku!r}; add it to LINK_BW_BYTES_PER_S")
-        # FSDP collectives cross nodes once the shard group is larger than a node.
-        inside = cfg.fsdp_degree <= GPUS_PER_NODE[device.sku]
-        self.link_bw = LINK_BW_BYTES_PER_S[device.sku] if inside else NET_BW_BYTES_PER_S[device.sku]
-
-    def work(self, kind: str, mem_frac: float) -> _Work | None:
-        """Per-token cost of `kind` holding `mem_frac` of device memory; None if it does not fit."""
-        c = self.cfg
-        if kind == "training":
-            return self._fsdp(mem_frac, train=True)
-        if kind == "reference":
-            return self._fsdp(mem_frac, train=False)
-        shape = {"rollout_prefill": (c.prefill_tokens, c.prefill_context_tokens // 2, 1),
-                 "rollout_decode": (c.decode_max_batch, c.decode_context_tokens, c.decode_context_tokens),
-                 "rollout_tail": (c.tail_batch, c.tail_context_tokens, c.tail_context_tokens)}[kind]
-        return self._rollout(mem_frac, *shape)
-
-    def _rollout(self, mem_frac: float, rows: int, attn_context: int, kv_tokens_per_row: int) -> _Work | None:
-        m, c, tp = self.model, self.cfg, self.cfg.rollout_tp
-        # NOTE: with more TP ranks than KV heads the heads are replicated, not split further.
-        kv_row_bytes = kv_tokens_per_row * m.kv_bytes_per_token / min(tp, m.num_kv_heads)
-        # NOTE: the SM demand belongs to the kind (its token bucket), not to the batch a small
-        # pool leaves; otherwise more memory could look slower at a small SM share.
-        sm_demand = min(1.0, rows / c.fill_rows)
-        pool = mem_frac * self.device.mem_bytes - m.weight_bytes / tp - c.rollout_reserve_bytes
-        rows = min(rows, math.floor(pool / kv_row_bytes)) if pool > 0 else 0
-        if rows < 1:
-            return None
-        # An MoE forward multiplies the active parameters but reads the experts its rows touch.
-        gemm = _Kernel(2 * m.flop_params * rows / tp, m.weight_read_bytes(rows) / tp, c.bw_sat_sm_frac)
-        # Decode reads each row's whole KV; prefill (one KV token per row) writes its own.
-        attn = _Kernel(4 * m.num_layers * m.num_heads * m.head_dim * attn_context * rows / tp, rows * kv_row_bytes,
-                       c.attn_bw_sat_sm_frac)
-        elementwise = _Kernel(0.0, rows * self._activation_bytes(1) + rows * m.vocab * 4 * c.logits_passes / tp,
-                              c.bw_sat_sm_frac)
-        fixed = c.host_s_per_forward + m.num_layers * c.layer_latency_s
-        if tp > 1:
-            fixed += 2 * m.num_layers * c.allreduce_latency_s
-        per_row = tuple(_Kernel(k.flops / rows, k.bytes / rows, k.sat_sm_frac) for k in (gemm, attn, elementwise))
-        return _Work(per_row, fixed / rows, sm_demand, c.gemm_eff)
-
-    def _fsdp(self, mem_frac: float, *, train: bool, micro_tokens: float | None = None,
-              optimizer: bool = True) -> _Work | None:
-        """Training (fwd + recompute + bwd + Adam) or reference (fwd) under FSDP, per token.
-
-        `micro_tokens` fixes the micro-batch (default: the largest that fits `mem_frac`);
-        `optimizer=False` leaves out the Adam update, amortised otherwise over a step."""
-        m, c, f = self.model, self.cfg, self.cfg.fsdp_degree
-        tokens = micro_tokens or self._micro_batch_tokens(mem_frac, train=train)
-        if tokens is None:
-            return None
-        passes, collectives = (c.train_forward_passes, 3.0) if train else (1.0, 1.0)
-        sat = c.bw_sat_sm_frac
-        kernels = [
-            # FLOPs by the active parameters; an MoE micro-batch (thousands of rows) touches
-            # every expert, and FSDP gathers and copies them all, so bytes go by the total.
-            _Kernel(2 * passes * m.flop_params, passes * m.weight_bytes / tokens, sat),
-            _Kernel(passes * 4 * m.num_layers * m.num_heads * m.head_dim * c.train_seq_tokens / 2, 0.0, sat),
-            _Kernel(0.0, passes * (self._activation_bytes(1) + m.vocab * 4 * c.logits_passes), sat),
-            # FSDP copies each gathered weight out of, and each gradient into, flat buffers.
-            _Kernel(0.0, c.fsdp_copy_passes * collectives * m.weight_bytes / tokens, sat),
-        ]
-        if train and optimizer:
-            kernels.append(_Kernel(0.0, m.params / f * c.optimizer_bytes_per_param / c.train_tokens_per_step, sat))
-        # All-gather for the forward, again for recompute + backward, reduce-scatter of the
-        # gradients: three weight-sized collectives per micro-batch (one for reference).  FSDP
-        # prefetches the next layer while this one computes, so only communication beyond the
-        # micro-batch's GEMM time shows (all of it for tiny micro-batches across nodes).
-        comm_total = collectives * m.weight_bytes * (f - 1) / f / self.link_bw
-        gemm_s = 2 * passes * m.flop_params * tokens / (self.device.peak_flops * c.gemm_eff)
-        comm_s = max(0.0, comm_total - gemm_s)
-        host_s = c.train_host_s_per_micro_batch if train else c.ref_host_s_per_micro_batch
-        fixed = comm_s + passes * m.num_layers * c.layer_latency_s + host_s + self._offload_copy_s(train)
-        eff = c.gemm_eff * tokens / (tokens + c.gemm_half_tokens)
-        return _Work(tuple(kernels), fixed / tokens, 1.0, eff)
-
-    def _micro_batch_tokens(self, mem_frac: float, *, train: bool) -> float | None:
-        """Micro-batch that fits beside the sharded state; None below the smallest useful one."""
-        m, c = self.model, self.cfg
-        state = m.params * c.state_bytes_per_param(train=train) / c.fsdp_degree
-        gathered = 2 * m.weight_bytes / m.num_layers  # current + prefetched layer, unsharded
-        budget = mem_frac * self.device.mem_bytes - state - gathered - c.train_reserve_bytes
-        if train and c.offload == "optimizer" and budget + gathered < m.params * 8.0 / c.fsdp_degree:
-            return None  # the update copies m, v back in beside the state (no layer gathered then)
-        # 34·hidden bytes per token: one layer's live activations with flash attention
-        # (Korthikanti et al. 2022), plus FP32 logits (and their gradient when training).
-        act_per_token = m.hidden_size * 34 + m.vocab * 4 * (2 if train else 1)
-        if train:
-            act_per_token += m.num_layers * m.hidden_size * 2  # checkpointed layer inputs
-        tokens = min(c.train_micro_batch_tokens if train else c.ref_micro_batch_tokens, budget / act_per_token)
-        return tokens if tokens >= c.train_min_micro_batch_tokens else None
-
-    def fsdp_micro_batch_s(self, micro_tokens: float, *, train: bool) -> float:
-        """Exclusive seconds of one micro-batch of `micro_tokens` on one FSDP rank (no optimizer)."""
-        work = self._fsdp(self.cfg_top_mem, train=train, micro_tokens=max(1.0, micro_tokens), optimizer=False)
-        return self.parts(work, 1.0).total_s * max(1.0, micro_tokens)
-
-    def optimizer_step_s(self) -> float:
-        """Exclusive seconds of one Adam update of a rank's parameter shard."""
-        m, c = self.model, self.cfg
-        shard = m.params / c.fsdp_degree
-        if c.offload == "full":
-            return shard / CPU_ADAM_PARAMS_PER_S
-        on_device = shard * c.optimizer_bytes_per_param / (self.device.mem_bw_bytes_per_s * c.bw_eff)
-        if c.offload == "optimizer":  # m, v (FP32) copied in and back out around the update
-            on_device += 2 * 8.0 * shard / PCIE_BW_BYTES_PER_S[self.device.sku]
-        return on_device
-
-    def _offload_copy_s(self, train: bool) -> float:
-        """Host copies per micro-batch under full offload: the FP32 shard in for each gather
-        (forward, and backward when training) and the gradient shard out."""
-        if self.cfg.offload != "full":
-            return 0.0
-        copies = 3.0 if train else 1.0
-        return copies * 4.0 * self.model.params / self.cfg.fsdp_degree / PCIE_BW_BYTES_PER_S[self.device.sku]
-
-    cfg_top_mem = 0.8
-
-    def _activation_bytes(self, tokens: int) -> float:
-        m = self.model
-        return tokens * m.num_layers * self.cfg.elementwise_passes * (m.hidden_size + m.mlp_width) * 2
-
-    def parts(self, work: _Work, sm_frac: float) -> _Parts:
-        """Time of one unit of `work` on an SM share, split by what bounds it."""
-        d, c = self.device, self.cfg
-        eff_sm = min(1.0, sm_frac / work.sm_demand_frac)
-        flops_rate = eff_sm * d.peak_flops * work.gemm_eff
-        compute = memory = bw_s = 0.0
-        for k in work.kernels:
-            bw_frac = min(1.0, eff_sm / k.sat_sm_frac)
-            t_compute, t_memory = k.flops / flops_rate, k.bytes / (bw_frac * d.mem_bw_bytes_per_s * c.bw_eff)
-            if t_compute >= t_memory:
-                compute += t_compute
-            else:
-                memory += t_memory
-                bw_s += t_memory * bw_frac
-        return _Parts(compute, memory, work.fixed_s, bw_s)
-
-
-class Side(NamedTuple):
-    """One side of a co-located pair: its own roofline (model, config) and one unit of its work."""
-
-    roof: Roofline
-    work: _Work
-
-    def parts(self, sm_frac: float) -> _Parts:
-        return self.roof.parts(self.work, sm_frac)
-
-
-def partitioned(a: Side, b: Side, sm_a: float) -> tuple[float, float]:
-    """Seconds per unit of A and B in green-context partitions sm_a / 1-sm_a of one device."""
-    _same_device(a, b)
-    pa, pb = a.parts(sm_a), b.parts(1.0 - sm_a)
-    # Bandwidth is not partitioned: oversubscription stretches both memory-bound parts.
-    stretch = max(1.0, _bw_demand(pa) + _bw_demand(pb))
-    return tuple((p.compute_s + p.memory_s * stretch) * (1.0 + side.roof.cfg.partition_interference) + p.fixed_s
-                 for p, side in ((pa, a), (pb, b)))
-
-
-def shared(a: Side, b: Side) -> tuple[float, float]:
-    """Seconds per unit of A and B sharing every SM of one device (MPS-style, no partition)."""
-    _same_device(a, b)
-    pa, pb = a.parts(1.0), b.parts(1.0)
-    # Memory-bound kernels occupy SMs too, so both kinds of busy time are time-shared;
-    # a kind that cannot fill the device (demand o < 1) leaves room beside it.
-    busy = sum((p.compute_s + p.memory_s) / p.total_s * side.work.sm_demand_frac for p, side in ((pa, a), (pb, b)))
-    bw = _bw_demand(pa) + _bw_demand(pb)
-    out = []
-    for p, side in ((pa, a), (pb, b)):
-        sm_stretch = max(1.0, busy) * (1.0 + side.roof.cfg.shared_interference)
-        out.append(p.compute_s * sm_stretch + p.memory_s * max(sm_stretch, bw) + p.fixed_s)
-    return out[0], out[1]
-
-
-def _same_device(a: Side, b: Side) -> None:
-    if a.roof.device != b.roof.device:
-        raise ValueError(f"a pair shares one device; got {a.roof.device.sku} and {b.roof.device.sku}")
-
-
-def _bw_demand(p: _Parts) -> float:
-    """Average fraction of device bandwidth drawn: memory-bound share of time x draw while bound."""
-    return p.bw_s / p.total_s
-
-
-Deployment = tuple[str, PriorConfig]
-"""(model name in MODELS, its PriorConfig): one model as a node deploys it."""
+from collections.abc import Iterable
+from dataclasses import asdict
+
+from jigsaw.mux.model.roofline import Roofline, Side, partitioned, shared
+from jigsaw.mux.model.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.specs import DEVICE_KIND_NAMES, MODELS, Deployment, PriorConfig, config_dict, spec_dict
+
+_NOTE = "roofline prior, not a measurement; calibrated to JigsawRL Fig. 7/8/§4.2 figures"
+Unit = tuple[str, float, float]
+"""(kind, sm_frac, mem_frac) of one side of a co-located pair."""
 
 
 def analytic_prior(device: DeviceInfo, model_name: str, config: PriorConfig = PriorConfig()) -> SlowdownGrid:
-    """The labelled roofline prior grid of `model_name` on `device` (see the module docstring):
-    the pair prior (`jigsaw.mux.model.prior_mix`) of the deployment beside itself."""
-    from jigsaw.mux.model.prior_mix import analytic_pair_prior  # NOTE: prior_mix builds on this module
-
+    """The labelled roofline prior grid of `model_name` on `device`: the pair prior of the
+    deployment beside itself (see the module docstring)."""
     return analytic_pair_prior(device, (model_name, config), (model_name, config))
+
+
+def analytic_pair_prior(device: DeviceInfo, a: Deployment, b: Deployment) -> SlowdownGrid:
+    """A's view of A beside B on `device`: A's kinds on the first axis, B's on the second
+    (see the module docstring).  analytic_pair_prior(device, B, A) is B's view."""
+    return SlowdownGrid.from_dict(_pair_data(device, a, b))
+
+
+def mix_prior(device: DeviceInfo, deployments: Iterable[Deployment]) -> SlowdownGrid:
+    """Entrywise max over the pair priors of every ordered pair of two of the deployments (one
+    per pipeline: a deployment is paired with itself only when two pipelines run it), see
+    the module docstring."""
+    given = sorted(deployments, key=_key)
+    unique = sorted(set(given), key=_key)
+    if not unique:
+        raise ValueError("mix_prior needs at least one (model, config)")
+    if len(unique) == 1:
+        return analytic_pair_prior(device, unique[0], unique[0])
+    pairs = sorted({(x, y) for i, x in enumerate(given) for j, y in enumerate(given) if i != j},
+                   key=lambda p: (_key(p[0]), _key(p[1])))
+    grids = [_pair_data(device, x, y) for x, y in pairs]  # every deployment is some pair's first
+    kinds = DEVICE_KIND_NAMES
+    data = {**grids[0], "model": "+".join(name for name, _ in unique),
+            "source": {"kind": "analytic-prior",
+                       "note": f"{_NOTE}; mix prior: entrywise max over every ordered pair of the "
+                               "deployments' pair priors (a conservative plan, not any one pairing)",
+                       "mix": [{"model": name, "parameters": _parameters(_roofline(device, name, cfg))}
+                               for name, cfg in unique]},
+            "alone": {k: _max_table([g["alone"][k] for g in grids]) for k in kinds},
+            "pairs": {x: {y: _max_table([g["pairs"][x][y] for g in grids]) for y in kinds} for x in kinds}}
+    return SlowdownGrid.from_dict(data)
+
+
+def pair_actual(ab: SlowdownGrid, ba: SlowdownGrid, unit_a: Unit, unit_b: Unit) -> tuple[float, float] | None:
+    """Exact (s_a, s_b) of A's unit beside B's unit: s_a from A's view `ab`
+    (analytic_pair_prior(device, A, B)), s_b from B's view `ba`.  Both σ 1.0 is unpartitioned
+    sharing, else σ_b should be 1 - σ_a and mem_b 1 - mem_a.  None if infeasible."""
+    check_views(ab, ba)
+    return pair_slowdowns(ab, ba, unit_a, unit_b)
+
+
+def check_views(ab: SlowdownGrid, ba: SlowdownGrid) -> None:
+    """Raise unless `ab` and `ba` are the two views of one pair (A beside B, B beside A)."""
+    if ab.device != ba.device or _partner(ab) != ba.model or _partner(ba) != ab.model:
+        raise ValueError(f"{ab!r} and {ba!r} are not the two views of one pair")
+
+
+def pair_slowdowns(ab: SlowdownGrid, ba: SlowdownGrid, unit_a: Unit, unit_b: Unit) -> tuple[float, float] | None:
+    """`pair_actual` without the check (the search asks often; check once with `check_views`)."""
+    (ka, sa, ma), (kb, sb, mb) = unit_a, unit_b
+    s_a, s_b = ab.slowdown(ka, kb, sa, ma), ba.slowdown(kb, ka, sb, mb)
+    return None if math.isinf(s_a) or math.isinf(s_b) else (s_a, s_b)
+
+
+def _partner(grid: SlowdownGrid) -> str:
+    return grid.source.get("partner", {}).get("model", grid.model)
+
+
+def _key(d: Deployment) -> tuple[str, str]:
+    name, cfg = d
+    return name, json.dumps(asdict(cfg), sort_keys=True)
+
+
+def _max_table(tables: list[list[list[float | None]]]) -> list[list[float | None]]:
+    """Entrywise max of [sm][mem] tables; null where any is null (infeasible for some pairing)."""
+    return [[None if any(v is None for v in vs) else max(vs) for vs in zip(*rows)] for rows in zip(*tables)]
+
+
+def _pair_data(device: DeviceInfo, a: Deployment, b: Deployment) -> dict:
+    """Grid dict of A's kinds beside B's, each side timed by its own roofline on `device`.
+
+        A, B ─► Roofline each ─► work per (kind, memory level) ─► A alone, A beside B ─► dict"""
+    # NOTE: B gets its own roofline even when B == A, so a model's own prior goes through the
+    # same two-sided path as a pair of different models (and the shipped files check it).
+    roof_a, roof_b = _roofline(device, *a), _roofline(device, *b)
+    sm_levels, mem_levels, kinds = DEFAULT_SM_LEVELS, DEFAULT_MEM_LEVELS, DEVICE_KIND_NAMES
+    works_a = {(k, m): roof_a.work(k, m) for k in kinds for m in mem_levels}
+    works_b = {(k, m): roof_b.work(k, m) for k in kinds for m in mem_levels}
+    base = _base_s(roof_a, works_a, a[0])
+    _base_s(roof_b, works_b, b[0])  # B must fit on its own too: its view of the pair is built alike
+
+    def alone(k: str, sm: float, mem: float) -> float | None:
+        w = works_a[(k, mem)]
+        return None if w is None else roof_a.parts(w, sm).total_s / base[k]
+
+    def beside(x: str, y: str, sm: float, mem: float) -> float | None:
+        comp = min(mem_levels, key=lambda lv: abs(lv - (1.0 - mem)))  # 1 - 0.8 lands on 0.2
+        wa, wb = works_a[(x, mem)], works_b[(y, comp)]
+        # NOTE: kept only if the swapped placement fits too (module docstring: the validator's
+        # feasibility symmetry).  With A == B both conditions are the same one.
+        if wa is None or wb is None or works_a[(y, comp)] is None or works_b[(x, mem)] is None:
+            return None
+        sa, sb = Side(roof_a, wa), Side(roof_b, wb)
+        return (shared(sa, sb)[0] if sm == 1.0 else partitioned(sa, sb, sm)[0]) / base[x]
+
+    def grid(f) -> list[list[float | None]]:
+        return [[_round(f(sm, mem)) for mem in mem_levels] for sm in sm_levels]
+
+    return {
+        "format": SlowdownGrid.FORMAT, "version": SlowdownGrid.VERSION, "device": asdict(device),
+        "model": a[0], "source": _source(roof_a, a, roof_b, b),
+        "sm_levels": list(sm_levels), "mem_levels": list(mem_levels), "kinds": list(kinds),
+        "alone": {k: grid(lambda sm, mem, k=k: alone(k, sm, mem)) for k in kinds},
+        "pairs": {x: {y: grid(lambda sm, mem, x=x, y=y: beside(x, y, sm, mem)) for y in kinds} for x in kinds},
+    }
+
+
+def _roofline(device: DeviceInfo, model_name: str, config: PriorConfig) -> Roofline:
+    if model_name not in MODELS:
+        raise KeyError(f"unknown model {model_name!r}; known: {sorted(MODELS)}")
+    return Roofline(device, MODELS[model_name], config)
+
+
+def _base_s(roof: Roofline, works: dict, model_name: str) -> dict[str, float]:
+    """Seconds per unit of each kind alone on the whole device at the top memory level."""
+    top = DEFAULT_MEM_LEVELS[-1]
+    base = {}
+    for k in DEVICE_KIND_NAMES:
+        if works[(k, top)] is None:
+            raise ValueError(f"{k} of {model_name} does not fit {roof.device.sku} even at memory share "
+                             f"{top}; change rollout_tp / fsdp_degree")
+        base[k] = roof.parts(works[(k, top)], 1.0).total_s
+    return base
+
+
+def _source(roof_a: Roofline, a: Deployment, roof_b: Roofline, b: Deployment) -> dict:
+    """`source` of a prior: A's constants, and B's as `partner` when B is another deployment."""
+    source = {"kind": "analytic-prior", "note": _NOTE, "parameters": _parameters(roof_a)}
+    if b != a:
+        source["note"] = (f"{_NOTE}; pair prior: pairs[x][y] is {a[0]}'s x beside {b[0]}'s y; "
+                          f"{b[0]}'s view is the pair prior the other way round")
+        source["partner"] = {"model": b[0], "parameters": _parameters(roof_b)}
+    return source
+
+
+def _parameters(roof: Roofline) -> dict:
+    return {"config": config_dict(roof.cfg), "model": spec_dict(roof.model), "link_bw_bytes_per_s": roof.link_bw}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 SHIPPED = (
@@ -560,11 +227,3 @@ SHIPPED = (
 def shipped_path(out_dir: str | os.PathLike, device_dir: str, model_name: str) -> str:
     """Where a shipped prior lives: <out>/<device>/<model>.prior.json."""
     return os.path.join(os.fspath(out_dir), device_dir, f"{model_name}.prior.json")
-
-
-def node_grid(profile: str | os.PathLike | None) -> SlowdownGrid:
-    """The grid a node schedules with: a profile file, or by default the analytic H100 prior
-    of Qwen3-4B (what `jigsaw daemon` and a replay of its trace use)."""
-    if profile is not None:
-        return SlowdownGrid.load(profile)
-    return analytic_prior(DEVICES["h100"], "qwen3-4b")

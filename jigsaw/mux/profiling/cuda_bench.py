@@ -27,9 +27,9 @@ H200_PEAK = (989e12, 4.8e12)
 
 def datasheet_peaks(name: str) -> tuple[float, float]:
     """(dense BF16 FLOP/s, HBM bytes/s) of a device by its family name; the driver reports
-    neither.  The prior's DeviceInfo (jigsaw.mux.model.prior.DEVICES) where there is one; 1.0 when
+    neither.  The prior's DeviceInfo (jigsaw.mux.model.specs.DEVICES) where there is one; 1.0 when
     unknown, so an MFU computed from it reads as meaningless rather than plausible."""
-    from jigsaw.mux.model.prior import DEVICES
+    from jigsaw.mux.model.specs import DEVICES
 
     if "H200" in name:
         return H200_PEAK

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from jigsaw.mux.model.prior import PriorConfig
 from jigsaw.mux.model.slowdown import (
     DEFAULT_MEM_LEVELS,
     DEFAULT_SM_LEVELS,
@@ -45,6 +44,7 @@ from jigsaw.mux.model.slowdown import (
     DeviceInfo,
     SlowdownGrid,
 )
+from jigsaw.mux.model.specs import PriorConfig
 
 DEVICE_KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 
@@ -63,7 +63,7 @@ class ProfileConfig:
     core profiles a device per core (`jigsaw daemon --devices` = the cores), whose pairs
     time-share it."""
     model: str | None = None
-    """cuda: a name in jigsaw.mux.model.prior.MODELS or the path of an HF config.json (default
+    """cuda: a name in jigsaw.mux.model.specs.MODELS or the path of an HF config.json (default
     qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""
     out: Path | None = None
     """Output file; if unset, <user profile dir>/<sku>/<model>.json, never a shipped grid; see
