@@ -3,7 +3,7 @@
     python, torch (CUDA build?) ─┐
     driver (NVML, else cuda-python cuDriverGetVersion), CUDA versions, GPUs, NVML sample
     MPS daemon (jigsaw.mux.partition.mps; --start-mps starts it with no thread percentage)
-    green contexts (jigsaw.mux.partition.green.probe), nvcc
+    green contexts (jigsaw.mux.partition.green_probe.probe), nvcc
     SM-id kernel (jigsaw.mux.partition.smid: build jigsaw/csrc/smid.cu, run one census grid)
     confinement: per budget of GreenPartitions(--fracs), both streams of the pair at once;
                  each side's SM ids <= its num_sms and disjoint ─► OK/FAIL per budget
@@ -292,12 +292,13 @@ def check_mps(start: bool) -> Check:
 
 def check_green(device: int) -> Check:
     try:
-        green = importlib.import_module("jigsaw.mux.partition.green")
+        green_probe = importlib.import_module("jigsaw.mux.partition.green_probe")
     except ImportError as exc:
-        return Check(name="green", status="unavailable", detail=f"jigsaw.mux.partition.green cannot be imported: {exc}")
+        return Check(name="green", status="unavailable",
+                     detail=f"jigsaw.mux.partition.green_probe cannot be imported: {exc}")
     try:
-        g = green.probe(device)
-    except green.GreenContextError as exc:
+        g = green_probe.probe(device)
+    except green_probe.GreenContextError as exc:
         return Check(name="green", status="unavailable", detail=str(exc))
     r = g.resource
     return Check(name="green", status="ok",
@@ -351,12 +352,13 @@ def check_confinement(device: int, fracs: tuple[float, ...]) -> Check:
     try:
         smid.require_cuda(device)
         green = importlib.import_module("jigsaw.mux.partition.green")
+        green_probe = importlib.import_module("jigsaw.mux.partition.green_probe")
     except (smid.SmIdError, ImportError) as exc:
         return Check(name="confinement", status="unavailable", detail=str(exc))
     try:
         with green.GreenPartitions(device=device, fracs=fracs) as parts:
             report = smid.confinement(parts, fracs)
-    except (green.GreenContextError, smid.SmIdError) as exc:
+    except (green_probe.GreenContextError, smid.SmIdError) as exc:
         return Check(name="confinement", status="unavailable", detail=str(exc))
     items = tuple(f"budget {b.frac:g}: {b.describe()}" for b in report.budgets)
     passed = sum(b.ok for b in report.budgets)

@@ -213,7 +213,7 @@ def _bench(cfg: ProfileConfig):
         return bench, name, cpu_levels(len(bench.cores)), note
     if cfg.device != "cuda":
         raise ValueError(f"--device {cfg.device!r}: use cuda or cpu")
-    from jigsaw.mux.partition.green import GreenContextError
+    from jigsaw.mux.partition.green_probe import GreenContextError
     from jigsaw.mux.profiling.cuda_bench import CudaBench
 
     try:

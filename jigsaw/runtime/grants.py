@@ -39,7 +39,7 @@ def partitioner(kind: str, num_devices: int, levels: Sequence[float]):
     if kind == "cpu":
         return CpuPartitioner(num_devices)
     if kind == "green":
-        from jigsaw.mux.partition.green import GreenContextError
+        from jigsaw.mux.partition.green_probe import GreenContextError
 
         try:
             return GreenPartitioner(levels)

@@ -32,7 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
-from jigsaw.mux.partition.green import FRAC_TOL, Partition, require_torch_cuda
+from jigsaw.mux.partition.green import Partition
+from jigsaw.mux.partition.green_probe import require_torch_cuda
+from jigsaw.mux.partition.smsplit import FRAC_TOL
 
 
 class GraphNotCapturedError(LookupError):

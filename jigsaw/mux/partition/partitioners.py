@@ -137,7 +137,7 @@ class GreenPartitioner:
         from jigsaw.mux.partition.smsplit import budget_levels
 
         if resource is None:
-            from jigsaw.mux.partition.green import probe_resource
+            from jigsaw.mux.partition.green_probe import probe_resource
 
             resource = probe_resource(device)
         self.resource, self.levels = resource, budget_levels(levels)

@@ -44,7 +44,8 @@ class CudaBench:
     def __init__(self, config: ProfileConfig):
         import torch
 
-        from jigsaw.mux.partition.green import GreenPartitions, probe
+        from jigsaw.mux.partition.green import GreenPartitions
+        from jigsaw.mux.partition.green_probe import probe
 
         self.config = config
         self.support = probe(config.gpu)  # GreenContextError says why when there is no usable GPU
