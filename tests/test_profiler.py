@@ -1,6 +1,7 @@
 """`jigsaw profile`: grid assembly from measurements, kernels from a model config, where the CLI
 writes (never over a shipped grid unless asked; a degenerate grid beside it), CLI errors."""
 
+import functools
 import json
 import math
 import os
@@ -227,10 +228,11 @@ def test_profile_smoke_on_a_gpu(tmp_path):
 def test_cpu_profile_measures_a_valid_grid_on_this_machine(tmp_path):
     """Real measurement (short): the recipe's model on core sets; the grid loads and holds
     what was measured, or, on a machine too busy to measure, the profiler says which point."""
+    from jigsaw.cli.profile import cpu_model
     from jigsaw.mux.partition.cpu import cpu_levels
     from jigsaw.mux.profiling.cpu_bench import CpuBench
 
-    bench = CpuBench("tiny-qwen3", min_time_s=0.05)
+    bench = CpuBench(functools.partial(cpu_model, "tiny-qwen3"), min_time_s=0.05)
     grid = refused = None
     try:
         levels = cpu_levels(len(bench.cores))

@@ -1,7 +1,7 @@
 """`jigsaw profile --device cuda|cpu --model CONFIG`: measure a device's slowdown grid.
 
     ProfileConfig ─► CudaBench (green-context pairs, kernels from the model config)
-                   | CpuBench (core-set pairs, the recipe's model and sub-stage kinds)
+                   | CpuBench (core-set pairs, the recipe's model from cpu_model, sub-stage kinds)
                   ─► out = --out or <user profile dir>/<sku>/<model>.json
                      (inside the shipped grids only when --out names it, else refused before measuring)
                   ─► measure_grid() with a progress line per point
@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -200,6 +201,14 @@ def _name_note(ref: str, out: Path | None) -> str:
     return f"the name {ref} now resolves to it" + (f" (it shadows the shipped {shipped[0]})" if shipped else "")
 
 
+def cpu_model(name: str):
+    """The recipe's CPU model `name` (jigsaw.engines.model), loaded in each CpuBench worker:
+    handed in from here so that mux never imports the engines (which import mux)."""
+    from jigsaw.engines.model import ModelConfig, load
+
+    return load(ModelConfig(name=name))[0]
+
+
 def _bench(cfg: ProfileConfig):
     from jigsaw.mux.model.slowdown import DEFAULT_SM_LEVELS
 
@@ -208,7 +217,7 @@ def _bench(cfg: ProfileConfig):
         from jigsaw.mux.profiling.cpu_bench import CpuBench
 
         name = cfg.model or "tiny-qwen3"
-        bench = CpuBench(name, cfg.min_time_s, cores=cfg.cores)
+        bench = CpuBench(functools.partial(cpu_model, name), cfg.min_time_s, cores=cfg.cores)
         note = f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
         return bench, name, cpu_levels(len(bench.cores)), note
     if cfg.device != "cuda":

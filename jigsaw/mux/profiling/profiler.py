@@ -1,6 +1,6 @@
 """Offline slowdown-grid measurement (`jigsaw profile`), independent of the device.
 
-    ProfileConfig ─► Bench (device side: cuda_bench.py; the CPU one comes with the CPU engines)
+    ProfileConfig ─► Bench (device side: cuda_bench.py, cpu_bench.py)
         │   base[k]       = time per token of k alone, whole device, top memory level
         │   alone[k][σ,m] = bench.alone(k, σ, m) / base[k]
         │   pair(a,b,σ,m) = bench.pair(a, b, σ, m)  ─► a's and b's time per token side by side,
