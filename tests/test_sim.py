@@ -183,7 +183,8 @@ def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first
     # would overlap their forward steps).
     from jigsaw.mux.model.costmodel import StepCost
     from jigsaw.mux.model.specs import H100
-    from jigsaw.sim.rollout import Request, RolloutWorker
+    from jigsaw.sim.request import Request
+    from jigsaw.sim.rollout import RolloutWorker
 
     def target() -> RolloutWorker:
         wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=StepCost(H100, "qwen3-4b"), mem_bytes=40 << 30)
@@ -268,7 +269,8 @@ def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
     # that is what lets it share a device with a training stage.
     from jigsaw.mux.model.costmodel import StepCost
     from jigsaw.mux.model.specs import A100
-    from jigsaw.sim.rollout import Request, RolloutWorker
+    from jigsaw.sim.request import Request
+    from jigsaw.sim.rollout import RolloutWorker
 
     cost = StepCost(A100, "qwen3-4b")
     pool = cost.rollout_mem_bytes(200_000)

@@ -3,14 +3,20 @@
     workload.py  TOML workload specs with provenance ─► samples of every step
     lengths.py   response-length shapes and empirical (JSONL) lengths
     deploy.py    per-pipeline TP / FSDP / offload; several engines on one scheduling device
-    rollout.py   continuous-batching engine per DP worker, one batch segment at a time, with
-                 a KV pool bounded by its memory grant (admission, retraction, recompute)
+    request.py   one sample: its sequence so far and what it still has to generate
+    kvpool.py    the KV pool of an engine, bounded by its memory grant (admission,
+                 eviction, retraction, recompute)
+    rollout.py   continuous-batching engine per DP worker, one batch segment at a time
     pipeline.py  a pipeline's steps: rollout ─► reward ─► reference ─► training
-    view.py      live state ─► PipelineState for policies (what the runtime builds too)
+    report.py    what the engines tell the node state, as their clients would
     (policies: jigsaw/graph/policy.py and baselines.py, the ones the daemon runs live)
     node.py      event heap, policy calls, plan application, invariants, trace
     physics.py   ground-truth slowdowns: each side of a pair priced by its own model
     run.py       SimConfig ─► simulate() ─► SimResult; lower_bound()
+    breakdown.py where a run's device time goes, read from its trace
+    replay.py    a recorded trace (simulator or daemon) re-packed, or its decisions replayed
+    calibrate.py a grid scaled to the pipelines' own alone and shared runs
 
+Step costs, grids and pair views come from jigsaw.mux.model (grids.py), never the other way.
 No torch anywhere in this package: `jigsaw sim` runs on any CPU.
 """

@@ -33,7 +33,8 @@ from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.residual import ResidualLength
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
 from jigsaw.mux.model.costmodel import StepCost
-from jigsaw.sim.rollout import Request, RolloutWorker
+from jigsaw.sim.request import Request
+from jigsaw.sim.rollout import RolloutWorker
 from jigsaw.sim.workload import WorkloadSpec, prompt_scales, sample_step
 
 ROLLOUT, REWARD, REFERENCE, TRAINING, WAITING, DONE = "rollout", "reward", "reference", "training", "waiting", "done"
