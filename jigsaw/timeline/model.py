@@ -395,12 +395,6 @@ class Timeline:
             return None
         return sum(iv.flops / self.peak_flops[iv.device] for iv in self.intervals) / (len(self.devices) * self.window_s)
 
-    def pipeline_summary(self) -> list:
-        """summary.pipeline_summary(self)."""
-        from jigsaw.timeline.summary import pipeline_summary
-
-        return pipeline_summary(self)
-
     def device_of(self, substage: str, t_s: float) -> int | None:
         """Where `substage` was (last granted at or before t_s), else its DP rank's placed device."""
         held = self.where.get(substage, ())
