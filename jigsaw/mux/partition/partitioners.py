@@ -23,6 +23,8 @@ from typing import Protocol
 
 import msgspec
 
+from jigsaw.graph.ids import SubStageId
+
 Layout = tuple[tuple[str, float], ...]
 """The on-device sub-stages of one device and their SM shares (σ; pairs sum to 1)."""
 
@@ -123,8 +125,9 @@ class CpuPartitioner:
 
 
 def _owner(sid: str) -> str:
-    """The pipeline of a sub-stage id (`pipeline/step/rank/kind/n`)."""
-    return sid.split("/", 1)[0]
+    """The pipeline of a sub-stage id; a hand-made id (no pipeline/step/rRANK/kind/n) is its own."""
+    parsed = SubStageId.try_parse(sid)
+    return sid if parsed is None else parsed.pipeline
 
 
 class GreenPartitioner:
