@@ -1,7 +1,7 @@
 """`jigsaw prior`: write an analytic roofline prior slowdown grid.
 
-    --device, --model, --prior.* ─► mux.prior.analytic_prior ─► SlowdownGrid.save ─► path
-    --shipped ─► every prior listed in mux.prior.SHIPPED, into jigsaw/profiles (or --profiles-dir)
+    --device, --model, --prior.* ─► mux.model.prior.analytic_prior ─► SlowdownGrid.save ─► path
+    --shipped ─► every prior listed in mux.model.prior.SHIPPED, into jigsaw/profiles (or --profiles-dir)
 
 A prior is a labelled stand-in until `jigsaw profile` measures the device; the file's
 `source` says so and records every constant used.

@@ -209,7 +209,7 @@ class Grant(_Msg, tag="grant"):
     routing: tuple[float, ...] | None = None
     migrations: tuple[MigrationOrder, ...] = ()
     partition: Partition | None = None
-    """What the budget is on the device (partition.py); None for host work."""
+    """What the budget is on the device (mux/partition/partitioners.py); None for host work."""
 
 
 class Beat(_Msg, tag="beat"):

@@ -7,7 +7,7 @@
         Green       this process's GreenPartitions, opened once per device and levels:
                     pair(budget)[side], or the whole device ─► Binding.partition.stream; work
                     launched on that stream (and CUDA graphs captured for that budget,
-                    mux/cudagraphs.py, replayed by Binding.budget) runs on those SMs only
+                    cudagraphs.py, replayed by Binding.budget) runs on those SMs only
     follow_threads(cap)   an engine's intra-op threads = the cores it may use (at most cap),
                           called before each forward or micro-batch: a bind from another
                           process changes a worker's cores, the worker follows at its next op

@@ -4,7 +4,7 @@
     budget_levels(fracs) ─► the levels a device holds, closed under σ → 1-σ
     assign_sides({substage: σ}) ─► {substage: (level, side)}: which side of which pair
 
-The daemon computes partition descriptors with these (partition.py), and a worker opens the
+The daemon computes partition descriptors with these (partitioners.py), and a worker opens the
 same split in its own process (green.py), so both sides of a pair agree on the SM counts.
 """
 
