@@ -31,7 +31,7 @@ from rich.table import Table
 
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.policies import make
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.model.slowdown import load_grid
 from jigsaw.profiles import CPU_DEFAULT
 from jigsaw.recipes.demo import DemoConfig, run_demo
 from jigsaw.recipes.demo_report import print_report

@@ -28,7 +28,7 @@ from rich.table import Table  # noqa: E402
 
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig  # noqa: E402
 from jigsaw.graph.policy import Jigsaw  # noqa: E402
-from jigsaw.mux.slowdown import load_grid  # noqa: E402
+from jigsaw.mux.model.slowdown import load_grid  # noqa: E402
 from jigsaw.profiles import SHIPPED_DIR
 from jigsaw.sim.execute import execute  # noqa: E402
 

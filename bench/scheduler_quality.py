@@ -32,7 +32,7 @@ from scheduler_latency import PRIOR, measure, setups  # noqa: E402
 
 from jigsaw.graph.plan import SchedulerConfig  # noqa: E402
 from jigsaw.graph.policies import make  # noqa: E402
-from jigsaw.mux.slowdown import load_grid  # noqa: E402
+from jigsaw.mux.model.slowdown import load_grid  # noqa: E402
 from jigsaw.sim.execute import execute  # noqa: E402
 
 

@@ -38,8 +38,9 @@ _EXPORTS = {
     "jigsaw.sim.execute": ("Execution", "Interval", "execute"),
     "jigsaw.graph.merge": ("Balance", "MergeConfig", "MergeDecision", "TailWorker", "balance", "best_merge",
                            "merge_decision"),
-    "jigsaw.mux.slowdown": ("DeviceInfo", "SlowdownFileError", "SlowdownGrid", "load_grid"),
-    "jigsaw.mux.prior": ("PriorConfig", "analytic_prior"),
+    "jigsaw.mux.model.slowdown": ("DeviceInfo", "SlowdownFileError", "SlowdownGrid", "load_grid"),
+    "jigsaw.mux.model.specs": ("PriorConfig",),
+    "jigsaw.mux.model.prior": ("analytic_prior",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

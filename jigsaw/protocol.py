@@ -26,7 +26,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from jigsaw.mux.partition import Partition
+from jigsaw.mux.partition.partitioners import Partition
 
 PROTOCOL_VERSION = 7
 """2: typed partitions in grants, the processes of a sub-stage, fail-open reports.
@@ -305,7 +305,7 @@ class Grant(_Msg, tag="grant"):
     routing: tuple[float, ...] | None = None
     migrations: tuple[MigrationOrder, ...] = ()
     partition: Partition | None = None
-    """What the budget is on the device (partition.py); None for host work."""
+    """What the budget is on the device (mux/partition/partitioners.py); None for host work."""
 
 
 class Beat(_Msg, tag="beat"):

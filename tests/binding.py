@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 from nodes import Node
 
+from jigsaw.graph.ids import SubStageId
+
 SAMPLE_S = 0.01
 BIND_S = 0.25
 """From the daemon's reply (a grant, or a heartbeat reply with a budget change) to the
@@ -73,7 +75,7 @@ def holdings(events: list[dict]) -> list[Held]:
     bound: dict[int, str] = {}  # the cores the pid was last told
     for e in events:
         if e["event"] == "grant" and e["data"].get("partition", {}).get("kind") == "cpu":
-            kind = e["substage"].split("/")[3]
+            kind = SubStageId.parse(e["substage"]).kind.value
             for pid in e["data"]["pids"]:
                 running = (told.get(pid) or pending.get(pid))
                 _close(out, told.pop(pid, None), e["t_s"])

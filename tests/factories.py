@@ -11,7 +11,7 @@ from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec, PipelineState
 from jigsaw.graph.substage import SubStage
 from jigsaw.graph.substage import SubStageKind as K
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model.slowdown import SlowdownGrid
 
 SM = (0.25, 0.5, 0.75, 1.0)
 MEM = (0.2, 0.4, 0.6, 0.8)

@@ -4,7 +4,7 @@ and the shared run read with the calibrated grid takes back the alone run's time
 
 import pytest
 
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model.slowdown import SlowdownGrid
 from jigsaw.profiles import CPU_DEFAULT
 from jigsaw.sim.calibrate import calibrate
 from jigsaw.sim.replay import recorded

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw.cli.main import COMMANDS, main
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.model.slowdown import load_grid
 from jigsaw.profiles import SHIPPED_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

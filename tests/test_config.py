@@ -15,8 +15,8 @@ from jigsaw.graph.plan import SchedulerConfig
 from jigsaw.integrations.sglang.plugin import PluginConfig
 from jigsaw.integrations.verl.job import JobConfig
 from jigsaw.integrations.verl.server import ServerConfig
-from jigsaw.mux.prior import PriorConfig
-from jigsaw.mux.profiler import ProfileConfig
+from jigsaw.mux.model.specs import PriorConfig
+from jigsaw.mux.profiling.profiler import ProfileConfig
 from jigsaw.recipes.demo import DemoConfig
 from jigsaw.recipes.grpo import RecipeConfig
 from jigsaw.runtime.daemon import DaemonConfig

@@ -11,9 +11,9 @@ import time
 import msgspec
 import pytest
 
-from jigsaw.mux.bind import Binder, affinity, follow_threads
-from jigsaw.mux.cpu import cpu_levels, split_cores
-from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, Partition
+from jigsaw.mux.partition.bind import Binder, affinity, follow_threads
+from jigsaw.mux.partition.cpu import cpu_levels, split_cores
+from jigsaw.mux.partition.partitioners import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, Partition
 
 
 def test_levels_are_shares_a_core_split_can_give():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw.cli.main import main
+from jigsaw.graph.ids import SubStageId
 from jigsaw.recipes import demo
 from jigsaw.recipes.demo import MODES, DemoConfig, Run, _summarise
 from jigsaw.recipes.demo_report import MAX_BUSY_FRAC, doubts, noise, summarise, table, verdict
@@ -46,7 +47,7 @@ def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     assert {e["sm_frac"] for e in alone if e["event"] == "grant"} == {1.0}  # every sub-stage on every core
     first = {p: min(e["t_s"] for e in alone if e["pipeline"] == p) for p in ("grpo-seed1", "grpo-seed2")}
     assert max(e["t_s"] for e in alone if e["pipeline"] == "grpo-seed1" and e["event"] == "step") < first["grpo-seed2"]
-    from jigsaw.mux.slowdown import load_grid
+    from jigsaw.mux.model.slowdown import load_grid
     from jigsaw.sim.calibrate import calibrate
     from jigsaw.trace import Trace
 
@@ -56,7 +57,7 @@ def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon
-    kinds = {e["substage"].split("/")[3] for e in events if e["event"] == "grant"}
+    kinds = {SubStageId.parse(e["substage"]).kind.value for e in events if e["event"] == "grant"}
     assert {"reference", "training"} <= kinds and any(k.startswith("rollout_") for k in kinds)
     releases = [e for e in events if e["event"] == "release" and e["data"].get("flops")]
     assert releases  # FLOPs reach the trace, so the timeline has an MFU

@@ -18,7 +18,8 @@ import pytest
 
 from jigsaw.cli import doctor
 from jigsaw.cli.main import main
-from jigsaw.mux import mps, smid, telemetry
+from jigsaw.mux import telemetry
+from jigsaw.mux.partition import mps, smid
 from jigsaw.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,8 @@ def test_a_check_that_raises_is_reported_as_fail(monkeypatch, capsys):
 
 
 def test_importing_doctor_and_mux_modules_loads_no_torch_or_gpu_library():
-    probe = ("import sys\nimport jigsaw.cli.doctor, jigsaw.mux.smid, jigsaw.mux.mps, jigsaw.mux.telemetry\n"
+    probe = ("import sys\nimport jigsaw.cli.doctor, jigsaw.mux.partition.smid, jigsaw.mux.partition.mps\n"
+             "import jigsaw.mux.telemetry\n"
              "print('LOADED', *(m in sys.modules for m in ('torch', 'pynvml', 'cuda.bindings')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
                          check=False)
@@ -163,7 +165,7 @@ class FakeStream:
 
 
 class FakeGreenPartitions:
-    """Stands for jigsaw.mux.green.GreenPartitions on absent hardware: fixed SM ids per side."""
+    """Stands for jigsaw.mux.partition.green.GreenPartitions on absent hardware: fixed SM ids per side."""
 
     fracs = (0.25, 0.5, 0.75)
 
@@ -474,10 +476,11 @@ def test_smid_kernel_builds_and_reports_ids_within_the_device():
 
 @pytest.mark.gpu
 def test_confinement_holds_for_every_budget():
-    green = pytest.importorskip("jigsaw.mux.green")
+    green = pytest.importorskip("jigsaw.mux.partition.green")
+    green_probe = pytest.importorskip("jigsaw.mux.partition.green_probe")
     try:
-        green.probe(0)
-    except green.GreenContextError as exc:
+        green_probe.probe(0)
+    except green_probe.GreenContextError as exc:
         pytest.skip(f"no green contexts here: {exc}")
     with green.GreenPartitions(device=0, fracs=(0.25, 0.5, 0.75)) as parts:
         report = smid.confinement(parts, (0.25, 0.5, 0.75))

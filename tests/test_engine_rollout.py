@@ -230,8 +230,8 @@ def test_update_weights_changes_outputs_and_keeps_serving(dp, prompts, model_and
 def test_a_bound_worker_follows_its_cores(prompts):
     """Bound from outside (the client's bind), a worker's every thread is on the partition's
     cores and its generation threads follow at the next forward, both ways."""
-    from jigsaw.mux.bind import Binder, affinity
-    from jigsaw.mux.partition import Cpu
+    from jigsaw.mux.partition.bind import Binder, affinity
+    from jigsaw.mux.partition.partitioners import Cpu
 
     cores = sorted(os.sched_getaffinity(0))
     binder = Binder()

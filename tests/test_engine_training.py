@@ -25,8 +25,8 @@ from jigsaw.engines.grpo import (
 from jigsaw.engines.model import ModelConfig, load
 from jigsaw.engines.rewards import ReasoningGymTask, TargetTokenReward, extract_answer
 from jigsaw.engines.training import TrainConfig, Trainer, _plan
-from jigsaw.mux.bind import Binder, affinity
-from jigsaw.mux.partition import Cpu
+from jigsaw.mux.partition.bind import Binder, affinity
+from jigsaw.mux.partition.partitioners import Cpu
 
 
 # ── grpo math ──────────────────────────────────────────────────────────────────────────────

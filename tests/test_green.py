@@ -1,4 +1,4 @@
-"""Green-context partitions and per-budget CUDA graphs (jigsaw.mux.green, jigsaw.mux.cudagraphs).
+"""Green-context partitions and per-budget CUDA graphs (jigsaw.mux.partition: green_probe, green, cudagraphs).
 
 CPU tests cover the rounding rule, the failure paths on a machine without a GPU, and the
 shared bookkeeping through an in-memory driver whose SM resources are sets of SM ids (so an
@@ -22,12 +22,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsaw.mux import cudagraphs, green
-from jigsaw.mux.bind import Binder
-from jigsaw.mux.cudagraphs import BudgetGraphs, GraphMemory, GraphNotCapturedError
-from jigsaw.mux.green import GreenContextError, GreenPartitions, Partition, probe, probe_resource
-from jigsaw.mux.partition import Green, GreenPartitioner
-from jigsaw.mux.smsplit import SmResource, assign_sides, budget_grid, granularity, split_sms
+from jigsaw.mux.partition import cudagraphs, green_probe
+from jigsaw.mux.partition.bind import Binder
+from jigsaw.mux.partition.cudagraphs import BudgetGraphs, GraphMemory, GraphNotCapturedError
+from jigsaw.mux.partition.green import GreenPartitions, Partition
+from jigsaw.mux.partition.green_probe import GreenContextError, probe, probe_resource
+from jigsaw.mux.partition.partitioners import Green, GreenPartitioner
+from jigsaw.mux.partition.smsplit import SmResource, assign_sides, budget_grid, granularity, split_sms
 
 HOPPER = SmResource(num_sms=132, min_partition_sms=8, alignment_sms=8)
 A100 = SmResource(num_sms=108, min_partition_sms=4, alignment_sms=2)
@@ -182,7 +183,7 @@ def test_probe_without_libcuda_says_driver_not_found(monkeypatch):
 
 @no_gpu_here
 def test_probe_does_not_crash_or_hang():
-    code = ("from jigsaw.mux.green import probe, GreenContextError\n"
+    code = ("from jigsaw.mux.partition.green_probe import probe, GreenContextError\n"
             "try:\n    probe(0)\nexcept GreenContextError as e:\n    print('REFUSED', e.cause)\n")
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -198,7 +199,7 @@ def test_green_partitions_and_graphs_refuse_here():
 
 
 def test_import_does_not_import_torch_or_cuda():
-    code = ("import sys, jigsaw.mux.green, jigsaw.mux.cudagraphs\n"
+    code = ("import sys, jigsaw.mux.partition.green, jigsaw.mux.partition.cudagraphs\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.split('.')[0] == 'cuda'))\n")
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -377,8 +378,8 @@ def fake(monkeypatch):
     def install(drv=None, torch=None):
         drv = drv or FakeDriver()
         torch = torch or fake_torch()
-        monkeypatch.setattr(green, "_import_driver", lambda: drv)
-        monkeypatch.setattr(green, "_import_torch", lambda: torch)
+        monkeypatch.setattr(green_probe, "_import_driver", lambda: drv)
+        monkeypatch.setattr(green_probe, "_import_torch", lambda: torch)
         return drv
     return install
 
@@ -388,14 +389,14 @@ def _ids(drv: FakeDriver, part: Partition) -> frozenset:
 
 
 def test_check_maps_cu_results():
-    assert green._check((OK, 7), "x") == 7
-    assert green._check((OK, 1, 2), "x") == (1, 2)
-    assert green._check((OK,), "x") is None
+    assert green_probe._check((OK, 7), "x") == 7
+    assert green_probe._check((OK, 1, 2), "x") == (1, 2)
+    assert green_probe._check((OK,), "x") is None
     for code, cause in [(FakeResult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "insufficient-sms"),
                         (FakeResult.CUDA_ERROR_INVALID_DEVICE, "bad-device"),
                         (FakeResult.CUDA_ERROR_INVALID_HANDLE, "driver-error")]:
         with pytest.raises(GreenContextError, match=f"cuX failed with {code.name} \\({int(code)}\\)") as info:
-            green._check((code, None), "cuX")
+            green_probe._check((code, None), "cuX")
         assert info.value.cause == cause
 
 
@@ -632,7 +633,7 @@ def test_gpu_real_split_on_device_0():
             a, b = parts.pair(frac)
             want = split_sms(support.resource, frac)
             assert a.num_sms + b.num_sms <= n
-            if support.driver_version >= green.STRUCTURED_SPLIT_MIN_DRIVER:
+            if support.driver_version >= green_probe.STRUCTURED_SPLIT_MIN_DRIVER:
                 assert (a.num_sms, b.num_sms) == want
             else:  # split by count: the smaller side as rounded, the remainder for the other
                 small = min(range(2), key=lambda i: want[i])
@@ -687,9 +688,9 @@ def test_gpu_graph_per_budget_replays_like_eager():
 @pytest.mark.gpu
 def test_gpu_bind_runs_work_on_the_granted_sms_only():
     """The worker-side bind on a GPU: each side of a pair, bound in this process, keeps its
-    kernels on its own SMs (the SM-id census of jigsaw.mux.smid)."""
+    kernels on its own SMs (the SM-id census of jigsaw.mux.partition.smid)."""
     torch = _gpu_torch()
-    from jigsaw.mux.smid import sm_ids
+    from jigsaw.mux.partition.smid import sm_ids
 
     resource = probe(0).resource
     daemon = GreenPartitioner(LEVELS, resource=resource)

@@ -6,7 +6,7 @@ import pytest
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import make
 from jigsaw.graph.substage import SubStageKind as K
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.model.slowdown import load_grid
 from jigsaw.node.state import NodeState
 from jigsaw.node.view import pipeline_state
 

@@ -1,4 +1,4 @@
-"""Analytic roofline prior (jigsaw.mux.prior): calibration to the paper and shipped files."""
+"""Analytic roofline prior (jigsaw.mux.model.specs, roofline, prior): calibration to the paper and shipped files."""
 
 from __future__ import annotations
 
@@ -12,18 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jigsaw.mux import prior
-from jigsaw.mux.prior import (
-    DEVICE_KIND_NAMES,
-    DEVICES,
-    H100,
-    MODELS,
-    SHIPPED,
-    PriorConfig,
-    analytic_prior,
-    shipped_path,
-)
-from jigsaw.mux.slowdown import SlowdownGrid, load_grid
+from jigsaw.mux.model.prior import SHIPPED, analytic_prior, shipped_path
+from jigsaw.mux.model.roofline import Roofline
+from jigsaw.mux.model.slowdown import DeviceInfo, SlowdownGrid, load_grid
+from jigsaw.mux.model.specs import DEVICE_KIND_NAMES, DEVICES, H100, MODELS, ModelSpec, PriorConfig
 from jigsaw.profiles import SHIPPED_DIR
 
 PROFILES = SHIPPED_DIR
@@ -58,7 +50,7 @@ def test_fig7_compute_bound_kinds_at_quarter_sms(qwen4b):
 
 def test_decode_batch_at_top_memory_is_large(qwen4b):
     # The representative decode batch is pool-limited; it must still be a > 256 batch.
-    work = prior.Roofline(H100, MODELS["qwen3-4b"], PriorConfig()).work("rollout_decode", 0.8)
+    work = Roofline(H100, MODELS["qwen3-4b"], PriorConfig()).work("rollout_decode", 0.8)
     rows = 1.0 / work.kernels[0].bytes * MODELS["qwen3-4b"].weight_bytes
     assert rows > 256
 
@@ -168,7 +160,7 @@ def test_tail_is_infeasible_only_when_weights_do_not_fit():
     assert grid.alone("rollout_tail", 1.0, 0.4) < math.inf
 
 
-@pytest.mark.parametrize("cls", [PriorConfig, prior.ModelSpec, prior.DeviceInfo])
+@pytest.mark.parametrize("cls", [PriorConfig, ModelSpec, DeviceInfo])
 def test_every_field_has_a_docstring(cls):
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body

@@ -1,4 +1,4 @@
-"""MoE models in the roofline, and priors of different models sharing a device (jigsaw.mux.prior_mix)."""
+"""MoE models in the roofline, and priors of different models sharing a device (jigsaw.mux.model.prior)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import random
 import numpy as np
 import pytest
 
-from jigsaw.mux.costmodel import StepCost
-from jigsaw.mux.prior import H100, MODELS, ModelSpec, PriorConfig, Roofline, analytic_prior
-from jigsaw.mux.prior_mix import analytic_pair_prior, mix_prior, pair_actual
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model.costmodel import StepCost
+from jigsaw.mux.model.prior import analytic_pair_prior, analytic_prior, mix_prior, pair_actual
+from jigsaw.mux.model.roofline import Roofline
+from jigsaw.mux.model.slowdown import SlowdownGrid
+from jigsaw.mux.model.specs import H100, MODELS, ModelSpec, PriorConfig
 
 MOE = "qwen3-30b-a3b"
 MOE_CFG = PriorConfig(rollout_tp=4, fsdp_degree=8)
@@ -193,11 +194,11 @@ def test_mix_prior_is_the_entrywise_max_of_the_pair_priors():
     assert (_table(mix, "rollout_tail", "training") > _table(small, "rollout_tail", "training") + 0.05).any()
 
 
-# --- the pair views the scheduler and the physics share (jigsaw.mux.pairing) ---------------------
+# --- the pair views the scheduler and the physics share (jigsaw.mux.model.pairing) ---------------------
 
 
 def test_pair_view_answers_as_pair_actual_and_as_the_own_prior_for_one_model(views):
-    from jigsaw.mux.pairing import PairGrids, PairView
+    from jigsaw.mux.model.pairing import PairGrids, PairView
 
     ab, ba = views
     view = PairView(ab, ba)

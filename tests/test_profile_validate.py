@@ -1,4 +1,4 @@
-"""`jigsaw.mux.validate` and `jigsaw profile --check`: each rule fires on the fault it names, at its
+"""`jigsaw.mux.model.validate` and `jigsaw profile --check`: each rule fires on the fault it names, at its
 threshold, and not on the shipped grids (a real 2-core CPU measurement and the analytic priors)."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from jigsaw.cli.main import main
-from jigsaw.mux.slowdown import SlowdownGrid
-from jigsaw.mux.validate import (
+from jigsaw.mux.model.slowdown import SlowdownGrid
+from jigsaw.mux.model.validate import (
     FLAT_TOL,
     MONOTONE_TOL,
     NOISE_MEDIAN_MAX,

@@ -1,6 +1,7 @@
 """`jigsaw profile`: grid assembly from measurements, kernels from a model config, where the CLI
 writes (never over a shipped grid unless asked; a degenerate grid beside it), CLI errors."""
 
+import functools
 import json
 import math
 import os
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from jigsaw.cli.main import main
-from jigsaw.mux.kernels import KINDS, build_kernels, model_spec
-from jigsaw.mux.prior import H100, ModelSpec, PriorConfig
-from jigsaw.mux.profiler import MeasurementError, ProfileConfig, measure_grid
-from jigsaw.mux.slowdown import DeviceInfo, load_grid
+from jigsaw.mux.model.slowdown import DeviceInfo, load_grid
+from jigsaw.mux.model.specs import H100, ModelSpec, PriorConfig
+from jigsaw.mux.profiling.kernels import KINDS, build_kernels, model_spec
+from jigsaw.mux.profiling.profiler import MeasurementError, ProfileConfig, measure_grid
 from jigsaw.profiles import SHIPPED_DIR, resolve, user_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,8 +189,8 @@ def test_model_from_an_hf_config(tmp_path):
 
 
 def test_datasheet_peaks_come_from_the_prior_devices():
-    from jigsaw.mux.prior import A100
-    from jigsaw.mux.profile_cuda import datasheet_peaks
+    from jigsaw.mux.model.specs import A100
+    from jigsaw.mux.profiling.cuda_bench import datasheet_peaks
 
     assert datasheet_peaks("NVIDIA H100 80GB HBM3") == (H100.peak_flops, H100.mem_bw_bytes_per_s)
     assert datasheet_peaks("NVIDIA A100-SXM4-80GB") == (A100.peak_flops, A100.mem_bw_bytes_per_s)
@@ -210,7 +211,7 @@ def test_profile_without_a_gpu_says_why():
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_profile_smoke_on_a_gpu(tmp_path):
-    from jigsaw.mux.profile_cuda import CudaBench
+    from jigsaw.mux.profiling.cuda_bench import CudaBench
 
     bench = CudaBench(ProfileConfig(model="qwen3-0.6b", layers=1, min_time_s=0.05,
                                     shapes=replace(PriorConfig(), decode_max_batch=64, prefill_tokens=1024)))
@@ -227,10 +228,11 @@ def test_profile_smoke_on_a_gpu(tmp_path):
 def test_cpu_profile_measures_a_valid_grid_on_this_machine(tmp_path):
     """Real measurement (short): the recipe's model on core sets; the grid loads and holds
     what was measured, or, on a machine too busy to measure, the profiler says which point."""
-    from jigsaw.mux.cpu import cpu_levels
-    from jigsaw.mux.profile_cpu import CpuBench
+    from jigsaw.cli.profile import cpu_model
+    from jigsaw.mux.partition.cpu import cpu_levels
+    from jigsaw.mux.profiling.cpu_bench import CpuBench
 
-    bench = CpuBench("tiny-qwen3", min_time_s=0.05)
+    bench = CpuBench(functools.partial(cpu_model, "tiny-qwen3"), min_time_s=0.05)
     grid = refused = None
     try:
         levels = cpu_levels(len(bench.cores))
@@ -344,7 +346,7 @@ def test_a_degenerate_measurement_is_kept_beside_the_output_where_the_name_does_
 def test_a_one_core_device_is_profiled_by_time_sharing_its_core(monkeypatch):
     """A device per core: half of it is the core shared with a busy spinner, a pair is both
     processes on the core (no split of one core is asked for)."""
-    from jigsaw.mux.profile_cpu import SPIN, CpuBench
+    from jigsaw.mux.profiling.cpu_bench import SPIN, CpuBench
 
     core = sorted(os.sched_getaffinity(0))[0]
     bench = CpuBench.__new__(CpuBench)  # the dispatch only: no worker processes

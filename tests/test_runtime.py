@@ -12,7 +12,8 @@ import pytest
 from nodes import ROOT, Node
 
 from jigsaw import protocol as pr
-from jigsaw.mux.partition import Advisory
+from jigsaw.graph.ids import SubStageId
+from jigsaw.mux.partition.partitioners import Advisory
 from jigsaw.runtime.client import connect
 from jigsaw.runtime.paths import socket_path
 from jigsaw.runtime.wire import Channel
@@ -190,21 +191,25 @@ def test_a_budget_change_reaches_a_running_worker_at_once_not_at_its_next_heartb
         b.close()
         n.stop()
     ev = n.events()
-    delivered = [(e["substage"].split("/")[0], e["sm_frac"]) for e in ev if e["event"] == "delivered"]
+    delivered = [(SubStageId.parse(e["substage"]).pipeline, e["sm_frac"]) for e in ev if e["event"] == "delivered"]
     assert delivered[0] == ("A", 0.5)
+
+
+def _kind(sid: str) -> str:
+    return SubStageId.parse(sid).kind.value
 
 
 def test_rollout_buckets_forward_steps_client_side(node):
     c = connect(pipeline="R", endpoint=node.ep)
     assert c.connected
     with c.rollout(dp_rank=0, step=0) as ro:
-        kinds = [ro.forward(n, 0).substage.split("/")[3] for n in [2000] * 20 + [300] * 30 + [0, 5000] * 3 + [10] * 40]
+        kinds = [_kind(ro.forward(n, 0).substage) for n in [2000] * 20 + [300] * 30 + [0, 5000] * 3 + [10] * 40]
     c.close()
     assert ro.transitions == 3  # short fluctuations (the 5000-token blips) never split a regime
     assert kinds[0] == "rollout_prefill" and kinds[-1] == "rollout_tail"
     time.sleep(0.3)
     ev = [e for e in node.events() if e["pipeline"] == "R"]
-    assert [e["substage"].split("/")[3] for e in ev if e["event"] == "grant"] == \
+    assert [_kind(e["substage"]) for e in ev if e["event"] == "grant"] == \
         ["rollout_prefill", "rollout_decode", "rollout_tail"]
     released = {e["substage"]: e["data"] for e in ev if e["event"] == "release"}
     assert sum(d["tokens"] for d in released.values()) == 20 * 2000 + 30 * 300 + 3 * 5000 + 40 * 10
@@ -384,7 +389,7 @@ def test_a_change_of_memory_alone_moves_no_process_a_change_of_cores_does(monkey
     """A budget change whose partition is the one the worker is on (on a CPU: memory from
     half to whole when a partner ends) updates the handle but re-pins nothing; new cores do."""
     from jigsaw import protocol as pr
-    from jigsaw.mux.partition import Cpu
+    from jigsaw.mux.partition.partitioners import Cpu
     from jigsaw.runtime.client import GrantHandle
 
     c = connect(pipeline="P", endpoint=None)

@@ -16,7 +16,7 @@ from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.policies import make
 from jigsaw.graph.schedule import schedule
 from jigsaw.graph.substage import SubStageKind as K
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.model.slowdown import load_grid
 from jigsaw.sim.execute import execute
 
 PRIOR = load_grid("h100/qwen3-4b")
@@ -390,7 +390,7 @@ def _tail_faster_on_half() -> object:
     all of it (a tiny CPU decode on one core of two does)."""
     from factories import synthetic_grid
 
-    from jigsaw.mux.slowdown import SlowdownGrid
+    from jigsaw.mux.model.slowdown import SlowdownGrid
 
     doc = synthetic_grid().to_dict()
     doc["alone"]["rollout_tail"][1] = [0.9] * len(doc["mem_levels"])  # σ = 0.5

@@ -1,9 +1,9 @@
 """The graph↔mux seam is typed: mux's grids answer what graph/model.py says the scheduler asks."""
 
 from jigsaw.graph.model import DeviceSpec, PairModels, PairPricing, SlowdownModel
-from jigsaw.mux.pairing import PairGrids
-from jigsaw.mux.prior import DEVICES, PriorConfig
-from jigsaw.mux.slowdown import load_grid
+from jigsaw.mux.model.pairing import PairGrids
+from jigsaw.mux.model.slowdown import load_grid
+from jigsaw.mux.model.specs import DEVICES, PriorConfig
 
 
 def test_grids_and_pair_views_are_what_the_scheduler_asks_for():

@@ -181,9 +181,10 @@ def test_requests_migrated_onto_a_worker_about_to_wait_on_a_tool_run_there_first
     # The target's own request ends its turn with a tool call at the step in flight; requests
     # arriving then must be prefilled there, not hidden behind a tool wait (whose record
     # would overlap their forward steps).
-    from jigsaw.mux.costmodel import StepCost
-    from jigsaw.mux.prior import H100
-    from jigsaw.sim.rollout import Request, RolloutWorker
+    from jigsaw.mux.model.costmodel import StepCost
+    from jigsaw.mux.model.specs import H100
+    from jigsaw.sim.request import Request
+    from jigsaw.sim.rollout import RolloutWorker
 
     def target() -> RolloutWorker:
         wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=StepCost(H100, "qwen3-4b"), mem_bytes=40 << 30)
@@ -267,9 +268,10 @@ def test_summarised_next_step_keeps_chain_lengths_and_device_work():
 def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
     # A tail holding a few requests needs far less than the pool sized for the whole batch:
     # that is what lets it share a device with a training stage.
-    from jigsaw.mux.costmodel import StepCost
-    from jigsaw.mux.prior import A100
-    from jigsaw.sim.rollout import Request, RolloutWorker
+    from jigsaw.mux.model.costmodel import StepCost
+    from jigsaw.mux.model.specs import A100
+    from jigsaw.sim.request import Request
+    from jigsaw.sim.rollout import RolloutWorker
 
     cost = StepCost(A100, "qwen3-4b")
     pool = cost.rollout_mem_bytes(200_000)
@@ -292,8 +294,8 @@ def test_rollout_memory_is_what_its_kv_needs_capped_by_the_pool():
 def test_a_batched_prefill_attends_within_each_request():
     # A chunk of n requests of 300 new tokens each: every token attends to its own request,
     # so the cost grows linearly with n (one 28,800-token sequence would be quadratic).
-    from jigsaw.mux.costmodel import StepCost
-    from jigsaw.mux.prior import A100
+    from jigsaw.mux.model.costmodel import StepCost
+    from jigsaw.mux.model.specs import A100
 
     cost = StepCost(A100, "qwen3-4b")
 

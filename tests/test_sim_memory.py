@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jigsaw.mux.costmodel import StepCost
-from jigsaw.mux.prior import H100
-from jigsaw.sim.rollout import DoesNotFit, Request, RolloutWorker
+from jigsaw.mux.model.costmodel import StepCost
+from jigsaw.mux.model.specs import H100
+from jigsaw.sim.request import Request
+from jigsaw.sim.rollout import DoesNotFit, RolloutWorker
 
 pytestmark = pytest.mark.timeout(60)
 COST = StepCost(H100, "qwen3-4b")

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jigsaw.graph.policies import NAMES
-from jigsaw.mux.prior import MODELS
+from jigsaw.mux.model.specs import MODELS
 from jigsaw.sim.node import Infeasible
 from jigsaw.sim.run import SimConfig, lower_bound, simulate
 

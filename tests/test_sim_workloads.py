@@ -196,14 +196,14 @@ def test_a_running_engine_beside_a_new_one_is_planned_by_what_it_holds(policy):
 
 
 def test_the_physics_price_each_side_by_its_own_model_not_the_planning_mix():
-    from jigsaw.mux.prior import A100
-    from jigsaw.mux.prior_mix import analytic_pair_prior, pair_actual
-    from jigsaw.sim.physics import Physics, pair_grids
+    from jigsaw.mux.model.prior import analytic_pair_prior, pair_actual
+    from jigsaw.mux.model.specs import A100
+    from jigsaw.sim.physics import Physics
 
     runs, _, grid, _ = build(SimConfig(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=1,
                                        policy="serial", trace=False))
     keys = [(r.spec.model, r.cost.config) for r in runs]
-    physics = Physics(grid, pair_grids(runs), [r.name for r in runs])
+    physics = Physics.of(grid, runs)
     small, big = (0, 1) if runs[0].spec.model == "qwen3-4b" else (1, 0)
     units = [(small, "rollout_decode", 0.5, 0.4), (big, "rollout_decode", 0.5, 0.6)]
     want = pair_actual(analytic_pair_prior(A100, keys[small], keys[big]),

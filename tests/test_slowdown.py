@@ -1,4 +1,4 @@
-"""Slowdown grid: file format v1, validation, interpolation (jigsaw.mux.slowdown)."""
+"""Slowdown grid: file format v1, validation, interpolation (jigsaw.mux.model.slowdown)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsaw.mux.slowdown import (
+from jigsaw.mux.model.slowdown import (
     DEFAULT_MEM_LEVELS,
     DEFAULT_SM_LEVELS,
     SlowdownFileError,
@@ -347,5 +347,5 @@ def test_valid_dict_is_valid():
 
 
 def test_import_does_not_pull_torch():
-    code = "import sys, jigsaw.mux.slowdown, jigsaw.mux.prior; sys.exit('torch' in sys.modules)"
+    code = "import sys, jigsaw.mux.model.slowdown, jigsaw.mux.model.prior; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=PROFILES.parent).returncode == 0

@@ -92,7 +92,7 @@ def test_mfu_from_release_flops_and_from_step_flops_spread():
     assert flops == pytest.approx({(A, 0.0): 1e12, (A, 2.0): 1e12, (B, 0.0): 1.2e12})
     assert tl.series[0].mfu_frac == pytest.approx((0.7, 0.7, 0.2, 0.0))
     assert tl.mean_mfu_frac == pytest.approx(3.2e12 / (2 * 6.0 * 1e12))
-    summary = {s.name: s for s in tl.pipeline_summary()}
+    summary = {s.name: s for s in tlm.pipeline_summary(tl)}
     assert summary[A].busy_device_s == pytest.approx(4.0) and summary[A].mfu_frac == pytest.approx(0.5)
     assert summary[B].tokens == 70 and summary[B].mfu_frac == pytest.approx(0.2)
     # without release FLOPs, A's step FLOPs are spread instead

@@ -44,8 +44,7 @@ def prompts(model):
 
 
 def start(model, n: int):
-    from jigsaw.integrations.verl.rollout import server_name
-    from jigsaw.integrations.verl.server import RolloutServer, ServerConfig
+    from jigsaw.integrations.verl.server import RolloutServer, ServerConfig, server_name
 
     actors = [ray.remote(RolloutServer).options(name=server_name(r), num_cpus=0, max_concurrency=64).remote(
         ServerConfig(model_path=str(model), temperature=0.0, max_new_tokens=NEW_TOKENS, replica_rank=r, threads=1))

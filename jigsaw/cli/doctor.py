@@ -2,9 +2,9 @@
 
     python, torch (CUDA build?) ─┐
     driver (NVML, else cuda-python cuDriverGetVersion), CUDA versions, GPUs, NVML sample
-    MPS daemon (jigsaw.mux.mps; --start-mps starts it with no thread percentage)
-    green contexts (jigsaw.mux.green.probe), nvcc
-    SM-id kernel (jigsaw.mux.smid: build jigsaw/csrc/smid.cu, run one census grid)
+    MPS daemon (jigsaw.mux.partition.mps; --start-mps starts it with no thread percentage)
+    green contexts (jigsaw.mux.partition.green_probe.probe), nvcc
+    SM-id kernel (jigsaw.mux.partition.smid: build jigsaw/csrc/smid.cu, run one census grid)
     confinement: per budget of GreenPartitions(--fracs), both streams of the pair at once;
                  each side's SM ids <= its num_sms and disjoint ─► OK/FAIL per budget
         ─► one Check per line ("<name>  ok|unavailable|warn|fail: <why>"), or --json
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jigsaw.mux.smsplit import PARTITION_LEVELS
+from jigsaw.mux.partition.smsplit import PARTITION_LEVELS
 
 STATUSES = ("ok", "warn", "unavailable", "fail")
 
@@ -278,7 +278,7 @@ def check_telemetry(device: int) -> Check:
 
 
 def check_mps(start: bool) -> Check:
-    from jigsaw.mux import mps
+    from jigsaw.mux.partition import mps
 
     s = mps.ensure_mps(start)
     status = {"running": "fail" if s.thread_pct_capped else "ok", "stopped": "warn", "no-binary": "unavailable",
@@ -292,12 +292,13 @@ def check_mps(start: bool) -> Check:
 
 def check_green(device: int) -> Check:
     try:
-        green = importlib.import_module("jigsaw.mux.green")
+        green_probe = importlib.import_module("jigsaw.mux.partition.green_probe")
     except ImportError as exc:
-        return Check(name="green", status="unavailable", detail=f"jigsaw.mux.green cannot be imported: {exc}")
+        return Check(name="green", status="unavailable",
+                     detail=f"jigsaw.mux.partition.green_probe cannot be imported: {exc}")
     try:
-        g = green.probe(device)
-    except green.GreenContextError as exc:
+        g = green_probe.probe(device)
+    except green_probe.GreenContextError as exc:
         return Check(name="green", status="unavailable", detail=str(exc))
     r = g.resource
     return Check(name="green", status="ok",
@@ -331,7 +332,7 @@ def check_nvcc() -> Check:
 
 
 def check_smid(device: int) -> Check:
-    from jigsaw.mux import smid
+    from jigsaw.mux.partition import smid
 
     try:
         torch = smid.require_cuda(device)
@@ -346,17 +347,18 @@ def check_smid(device: int) -> Check:
 
 
 def check_confinement(device: int, fracs: tuple[float, ...]) -> Check:
-    from jigsaw.mux import smid
+    from jigsaw.mux.partition import smid
 
     try:
         smid.require_cuda(device)
-        green = importlib.import_module("jigsaw.mux.green")
+        green = importlib.import_module("jigsaw.mux.partition.green")
+        green_probe = importlib.import_module("jigsaw.mux.partition.green_probe")
     except (smid.SmIdError, ImportError) as exc:
         return Check(name="confinement", status="unavailable", detail=str(exc))
     try:
         with green.GreenPartitions(device=device, fracs=fracs) as parts:
             report = smid.confinement(parts, fracs)
-    except (green.GreenContextError, smid.SmIdError) as exc:
+    except (green_probe.GreenContextError, smid.SmIdError) as exc:
         return Check(name="confinement", status="unavailable", detail=str(exc))
     items = tuple(f"budget {b.frac:g}: {b.describe()}" for b in report.budgets)
     passed = sum(b.ok for b in report.budgets)

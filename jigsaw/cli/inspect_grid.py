@@ -26,7 +26,7 @@ class Args:
 def run(args: Args) -> int:
     from rich.console import Console
 
-    from jigsaw.mux.slowdown import load_grid
+    from jigsaw.mux.model.slowdown import load_grid
 
     grid = load_grid(args.path)
     console = Console()

@@ -1,7 +1,7 @@
 """`jigsaw prior`: write an analytic roofline prior slowdown grid.
 
-    --device, --model, --prior.* ─► mux.prior.analytic_prior ─► SlowdownGrid.save ─► path
-    --shipped ─► every prior listed in mux.prior.SHIPPED, into jigsaw/profiles (or --profiles-dir)
+    --device, --model, --prior.* ─► mux.model.prior.analytic_prior ─► SlowdownGrid.save ─► path
+    --shipped ─► every prior listed in mux.model.prior.SHIPPED, into jigsaw/profiles (or --profiles-dir)
 
 A prior is a labelled stand-in until `jigsaw profile` measures the device; the file's
 `source` says so and records every constant used.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from jigsaw.mux.prior import MODELS, PriorConfig
+from jigsaw.mux.model.specs import MODELS, PriorConfig
 
 ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
 
@@ -38,7 +38,8 @@ class Args:
 
 
 def run(args: Args) -> int:
-    from jigsaw.mux.prior import DEVICES, SHIPPED, analytic_prior, shipped_path
+    from jigsaw.mux.model.prior import SHIPPED, analytic_prior, shipped_path
+    from jigsaw.mux.model.specs import DEVICES
     from jigsaw.profiles import SHIPPED_DIR, user_dir
 
     jobs = SHIPPED if args.shipped else ((args.device, args.model, args.prior),)

@@ -1,11 +1,11 @@
 """`jigsaw profile --device cuda|cpu --model CONFIG`: measure a device's slowdown grid.
 
     ProfileConfig ─► CudaBench (green-context pairs, kernels from the model config)
-                   | CpuBench (core-set pairs, the recipe's model and sub-stage kinds)
+                   | CpuBench (core-set pairs, the recipe's model from cpu_model, sub-stage kinds)
                   ─► out = --out or <user profile dir>/<sku>/<model>.json
                      (inside the shipped grids only when --out names it, else refused before measuring)
                   ─► measure_grid() with a progress line per point
-                  ─► jigsaw.mux.validate.check_grid() ─► findings and spread printed
+                  ─► jigsaw.mux.model.validate.check_grid() ─► findings and spread printed
                         degenerate ─► <out stem>.rejected.json, exit 1 (the name keeps its old grid)
                         otherwise  ─► out, exit 0: the name <sku>/<model> now resolves to it
     --check FILE_OR_NAME ─► check_grid() on an existing grid, nothing measured: exit 1 if degenerate
@@ -16,19 +16,20 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import tyro
 
-from jigsaw.mux.profiler import ProfileConfig
+from jigsaw.mux.profiling.profiler import ProfileConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from jigsaw.mux.slowdown import DeviceInfo, SlowdownGrid
-    from jigsaw.mux.validate import Finding
+    from jigsaw.mux.model.slowdown import DeviceInfo, SlowdownGrid
+    from jigsaw.mux.model.validate import Finding
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,8 +54,8 @@ def run(args: Args) -> int:
 
 
 def _check(console: Console, ref: str) -> int:
-    from jigsaw.mux.slowdown import SlowdownGrid
-    from jigsaw.mux.validate import check_grid, is_degenerate
+    from jigsaw.mux.model.slowdown import SlowdownGrid
+    from jigsaw.mux.model.validate import check_grid, is_degenerate
 
     grid = SlowdownGrid.load(ref)
     findings = check_grid(grid)
@@ -68,8 +69,8 @@ def _check(console: Console, ref: str) -> int:
 
 
 def _calibrate(console: Console, cfg: ProfileConfig) -> int:
-    from jigsaw.mux.prior import node_grid
-    from jigsaw.mux.validate import check_grid
+    from jigsaw.mux.model.grids import node_grid
+    from jigsaw.mux.model.validate import check_grid
     from jigsaw.sim.calibrate import calibrate
     from jigsaw.trace import Trace
 
@@ -94,7 +95,7 @@ def _calibrate(console: Console, cfg: ProfileConfig) -> int:
 
 
 def _measure(console: Console, cfg: ProfileConfig) -> int:
-    from jigsaw.mux.validate import check_grid
+    from jigsaw.mux.model.validate import check_grid
 
     bench, name, levels, note = _bench(cfg)
     try:
@@ -110,7 +111,7 @@ def _measure(console: Console, cfg: ProfileConfig) -> int:
 def _target(cfg: ProfileConfig, device_info: DeviceInfo, model: str) -> tuple[Path, str]:
     """Where the grid goes and the name ("cpu/tiny-qwen3") that finds it; refuses a shipped file
     that --out did not name."""
-    from jigsaw.mux.profiler import default_out
+    from jigsaw.mux.profiling.profiler import default_out
     from jigsaw.profiles import SHIPPED_DIR, is_shipped, user_dir
 
     default = default_out(device_info, model)
@@ -123,7 +124,7 @@ def _target(cfg: ProfileConfig, device_info: DeviceInfo, model: str) -> tuple[Pa
 
 
 def _measure_grid(console: Console, bench, model: str, levels, note: str, repeats: int) -> SlowdownGrid:
-    from jigsaw.mux.profiler import measure_grid
+    from jigsaw.mux.profiling.profiler import measure_grid
 
     with console.status("profiling ...") as status:
         def progress(line: str) -> None:
@@ -137,7 +138,7 @@ def _measure_grid(console: Console, bench, model: str, levels, note: str, repeat
 
 def _report(console: Console, grid: SlowdownGrid, findings: list[Finding]) -> None:
     """The grid's spread per kind, its noise and packing, then every finding."""
-    from jigsaw.mux.validate import kind_spreads, packing
+    from jigsaw.mux.model.validate import kind_spreads, packing
 
     low = grid.sm_levels[0]
     say = _printer(console)
@@ -162,7 +163,7 @@ def _report(console: Console, grid: SlowdownGrid, findings: list[Finding]) -> No
 
 def _save(console: Console, grid: SlowdownGrid, findings: list[Finding], out: Path, ref: str) -> int:
     """Write a usable grid to `out`; a degenerate one next to it, where its name does not find it."""
-    from jigsaw.mux.validate import is_degenerate
+    from jigsaw.mux.model.validate import is_degenerate
     from jigsaw.profiles import is_shipped
 
     say = _printer(console)
@@ -200,21 +201,29 @@ def _name_note(ref: str, out: Path | None) -> str:
     return f"the name {ref} now resolves to it" + (f" (it shadows the shipped {shipped[0]})" if shipped else "")
 
 
+def cpu_model(name: str):
+    """The recipe's CPU model `name` (jigsaw.engines.model), loaded in each CpuBench worker:
+    handed in from here so that mux never imports the engines (which import mux)."""
+    from jigsaw.engines.model import ModelConfig, load
+
+    return load(ModelConfig(name=name))[0]
+
+
 def _bench(cfg: ProfileConfig):
-    from jigsaw.mux.slowdown import DEFAULT_SM_LEVELS
+    from jigsaw.mux.model.slowdown import DEFAULT_SM_LEVELS
 
     if cfg.device == "cpu":
-        from jigsaw.mux.cpu import cpu_levels
-        from jigsaw.mux.profile_cpu import CpuBench
+        from jigsaw.mux.partition.cpu import cpu_levels
+        from jigsaw.mux.profiling.cpu_bench import CpuBench
 
         name = cfg.model or "tiny-qwen3"
-        bench = CpuBench(name, cfg.min_time_s, cores=cfg.cores)
+        bench = CpuBench(functools.partial(cpu_model, name), cfg.min_time_s, cores=cfg.cores)
         note = f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
         return bench, name, cpu_levels(len(bench.cores)), note
     if cfg.device != "cuda":
         raise ValueError(f"--device {cfg.device!r}: use cuda or cpu")
-    from jigsaw.mux.green import GreenContextError
-    from jigsaw.mux.profile_cuda import CudaBench
+    from jigsaw.mux.partition.green_probe import GreenContextError
+    from jigsaw.mux.profiling.cuda_bench import CudaBench
 
     try:
         bench = CudaBench(cfg)

@@ -167,7 +167,7 @@ def _replay(path: Path, profile: Path | None, policies: list[str], config: SimCo
     from rich.table import Table
 
     from jigsaw.graph.policies import make
-    from jigsaw.mux.slowdown import load_grid
+    from jigsaw.mux.model.slowdown import load_grid
     from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay, replay_decisions
     from jigsaw.trace import Trace
 

@@ -4,7 +4,7 @@
 //       -> grid of out.numel() blocks on the CURRENT torch CUDA stream of out's device
 //       -> each block busy-waits ~spin_ns (clock64), then thread 0 writes %smid to out[block]
 //
-// jigsaw.mux.smid builds this file with torch.utils.cpp_extension.load on first use and
+// jigsaw.mux.partition.smid builds this file with torch.utils.cpp_extension.load on first use and
 // compares the set of ids a green-context stream produced against its partition's SM count.
 // Launching on the current stream (not a stream of our own) is the point: the caller picks
 // the green stream with `torch.cuda.stream(...)`, and the ids show where that stream's work ran.

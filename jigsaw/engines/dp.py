@@ -9,7 +9,7 @@
              └─ on_poll(self)  ──► migrate(source, target):
                    "abort_all" on source ─► partials ─► "submit" Request(partial_ids=…) on target
       update_weights(state_dict) ── torch.save bytes ──► "update_weights" on every worker (paused CB)
-      pids ──► whoever binds the workers to a partition (the client, mux/bind.py); a worker's
+      pids ──► whoever binds the workers to a partition (the client, mux/partition/bind.py); a worker's
                generation threads follow the cores it may use
 
 Commands are (name, args) tuples of plain data over one Pipe per worker, answered in order,
@@ -296,7 +296,7 @@ def _worker_main(conn, model_config, config: RolloutConfig) -> None:
 
         from jigsaw.engines.model import ModelConfig, load
         from jigsaw.engines.rollout import RolloutEngine
-        from jigsaw.mux.bind import follow_threads
+        from jigsaw.mux.partition.bind import follow_threads
 
         follow_threads(config.threads)  # before the CB thread exists: it starts from this
         model, tokenizer = load(model_config or ModelConfig())

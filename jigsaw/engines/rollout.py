@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from jigsaw.mux.bind import follow_threads
+from jigsaw.mux.partition.bind import follow_threads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,7 +53,7 @@ class RolloutConfig:
     are prefilled in chunks."""
     threads: int | None = None
     """Intra-op threads of generation; None: one per core the worker may use, followed at
-    every forward (a partition bound from outside changes them, mux/bind.py)."""
+    every forward (a partition bound from outside changes them, mux/partition/bind.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

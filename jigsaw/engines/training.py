@@ -16,7 +16,7 @@
     reference_logprobs / old_logprobs ──────────────► forward only (reference: no collectives)
     state_dict() ───────────────────────────────────► get_model_state_dict(full, cpu_offload):
                  ◄──────────────────────────────────   rank 0 returns the full tensors
-    pids() ─► whoever binds the ranks to a partition (the client, mux/bind.py); each rank's
+    pids() ─► whoever binds the ranks to a partition (the client, mux/partition/bind.py); each rank's
               intra-op threads follow the cores it may use, before every command
     close() ────────────────────────────────────────► ("stop"); terminate / kill stragglers
 
@@ -51,7 +51,7 @@ from jigsaw.engines.grpo import (
     token_logprobs,
 )
 from jigsaw.engines.model import ModelConfig
-from jigsaw.mux.bind import follow_threads
+from jigsaw.mux.partition.bind import follow_threads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,8 +1,8 @@
 """What the scheduler needs from a slowdown model: the seam between graph/ and mux/, typed.
 
-    mux.slowdown.SlowdownGrid  ──is a──► SlowdownModel   (the node's grid: a profile or a prior)
-    mux.pairing.PairView       ──is a──► PairPricing     (two different models side by side)
-    mux.pairing.PairGrids      ──is a──► PairModels      (a node whose pipelines run several)
+    mux.model.slowdown.SlowdownGrid ──is a──► SlowdownModel   (the node's grid: a profile or a prior)
+    mux.model.pairing.PairView      ──is a──► PairPricing     (two different models side by side)
+    mux.model.pairing.PairGrids     ──is a──► PairModels      (a node whose pipelines run several)
         └─► View.model / View.pairs (policy.py), schedule(), Context (context.py), NodeState
 
 graph/ never imports mux/: it states here what it calls, and mux's classes provide it
@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class DeviceSpec(Protocol):
-    """The device a model describes (mux.slowdown.DeviceInfo)."""
+    """The device a model describes (mux.model.slowdown.DeviceInfo)."""
 
     sku: str
     mem_bytes: int

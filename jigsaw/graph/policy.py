@@ -36,10 +36,10 @@ class View:
     """Per pipeline, in the same order: where it is in its step (whole-stage baselines)."""
     node: NodeSpec
     model: SlowdownModel
-    """The node's slowdown grid (jigsaw.mux.slowdown.SlowdownGrid)."""
+    """The node's slowdown grid (jigsaw.mux.model.slowdown.SlowdownGrid)."""
     pairs: PairModels | None = None
     """Where the pipelines run different models: the exact grid of each ordered pair
-    (jigsaw.mux.pairing.PairGrids, by pipeline name); None: `model` prices every pair."""
+    (jigsaw.mux.model.pairing.PairGrids, by pipeline name); None: `model` prices every pair."""
     host_frac: Mapping[int, float] = field(default_factory=dict)
     """Per device, the share of the pipelines placed there that work on the host, outside
     every sub-stage (view.host_frac; what SchedulerConfig.host_on_device keeps free)."""

@@ -41,9 +41,9 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model: Slowdown
     """Decide what runs on every device from `time_s` on.
 
     `model`: the node's slowdown grid (graph/model.py says what it answers; a
-    `jigsaw.mux.slowdown.SlowdownGrid` does).  `cache` keeps lookup tables and task tables
+    `jigsaw.mux.model.slowdown.SlowdownGrid` does).  `cache` keeps lookup tables and task tables
     between calls on one node (the same Plan with or without it).  `pairs`
-    (jigsaw.mux.pairing.PairGrids): the exact grid of two pipelines running different
+    (jigsaw.mux.model.pairing.PairGrids): the exact grid of two pipelines running different
     models, by name; co-locations are planned with it, the rest with `model`.
     `host_frac`: per device, the share of its pipelines working on the host (View.host_frac)."""
     cache = cache or SchedulerCache()

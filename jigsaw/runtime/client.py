@@ -2,7 +2,7 @@
 
     worker ── connect() ──► Register ──► session          (JIGSAW_ENDPOINT, JIGSAW_PIPELINE)
        │  with client.substage(kind, dp_rank=, step=, pids=) as grant:   Admit ─► … ─► Grant
-       │      the listed processes are bound to grant.partition (mux/bind.py) before the body
+       │      the listed processes are bound to grant.partition (mux/partition/bind.py) before the body
        │      work under grant.sm_frac / grant.micro_batch / grant.stream …
        │      grant.report(num_tokens=…, flops=…)
        │  (exit)                                                         Done ─► Ok (or: the
@@ -61,11 +61,11 @@ class GrantHandle:
     routing: tuple[float, ...] | None = None
     migrations: tuple[pr.MigrationOrder, ...] = ()
     partition: object = None
-    """mux.partition.Advisory | Cpu | Green, or None (host work, or exclusive)."""
+    """mux.partition.partitioners.Advisory | Cpu | Green, or None (host work, or exclusive)."""
     pids: tuple[int, ...] = ()
     """Processes bound to the partition (the caller's process if none were given)."""
     binding: object = None
-    """mux.bind.Binding after the last bind (its `stream` is a green partition's)."""
+    """mux.partition.bind.Binding after the last bind (its `stream` is a green partition's)."""
     exclusive: bool = False
     """True when granted without a daemon (fail-open): the whole device."""
     final: bool = False
@@ -243,7 +243,7 @@ class Client:
         if h.partition is None and not h.exclusive and not h.lost:
             return  # host work: nothing to bind
         if self._binder is None:
-            from jigsaw.mux.bind import Binder
+            from jigsaw.mux.partition.bind import Binder
 
             self._binder = Binder()
         try:
@@ -257,8 +257,8 @@ class Client:
         rewards, batching) goes to the cores its pipeline holds, the union of its live CPU
         partitions, so that work stays inside the pipeline's share instead of landing on a
         partner's cores.  A sub-stage that fell open takes it back to the whole machine."""
-        from jigsaw.mux.bind import pin
-        from jigsaw.mux.partition import Cpu
+        from jigsaw.mux.partition.bind import pin
+        from jigsaw.mux.partition.partitioners import Cpu
 
         if not h.pids or os.getpid() in h.pids:
             return  # this process runs the sub-stage itself: bound already

@@ -41,7 +41,7 @@ from typing import NamedTuple
 from jigsaw import protocol as pr
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import NAMES, make
-from jigsaw.mux.prior import node_grid
+from jigsaw.mux.model.grids import node_grid
 from jigsaw.node import inputs
 from jigsaw.node.effects import Decision
 from jigsaw.node.state import NodeState

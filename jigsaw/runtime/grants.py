@@ -1,7 +1,7 @@
 """From a Decision to the Grants a daemon sends: budgets, partitions, routing, migrations.
 
     Decision (node/effects.py) ─► layouts of the touched devices (its holders after the plan)
-        ─► Partitioner.partitions(device, layout)  (mux/partition.py)
+        ─► Partitioner.partitions(device, layout)  (mux/partition/partitioners.py)
     ─► one Grant per admission (the answer to its Admit) and per budget change (heartbeat);
        a migration's source gets one with no budget and the order (its requests go elsewhere)
 
@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jigsaw import protocol as pr
-from jigsaw.mux.partition import Advisory, AdvisoryPartitioner, Cpu, CpuPartitioner, Green, GreenPartitioner, Partition
+from jigsaw.mux.partition.partitioners import (
+    Advisory,
+    AdvisoryPartitioner,
+    Cpu,
+    CpuPartitioner,
+    Green,
+    GreenPartitioner,
+    Partition,
+)
 from jigsaw.node.effects import Decision, Held
 
 log = logging.getLogger("jigsaw.daemon")
@@ -30,7 +38,7 @@ def partitioner(kind: str, num_devices: int, levels: Sequence[float]):
     if kind == "cpu":
         return CpuPartitioner(num_devices)
     if kind == "green":
-        from jigsaw.mux.green import GreenContextError
+        from jigsaw.mux.partition.green_probe import GreenContextError
 
         try:
             return GreenPartitioner(levels)

@@ -150,7 +150,7 @@ def start_telemetry(interval_s: float | None, trace, clock: Callable[[], float])
 
 
 def check_mps() -> None:
-    from jigsaw.mux.mps import ensure_mps
+    from jigsaw.mux.partition.mps import ensure_mps
 
     st = ensure_mps(start=True)
     log.info("MPS: %s (%s)%s", st.state, st.reason, " - started" if st.started else "")

@@ -84,7 +84,7 @@ def choose(probe: Probe, model: str = GPU_DEFAULT_MODEL) -> Choice:
 
 def probe() -> Probe:
     """The GPUs NVML sees and this process's cores; no NVML (no driver, no GPU) is no GPU."""
-    from jigsaw.mux.cpu import usable_cores
+    from jigsaw.mux.partition.cpu import usable_cores
 
     cores = len(usable_cores())
     try:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jigsaw.graph.ids import SubStageId
-from jigsaw.mux.slowdown import NOISE_FLOOR, SlowdownGrid
+from jigsaw.mux.model.slowdown import NOISE_FLOOR, SlowdownGrid
 from jigsaw.sim.replay import Held, held_times
 from jigsaw.trace import Trace
 

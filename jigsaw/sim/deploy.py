@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw.mux.costmodel import DecodeCoeffs, StepCost
+from jigsaw.mux.model.costmodel import DecodeCoeffs, StepCost
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Parallelism:
-    """Parallelism of one pipeline on the node (prior_mix.Deployment is the (model, PriorConfig) pair)."""
+    """Parallelism of one pipeline on the node (mux.model.specs.Deployment is the (model, PriorConfig) pair)."""
 
     rollout_tp: int
     """GPUs per rollout engine (tensor parallelism)."""

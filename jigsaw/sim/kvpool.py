@@ -17,12 +17,9 @@ A pool that cannot hold one whole response raises DoesNotFit: no engine could ru
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from jigsaw.sim.rollout import Request
+from jigsaw.sim.request import Request
 
 NEW_TOKEN_RATIO = 0.1
 """Share of its remaining generation budget a running request is expected to still use,

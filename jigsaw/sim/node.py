@@ -33,7 +33,7 @@ from jigsaw.graph.substage import Stage, SubStageKind
 from jigsaw.node.effects import Decision, overcommitted
 from jigsaw.node.inputs import Inbox
 from jigsaw.node.state import NodeState
-from jigsaw.sim.physics import Physics, pair_grids
+from jigsaw.sim.physics import Physics
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
 from jigsaw.sim.report import Clients, Decided
 from jigsaw.sim.rollout import DoesNotFit
@@ -84,11 +84,10 @@ class NodeSim:
         """`record`: a list that receives every request the clients send and every decision
         (report.Sent, report.Decided), to feed a daemon the same messages and compare."""
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
-        pairs = pair_grids(runs) if runs else None
+        self.physics = Physics.of(grid, runs)
         # One set of pair views for the plan and the physics: a plan is priced as it runs.
-        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=pairs)
+        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=self.physics.pairs)
         self.clients = Clients(Inbox(self.state), record)
-        self.physics = Physics(grid, pairs, [r.name for r in runs])
         self.heap: list[tuple] = []
         self.seq = itertools.count()
         self.t = 0.0

@@ -3,7 +3,7 @@
     units on one device: (pipeline index, kind, sm_frac, mem_frac), one or two
         │ every pipeline the same model and deployment ─► the node grid
         │ otherwise ─► PairGrids.between(a, b).actual(...): each side priced by its OWN
-        ▼             model beside the other's (jigsaw.mux.pairing)
+        ▼             model beside the other's (jigsaw.mux.model.grids.pair_grids)
     slowdowns, or None when a side does not fit
 
 The scheduler plans with the same PairGrids (NodeSim hands one object to both), whole-stage
@@ -13,29 +13,9 @@ never uses that approximation, so a plan that trusted it is charged what really 
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-from jigsaw.mux.pairing import PairGrids, pair_prior
-from jigsaw.mux.slowdown import SlowdownGrid
-
-
-@lru_cache(maxsize=64)
-def own_grid(device_name: str, a: tuple) -> SlowdownGrid:
-    """The analytic prior of one deployment a = (model, PriorConfig) on a named device."""
-    from jigsaw.mux.prior import DEVICES
-
-    return pair_prior(DEVICES[device_name], a, a)
-
-
-def pair_grids(runs) -> PairGrids | None:
-    """The exact per-pair views of the pipelines (PipelineRun) of a node, None when they
-    all run one deployment (the node grid is then exact)."""
-    from jigsaw.mux.prior import DEVICES
-
-    deployments = {r.name: (r.spec.model, r.cost.config) for r in runs}
-    if len(set(deployments.values())) <= 1:
-        return None
-    return PairGrids(DEVICES[runs[0].spec.device], deployments)
+from jigsaw.mux.model.grids import pair_grids
+from jigsaw.mux.model.pairing import PairGrids
+from jigsaw.mux.model.slowdown import SlowdownGrid
 
 
 class Physics:
@@ -44,6 +24,13 @@ class Physics:
     def __init__(self, grid: SlowdownGrid, pairs: PairGrids | None, names: list[str]):
         self.grid, self.pairs, self.names = grid, pairs, names
         """`names[i]`: pipeline i's name in `pairs`."""
+
+    @classmethod
+    def of(cls, grid: SlowdownGrid, runs) -> Physics:
+        """The physics of a node's pipelines (PipelineRun): each priced by its deployment."""
+        deployments = {r.name: (r.spec.model, r.cost.config) for r in runs}
+        pairs = pair_grids(runs[0].spec.device, deployments) if runs else None
+        return cls(grid, pairs, [r.name for r in runs])
 
     def actual(self, units: list[tuple[int, str, float, float]]) -> tuple[float, ...] | None:
         """`units`: (pipeline index, kind, sm_frac, mem_frac) of everything on one device."""

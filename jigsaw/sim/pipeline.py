@@ -32,8 +32,9 @@ from jigsaw.graph.builder import GraphBuilder, GraphConfig
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
-from jigsaw.mux.costmodel import StepCost
-from jigsaw.sim.rollout import Request, RolloutWorker
+from jigsaw.mux.model.costmodel import StepCost
+from jigsaw.sim.request import Request
+from jigsaw.sim.rollout import RolloutWorker
 from jigsaw.sim.workload import WorkloadSpec, prompt_scales, sample_step
 
 ROLLOUT, REWARD, REFERENCE, TRAINING, WAITING, DONE = "rollout", "reward", "reference", "training", "waiting", "done"

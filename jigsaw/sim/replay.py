@@ -160,7 +160,9 @@ def grid_of(rec: Recorded):
     """The slowdown grid the recording was decided with: a daemon's (its profile, or its
     default prior), else the analytic prior of the first simulated pipeline's model, device
     and deployment (pipeline events of the trace)."""
-    from jigsaw.mux.prior import DEVICES, PriorConfig, analytic_prior, node_grid
+    from jigsaw.mux.model.grids import node_grid
+    from jigsaw.mux.model.prior import analytic_prior
+    from jigsaw.mux.model.specs import DEVICES, PriorConfig
 
     if rec.node is not None:
         return node_grid(rec.node.get("profile"))
@@ -229,7 +231,7 @@ def _node_state(trace: Trace, grid, sched: SchedulerConfig | None):
                          "its decisions")
     cfg = node.data
     if grid is None:
-        from jigsaw.mux.prior import node_grid
+        from jigsaw.mux.model.grids import node_grid
 
         grid = node_grid(cfg.get("profile"))
     sched = sched or _sched(cfg["sched"])

@@ -1,6 +1,6 @@
 """Continuous-batching rollout engine of one DP worker, simulated a batch segment at a time.
 
-    Request (prompt, tokens per turn, appended context, tool latency)
+    Request (request.py: prompt, tokens per turn, appended context, tool latency)
         │ queue ──► prefill step: up to `prefill_chunk` prompt tokens in one forward
         │ decoding ─► decode segment: k steps with the same batch b;
         │             step j takes s·(c0(b) + c1·(KV0 + j·b))  (StepCost, exact for decode)
@@ -29,45 +29,9 @@ from jigsaw.graph.builder import BucketTracker, GraphConfig
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.steps import StepColumns, kind_of_bucket
 from jigsaw.graph.substage import Stage, StepRecord, SubStageKind
-from jigsaw.mux.costmodel import StepCost
+from jigsaw.mux.model.costmodel import StepCost
 from jigsaw.sim.kvpool import DoesNotFit, KVPool
-
-
-@dataclass(slots=True)
-class Request:
-    """One sample: its whole sequence so far and what it still has to generate."""
-
-    rid: int
-    context: int
-    """Tokens of the sequence so far (prompt, generated, appended)."""
-    turns: list[int]
-    appended: list[int]
-    tool_s: list[float]
-    turn: int = 0
-    generated: int = 0
-    """Tokens generated in the current turn."""
-    pending: int = 0
-    """Tokens of the context not in the KV cache yet (to prefill)."""
-    ready_at: float = 0.0
-    """When its tool call returns."""
-
-    @property
-    def left(self) -> int:
-        return self.turns[self.turn] - self.generated
-
-    @property
-    def response_tokens(self) -> int:
-        return sum(self.turns)
-
-    @property
-    def output_tokens(self) -> int:
-        """Tokens generated so far, every turn (what SGLang's retraction order looks at)."""
-        return sum(self.turns[:self.turn]) + self.generated
-
-    @property
-    def final_context(self) -> int:
-        """Its context once every turn is generated and every tool output appended."""
-        return self.context + self.left + sum(self.turns[self.turn + 1:]) + sum(self.appended[self.turn:])
+from jigsaw.sim.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
     SimConfig ─► pipelines(): workloads (sim/workload.py) + per-pipeline TP / FSDP / offload
               flags, in a canonical order (the listing order never changes a result)
               ─► placement (policy) ─► Parallelism ─► PipelineRun × K (sim/deploy.py costs)
-              ─► node grid: the pipelines' own analytic prior, or the mix prior of several
+              ─► (model, PriorConfig) per pipeline ─► mux.model.grids: step costs, and the
+                 node grid (the pipelines' own analytic prior, or the mix prior of several)
               ─► NodeSim(runs, node, grid, policy).run() ─► SimResult (physics: each side
                  of a pair priced by its own model, sim/physics.py)
     lower_bound(config): max( each pipeline alone (its own critical path, step after step),
@@ -18,17 +19,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import make
-from jigsaw.mux.costmodel import StepCost
-from jigsaw.mux.prior import DEVICES, PriorConfig
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model import grids
+from jigsaw.mux.model.specs import DEVICES, PriorConfig
 from jigsaw.sim import workload
 from jigsaw.sim.deploy import Parallelism, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
-from jigsaw.sim.physics import Physics, own_grid, pair_grids
+from jigsaw.sim.physics import Physics
 from jigsaw.sim.pipeline import PipelineRun
 from jigsaw.trace import Trace
 
@@ -143,7 +142,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
         raise Infeasible(str(exc)) from exc
     device_name = items[0][0].device
     device = DEVICES[device_name]
-    runs, keys = [], []
+    runs, deployments = [], []
     for k, (i, (roll, train)) in enumerate(zip(chosen, places)):
         spec, tp, fsdp, offload = items[i]
         if not roll or not train:
@@ -151,10 +150,10 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
                              f"on {gpus // per_device} scheduling devices of {per_device} GPUs")
         dep = Parallelism(rollout_tp=tp, fsdp_degree=fsdp or len(train) * per_device, gpus_per_device=per_device,
                          offload=offload)
-        prior_cfg = prior_config(spec, dep)
-        keys.append((spec.model, prior_cfg))
+        deployment = (spec.model, prior_config(spec, dep))
+        deployments.append(deployment)
         try:
-            cost = Replicas(_cost(device_name, spec.model, prior_cfg), dep.replicas, per_device)
+            cost = Replicas(grids.step_cost(device_name, deployment), dep.replicas, per_device)
         except ValueError as exc:  # this policy's placement gives its training too few GPUs
             raise Infeasible(f"{pol.name}: {spec.name} on {len(train)} of {gpus // per_device} devices: {exc}; "
                              "more GPUs per pipeline, a larger fsdp_degree or offload would fit") from exc
@@ -162,7 +161,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
                                 cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch))
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
     try:
-        grid = node_grid(device_name, keys)
+        grid = grids.prior_grid(device_name, deployments)
     except ValueError as exc:  # a model whose weights or state do not fit a device at all
         raise Infeasible(f"{pol.name}: {exc}") from exc
     return runs, node, grid, pol
@@ -171,26 +170,6 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
 def prior_config(spec: workload.WorkloadSpec, dep: Parallelism) -> PriorConfig:
     return PriorConfig(rollout_tp=dep.rollout_tp, fsdp_degree=dep.fsdp_degree,
                        train_forward_passes=4.0 if spec.gradient_checkpointing else 3.0, offload=dep.offload)
-
-
-@lru_cache(maxsize=64)
-def _cost(device_name: str, model: str, cfg: PriorConfig) -> StepCost:
-    return StepCost(DEVICES[device_name], model, cfg)
-
-
-def node_grid(device_name: str, keys: list[tuple]) -> SlowdownGrid:
-    """The grid policies plan with: the pipelines' own prior when they all run one model and
-    deployment, else the mix prior (entrywise the most pessimistic of every pair)."""
-    if len(set(keys)) == 1:
-        return own_grid(device_name, keys[0])
-    return _mix(device_name, tuple(sorted(keys, key=repr)))
-
-
-@lru_cache(maxsize=16)
-def _mix(device_name: str, keys: tuple) -> SlowdownGrid:
-    from jigsaw.mux.prior_mix import mix_prior
-
-    return mix_prior(DEVICES[device_name], list(keys))
 
 
 def simulate(config: SimConfig) -> SimResult:
@@ -237,7 +216,7 @@ def lower_bound(config: SimConfig) -> LowerBound:
         alone.append(best_s)
         work += best_work
     runs, node, grid, _ = build(serial)
-    physics = Physics(grid, pair_grids(runs), [r.name for r in runs])
+    physics = Physics.of(grid, runs)
     resource = work / (node.num_devices * max(1.0, physics.max_pack_efficiency()))
     cp = max(alone)
     return LowerBound(makespan_s=max(cp, resource), critical_path_s=cp, resource_s=resource, alone_s=tuple(alone))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jigsaw.mux.prior import DEVICES, MODELS, OFFLOAD_MODES
+from jigsaw.mux.model.specs import DEVICES, MODELS, OFFLOAD_MODES
 from jigsaw.sim import lengths
 from jigsaw.sim.lengths import GaussianMixture, Lengths, LognormalMixture, Pareto
 
@@ -98,9 +98,9 @@ class WorkloadSpec:
     description: str
     """One line for tables and --help."""
     model: str
-    """Model id in jigsaw.mux.prior.MODELS."""
+    """Model id in jigsaw.mux.model.specs.MODELS."""
     device: str
-    """Device id in jigsaw.mux.prior.DEVICES ('h100', 'a100')."""
+    """Device id in jigsaw.mux.model.specs.DEVICES ('h100', 'a100')."""
     gpus: int
     """GPUs of the deployment the workload was measured on (DP degree × rollout TP)."""
     rollout_tp: int = 1

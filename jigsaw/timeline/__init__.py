@@ -1,5 +1,10 @@
 """What every device did, read from a trace (simulator or runtime, one format).
 
+    model.py     trace ─► intervals ─► per-device series ─► Timeline (no drawing)
+    hardware.py  what the devices are, for labels (GPUs: SM share; CPU cores: core share)
+    summary.py   its tables: a row per pipeline and per sub-stage kind
+    draw.py      the PNG (matplotlib)   page.py  the HTML page   chrome.py  Perfetto JSON
+
     Trace ─► intervals(): per (pipeline, device) a grant opens an interval; the next grant
     │        there (a new sub-stage or budget) or a release closes it; the trace's last event
     │        closes what is still open ─► Interval(device, pipeline, sub-stage (and its kind),

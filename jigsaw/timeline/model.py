@@ -188,7 +188,7 @@ def pipeline_meta(trace: Trace) -> dict[str, dict]:
 
 def pipeline_peak_flops(meta: dict) -> float | None:
     """Peak FLOP/s per device of a pipeline's `pipeline` event data, if it says."""
-    from jigsaw.mux.prior import DEVICES
+    from jigsaw.mux.model.specs import DEVICES
 
     if meta.get("peak_flops") is not None:
         peak = meta["peak_flops"]
@@ -394,12 +394,6 @@ class Timeline:
         if not self.devices or len(self.peak_flops) < len(self.devices) or not self.flops:
             return None
         return sum(iv.flops / self.peak_flops[iv.device] for iv in self.intervals) / (len(self.devices) * self.window_s)
-
-    def pipeline_summary(self) -> list:
-        """summary.pipeline_summary(self)."""
-        from jigsaw.timeline.summary import pipeline_summary
-
-        return pipeline_summary(self)
 
     def device_of(self, substage: str, t_s: float) -> int | None:
         """Where `substage` was (last granted at or before t_s), else its DP rank's placed device."""

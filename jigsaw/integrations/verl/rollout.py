@@ -3,7 +3,7 @@
     rollout.name=jigsaw
       TaskRunner:  LLMServerManager ─► RolloutReplicaRegistry["jigsaw"] ─► JigsawReplica
                       launch_servers(): one Ray actor RolloutServer per replica,
-                      named jigsaw_rollout_<replica rank>, no CPU reserved (it shares the
+                      named server.server_name(replica rank), no CPU reserved (it shares the
                       trainer's cores: the daemon's partitions decide who runs)
       each trainer rank:  _ROLLOUT_REGISTRY[("jigsaw", "async")] ─► ServerAdapter
                       update_weights(generator): every rank materialises each tensor
@@ -24,10 +24,6 @@ NAME = "jigsaw"
 """verl's `actor_rollout_ref.rollout.name` of this backend."""
 
 
-def server_name(replica_rank: int, suffix: str = "") -> str:
-    return f"jigsaw_rollout_{replica_rank}{suffix}"
-
-
 def _local_path(model_config) -> str:
     """The checkpoint directory of verl's model config (a DictConfig here; a hub name is
     fetched the way verl fetches it)."""
@@ -42,7 +38,7 @@ def replica_class():
     import ray
     from verl.workers.rollout.replica import RolloutReplica
 
-    from jigsaw.integrations.verl.server import RolloutServer, ServerConfig
+    from jigsaw.integrations.verl.server import RolloutServer, ServerConfig, server_name
 
     class JigsawReplica(RolloutReplica):
         """One replica = one jigsaw engine in one Ray actor (tensor/pipeline parallel 1)."""
@@ -82,6 +78,8 @@ def adapter_class():
             self._server = None
 
         def _actor(self):
+            from jigsaw.integrations.verl.server import server_name
+
             if self._server is None:
                 self._server = ray.get_actor(server_name(self.replica_rank))
             return self._server

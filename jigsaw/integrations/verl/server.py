@@ -36,6 +36,12 @@ ABORT = "abort"
 POLL_S = 0.01
 
 
+def server_name(replica_rank: int, suffix: str = "") -> str:
+    """The Ray actor name of replica `replica_rank`'s server (rollout.py launches it; a
+    migration finds its target by it)."""
+    return f"jigsaw_rollout_{replica_rank}{suffix}"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServerConfig:
     """What one replica generates with, from verl's rollout config."""
@@ -119,8 +125,6 @@ class RolloutServer:
 
     async def _elsewhere(self, moved, rid: str, ids: tuple[int, ...], budget: int):
         import ray
-
-        from jigsaw.integrations.verl.rollout import server_name
 
         c = moved.completion
         try:

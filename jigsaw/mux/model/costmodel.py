@@ -1,6 +1,6 @@
 """Exclusive time of the work a simulated pipeline does, from the prior's roofline.
 
-    DeviceInfo + ModelSpec + PriorConfig ─► Roofline (mux.prior) ─► StepCost
+    DeviceInfo + ModelSpec + PriorConfig (specs.py) ─► Roofline (roofline.py) ─► StepCost
         decode step    t = c0(batch) + c1 · kv_tokens        (exact: attention is linear in KV;
                        c0 holds the weight reads, which for an MoE grow with the batch)
         prefill step   t(tokens, context)
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jigsaw.mux.prior import MODELS, PriorConfig, Roofline
-from jigsaw.mux.slowdown import DeviceInfo
+from jigsaw.mux.model.roofline import Roofline
+from jigsaw.mux.model.slowdown import DeviceInfo
+from jigsaw.mux.model.specs import MODELS, PriorConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ from typing import Protocol
 
 import msgspec
 
+from jigsaw.graph.ids import SubStageId
+
 Layout = tuple[tuple[str, float], ...]
 """The on-device sub-stages of one device and their SM shares (σ; pairs sum to 1)."""
 
@@ -84,7 +86,7 @@ class CpuPartitioner:
     kind = "cpu"
 
     def __init__(self, num_devices: int = 1, cores: Sequence[int] | None = None):
-        from jigsaw.mux.cpu import usable_cores
+        from jigsaw.mux.partition.cpu import usable_cores
 
         cores = tuple(cores if cores is not None else usable_cores())
         if num_devices < 1 or len(cores) < num_devices:
@@ -104,7 +106,7 @@ class CpuPartitioner:
         return {sid: Cpu(cores=got, threads=len(got)) for sid, got in sides.items()}
 
     def _sides(self, device: int, cores: tuple[int, ...], layout: Layout) -> dict[str, tuple[int, ...]]:
-        from jigsaw.mux.cpu import split_cores
+        from jigsaw.mux.partition.cpu import split_cores
 
         fracs = [frac for _, frac in layout]
         if len(cores) < 2 or min(fracs, default=1.0) >= 1.0:
@@ -123,8 +125,9 @@ class CpuPartitioner:
 
 
 def _owner(sid: str) -> str:
-    """The pipeline of a sub-stage id (`pipeline/step/rank/kind/n`)."""
-    return sid.split("/", 1)[0]
+    """The pipeline of a sub-stage id; a hand-made id (no pipeline/step/rRANK/kind/n) is its own."""
+    parsed = SubStageId.try_parse(sid)
+    return sid if parsed is None else parsed.pipeline
 
 
 class GreenPartitioner:
@@ -134,16 +137,16 @@ class GreenPartitioner:
     kind = "green"
 
     def __init__(self, levels: Sequence[float], resource=None, device: int = 0):
-        from jigsaw.mux.smsplit import budget_levels
+        from jigsaw.mux.partition.smsplit import budget_levels
 
         if resource is None:
-            from jigsaw.mux.green import probe_resource
+            from jigsaw.mux.partition.green_probe import probe_resource
 
             resource = probe_resource(device)
         self.resource, self.levels = resource, budget_levels(levels)
 
     def partitions(self, device: int, layout: Layout) -> dict[str, Partition]:
-        from jigsaw.mux.smsplit import assign_sides, split_sms
+        from jigsaw.mux.partition.smsplit import assign_sides, split_sms
 
         out: dict[str, Partition] = {}
         for sid, (level, side) in assign_sides(dict(layout), self.levels).items():

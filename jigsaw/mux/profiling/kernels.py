@@ -1,6 +1,6 @@
 """Sub-stage kernels for profiling: a decoder built from a model config, random weights.
 
-    ModelSpec (jigsaw.mux.prior.MODELS or an HF config.json) + PriorConfig shapes + mem_frac
+    ModelSpec (jigsaw.mux.model.specs.MODELS or an HF config.json) + PriorConfig shapes + mem_frac
         ─► Decoder(num_layers=profile layers)  (RMSNorm, QKV/O, SwiGLU MLP, SDPA; bf16 on CUDA)
         ─► Kernel(kind): one iteration and the tokens it processes
               rollout_prefill  forward of `prefill_tokens` new tokens
@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from jigsaw.mux.prior import MODELS, ModelSpec, PriorConfig
+from jigsaw.mux.model.specs import MODELS, ModelSpec, PriorConfig
 
 KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 

@@ -4,7 +4,7 @@
                            really gives (k/n), so the scheduler never plans a budget the machine
                            cannot enforce
     split_cores(cores, σ)  disjoint core sets for σ and 1-σ, at least one core each
-        ─► partition.CpuPartitioner (the daemon's descriptors) ─► bind.Binder (the worker's pin)
+        ─► partitioners.CpuPartitioner (the daemon's descriptors) ─► bind.Binder (the worker's pin)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The CPU side of `jigsaw profile`: the recipe's model, its sub-stage kinds, on core sets.
 
-    ProfileConfig(device="cpu") ─► CpuBench: two worker processes (spawn), each with the
-        recipe's model (jigsaw.engines.model.load) and one kernel per kind
+    ProfileConfig(device="cpu") ─► CpuBench(load_model): two worker processes (spawn), each
+        with the model load_model() returns and one kernel per kind
             rollout_prefill  forward of a prompt batch (no cache)
             rollout_decode   one decode step of a large batch over its KV cache (cropped back)
             rollout_tail     one decode step of 2 long requests
@@ -21,7 +21,9 @@ kind down at a smaller memory share would describe batches that never run (an ea
 did: decode 2.9× slower "at 20% of memory", a batch no CPU engine here ever shrinks to).
 
 Processes, not threads: the GIL would serialise the Python side of the kernels, which is
-exactly the overhead a CPU rollout has.
+exactly the overhead a CPU rollout has.  The caller hands the model loader in (`jigsaw
+profile` loads the recipe's model with jigsaw.engines.model), so profiling never imports the
+engines, which bind themselves with mux.partition: the dependency runs engines -> mux only.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import platform
 import time
+from collections.abc import Callable
+from typing import Any
 
-from jigsaw.mux.cpu import split_cores, usable_cores
-from jigsaw.mux.slowdown import DeviceInfo
+from jigsaw.mux.model.slowdown import DeviceInfo
+from jigsaw.mux.partition.cpu import split_cores, usable_cores
 
 KV_CONTEXT = {"rollout_decode": 64, "rollout_tail": 256}
 BATCH_AT_TOP = {"rollout_prefill": 8, "rollout_decode": 32, "rollout_tail": 2, "reference": 16, "training": 8}
@@ -44,7 +48,9 @@ class CpuBench:
     mem_levels = (0.5,)
     """The memory levels it measures (the module docstring says why only one)."""
 
-    def __init__(self, model_name: str = "tiny-qwen3", min_time_s: float = 0.3, cores=None):
+    def __init__(self, load_model: Callable[[], Any], min_time_s: float = 0.3, cores=None):
+        """`load_model()` returns the torch model to profile; it runs in each spawned worker,
+        so it must pickle (a module-level function, or a functools.partial of one)."""
         self.cores = tuple(cores or usable_cores())
         if not self.cores:
             raise ValueError("profiling a CPU device needs at least one core")
@@ -53,7 +59,7 @@ class CpuBench:
         self.pipes, self.procs = [], []
         for _ in range(2):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(child, model_name), daemon=True)
+            p = ctx.Process(target=_worker, args=(child, load_model), daemon=True)
             p.start()
             self.pipes.append(parent)
             self.procs.append(p)
@@ -114,19 +120,17 @@ def _device_info(cores, peak_flops: float) -> DeviceInfo:
 
 # ---------------------------------------------------------------- worker process
 
-def _worker(pipe, model_name: str) -> None:
+def _worker(pipe, load_model: Callable[[], Any]) -> None:
     try:
         import torch
 
-        from jigsaw.engines.model import ModelConfig, load
-
-        model, _ = load(ModelConfig(name=model_name))
+        model = load_model()
         kernels: dict = {}
         pipe.send("ready")
         while (cmd := pipe.recv())[0] != "stop":
             if cmd[0] == "bind":
-                from jigsaw.mux.bind import Binder
-                from jigsaw.mux.partition import Cpu
+                from jigsaw.mux.partition.bind import Binder
+                from jigsaw.mux.partition.partitioners import Cpu
 
                 Binder().bind(Cpu(cores=tuple(cmd[1]), threads=len(cmd[1])))  # this process, threads follow
                 pipe.send("ok")

@@ -1,19 +1,26 @@
-"""Roofline priors of a device shared by different models or deployments.
+"""Analytic roofline PRIORS of slowdown grids: stand-ins until `jigsaw profile` measures one.
 
-    (A, B) deployments ─► Roofline each (mux.prior) ─► A alone, A's kinds beside B's ─► analytic_pair_prior
+    Deployment A, B (specs.py) ─► Roofline each (roofline.py) ─► A alone, A's kinds beside B's
+        ─► dict ─► SlowdownGrid.from_dict (validated like a measured file)
+    analytic_prior(d, m, c)            a model's own grid: analytic_pair_prior(d, (m, c), (m, c))
+    analytic_pair_prior(d, A, B)       A's view of A beside B (another model or deployment)
     [A, B, ...] ─► analytic_pair_prior of every ordered pair ─► entrywise max ─► mix_prior
     analytic_pair_prior(A, B) + analytic_pair_prior(B, A) ─► pair_actual ─► exact (s_a, s_b)
+    SHIPPED, shipped_path              the priors under jigsaw/profiles (`jigsaw prior --shipped`)
 
-A deployment is (model name in `prior.MODELS`, `PriorConfig`).  `analytic_prior(d, m, c)`
-is `analytic_pair_prior(d, (m, c), (m, c))`: one builder serves both.
+The result is a prior, never a measurement, and every file says so in `source`.
+
+A deployment is (model name in `specs.MODELS`, `PriorConfig`); one builder (`_pair_data`)
+serves the own, pair and mix priors, and this module only reads specs.py and roofline.py.
 
 Pair prior G_AB = analytic_pair_prior(device, A, B):
   * `alone[x]` is A's kind x alone, normalised as A's own grid (equal to A's prior);
   * `pairs[x][y][σ][m]` is A's kind x holding SM share σ and memory share m beside B's kind
     y holding 1-σ and 1-m (σ = 1.0: both see every SM), over A's x alone on the whole device
     at the top memory level.  Kinds on the first axis are A's, on the second B's.  Each side
-    is timed by its own roofline (`prior.partitioned` / `prior.shared` take two sides), so a
-    small model beside a big one sees the big one's bandwidth and SM demand, not its own;
+    is timed by its own roofline (`roofline.partitioned` / `roofline.shared` take two
+    sides), so a small model beside a big one sees the big one's bandwidth and SM demand,
+    not its own;
   * B's time at that point is G_BA.pairs[y][x][σ'][1-m] (σ' = 1-σ, or 1.0 shared):
     `pair_actual(G_AB, G_BA, ...)` reads both.  G_AB's own `pair()`, `pair_options()` and
     `actual()` read pairs[y][x] as the partner's view, which here is A's y beside B's x:
@@ -45,26 +52,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import asdict
 
-from jigsaw.mux.prior import (
-    DEVICE_KIND_NAMES,
-    MODELS,
-    Deployment,
-    PriorConfig,
-    Roofline,
-    Side,
-    config_dict,
-    partitioned,
-    shared,
-    spec_dict,
-)
-from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.roofline import Roofline, Side, partitioned, shared
+from jigsaw.mux.model.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.specs import DEVICE_KIND_NAMES, MODELS, Deployment, PriorConfig, config_dict, spec_dict
 
 _NOTE = "roofline prior, not a measurement; calibrated to JigsawRL Fig. 7/8/§4.2 figures"
 Unit = tuple[str, float, float]
 """(kind, sm_frac, mem_frac) of one side of a co-located pair."""
+
+
+def analytic_prior(device: DeviceInfo, model_name: str, config: PriorConfig = PriorConfig()) -> SlowdownGrid:
+    """The labelled roofline prior grid of `model_name` on `device`: the pair prior of the
+    deployment beside itself (see the module docstring)."""
+    return analytic_pair_prior(device, (model_name, config), (model_name, config))
 
 
 def analytic_pair_prior(device: DeviceInfo, a: Deployment, b: Deployment) -> SlowdownGrid:
@@ -206,3 +210,20 @@ def _parameters(roof: Roofline) -> dict:
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
+
+
+SHIPPED = (
+    ("h100", "qwen3-0.6b", PriorConfig()),
+    ("h100", "qwen3-4b", PriorConfig()),
+    ("h100", "llama-3.1-8b", PriorConfig(fsdp_degree=8)),
+    ("h100", "qwen3-32b", PriorConfig(rollout_tp=4, fsdp_degree=16)),
+    ("a100", "qwen3-4b", PriorConfig()),
+    ("a100", "deepseek-r1-distill-qwen-14b", PriorConfig(rollout_tp=2, fsdp_degree=8)),
+    ("a100", "qwen3-32b", PriorConfig(rollout_tp=4, fsdp_degree=16)),
+)
+"""(device directory, model, config) of every prior under profiles/."""
+
+
+def shipped_path(out_dir: str | os.PathLike, device_dir: str, model_name: str) -> str:
+    """Where a shipped prior lives: <out>/<device>/<model>.prior.json."""
+    return os.path.join(os.fspath(out_dir), device_dir, f"{model_name}.prior.json")

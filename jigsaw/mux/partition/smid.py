@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "smid.cu"
+SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "smid.cu"
 OP_NAMESPACE = "jigsaw_smid"
 DEFAULT_SPIN_NS = 50_000
 """Each block's busy wait: long enough that a wave of blocks is resident at once."""
@@ -182,7 +182,7 @@ class ConfinementReport:
 
 def confinement(partitions, fracs: Sequence[float] | None = None, *, spin_ns: int = DEFAULT_SPIN_NS,
                 blocks_per_sm: int = BLOCKS_PER_SM) -> ConfinementReport:
-    """Check each budget pair of `partitions` (a jigsaw.mux.green.GreenPartitions, or anything
+    """Check each budget pair of `partitions` (a jigsaw.mux.partition.green.GreenPartitions, or anything
     whose `pair(frac)` returns two objects with frac, num_sms and a torch.cuda.Stream `stream`)."""
     torch = require_cuda()
     fracs = tuple(partitions.fracs if fracs is None else fracs)

@@ -15,7 +15,7 @@ Caveats (shared/reference/gpu_and_engine_apis.md §1.8), none checked on hardwar
   * Replay keeps the partition: kernel nodes carry the context they were captured in
     (CUDA_KERNEL_NODE_PARAMS_v2.ctx), so a graph captured on σ's stream runs on σ's SMs
     wherever it is replayed.  Only a third-party report backs this; the SM-id check of
-    `jigsaw.mux.smid` must confirm it on a GPU.  Replay here always uses the capture stream.
+    `jigsaw.mux.partition.smid` must confirm it on a GPU.  Replay here always uses the capture stream.
   * One memory pool is shared by every graph, so two graphs must never run at once: a
     replay on another budget's stream first waits for the previous replay, and outputs of
     a replay are valid only until the next one.
@@ -32,7 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
-from jigsaw.mux.green import FRAC_TOL, Partition, require_torch_cuda
+from jigsaw.mux.partition.green import Partition
+from jigsaw.mux.partition.green_probe import require_torch_cuda
+from jigsaw.mux.partition.smsplit import FRAC_TOL
 
 
 class GraphNotCapturedError(LookupError):

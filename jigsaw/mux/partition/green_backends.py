@@ -4,7 +4,8 @@
     _DriverBackend   cuda-python: cuDevSmResourceSplit(ByCount) → GenerateDesc → GreenCtxCreate → stream
     _TorchBackend    torch.cuda.green_contexts (SMPartition.split, torch ≥ 2.15)
 
-Everything else (rounding, pairing, bookkeeping, error mapping) lives once in green.py.
+Everything else (rounding, pairing, bookkeeping) lives once in green.py, the probe and the
+error mapping in green_probe.py; this module imports only the latter.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jigsaw.mux import green
-from jigsaw.mux.green import GREEN_STREAM_MIN_DRIVER, Cause, GreenContextError, GreenSupport, _check, log
+from jigsaw.mux.partition.green_probe import (
+    GREEN_STREAM_MIN_DRIVER,
+    STRUCTURED_SPLIT_MIN_DRIVER,
+    Cause,
+    GreenContextError,
+    GreenSupport,
+    _check,
+    log,
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,7 +47,7 @@ class _DriverBackend:
         """Two disjoint SM resources from ONE split of the device."""
         drv = self.drv
         whole = _check(drv.cuDeviceGetDevResource(self.dev, self.sm_type), "cuDeviceGetDevResource")
-        if (self.support.driver_version >= green.STRUCTURED_SPLIT_MIN_DRIVER and hasattr(drv, "cuDevSmResourceSplit")
+        if (self.support.driver_version >= STRUCTURED_SPLIT_MIN_DRIVER and hasattr(drv, "cuDevSmResourceSplit")
                 and all(c % 2 == 0 for c in counts)):
             params = []
             for count in counts:

@@ -11,7 +11,7 @@ while kB runs beside it with the rest, over kA's exclusive duration (whole devic
 memory level).  For a pair σA < 1 is a green-context partition (kB gets 1-σA) and σA = 1.0
 is unpartitioned, MPS-style sharing in which kB also sees every SM.  kB = None is kA alone
 under that budget.  The partner's view of a point is (kB, kA, σB, 1-memA) with
-σB = 1-σA if σA < 1 else 1.0.  Kinds are plain names so `mux/` does not depend on `graph/`.
+σB = 1-σA if σA < 1 else 1.0.  Kinds are plain names so `mux/model/` does not depend on `graph/`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from jigsaw.mux.slowdown import SlowdownGrid
+from jigsaw.mux.model.slowdown import SlowdownGrid
 
 MONOTONE_TOL = 0.10
 """A kind alone may be this much faster on less SM share before it is flagged (measurement noise;

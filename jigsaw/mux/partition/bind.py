@@ -7,7 +7,7 @@
         Green       this process's GreenPartitions, opened once per device and levels:
                     pair(budget)[side], or the whole device ─► Binding.partition.stream; work
                     launched on that stream (and CUDA graphs captured for that budget,
-                    mux/cudagraphs.py, replayed by Binding.budget) runs on those SMs only
+                    cudagraphs.py, replayed by Binding.budget) runs on those SMs only
     follow_threads(cap)   an engine's intra-op threads = the cores it may use (at most cap),
                           called before each forward or micro-batch: a bind from another
                           process changes a worker's cores, the worker follows at its next op
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jigsaw.mux.partition import Advisory, Green, Partition
+from jigsaw.mux.partition.partitioners import Advisory, Green, Partition
 
 log = logging.getLogger("jigsaw.bind")
 
@@ -39,7 +39,7 @@ class Binding:
     cores: tuple[int, ...] | None = None
     """CPU cores of the listed processes (None: not changed)."""
     green: Any = None
-    """jigsaw.mux.green.Partition (num_sms, stream) of a green binding."""
+    """jigsaw.mux.partition.green.Partition (num_sms, stream) of a green binding."""
 
     @property
     def stream(self) -> Any:
@@ -75,7 +75,7 @@ class Binder:
         return Binding(partition, cores=cores)
 
     def _green_side(self, g: Green):
-        from jigsaw.mux.green import GreenPartitions
+        from jigsaw.mux.partition.green import GreenPartitions
 
         key = (self.device, tuple(g.levels))
         parts = self._green.get(key)

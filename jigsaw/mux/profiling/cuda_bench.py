@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import threading
 
-from jigsaw.mux.kernels import build_kernels, model_spec
-from jigsaw.mux.profiler import ProfileConfig
-from jigsaw.mux.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo
+from jigsaw.mux.model.slowdown import DEFAULT_MEM_LEVELS, DEFAULT_SM_LEVELS, DeviceInfo
+from jigsaw.mux.profiling.kernels import build_kernels, model_spec
+from jigsaw.mux.profiling.profiler import ProfileConfig
 
 H200_PEAK = (989e12, 4.8e12)
 """H200 datasheet: dense BF16 FLOP/s as H100, 4.8 TB/s HBM3e (no analytic prior ships for it)."""
@@ -27,9 +27,9 @@ H200_PEAK = (989e12, 4.8e12)
 
 def datasheet_peaks(name: str) -> tuple[float, float]:
     """(dense BF16 FLOP/s, HBM bytes/s) of a device by its family name; the driver reports
-    neither.  The prior's DeviceInfo (jigsaw.mux.prior.DEVICES) where there is one; 1.0 when
+    neither.  The prior's DeviceInfo (jigsaw.mux.model.specs.DEVICES) where there is one; 1.0 when
     unknown, so an MFU computed from it reads as meaningless rather than plausible."""
-    from jigsaw.mux.prior import DEVICES
+    from jigsaw.mux.model.specs import DEVICES
 
     if "H200" in name:
         return H200_PEAK
@@ -44,7 +44,8 @@ class CudaBench:
     def __init__(self, config: ProfileConfig):
         import torch
 
-        from jigsaw.mux.green import GreenPartitions, probe
+        from jigsaw.mux.partition.green import GreenPartitions
+        from jigsaw.mux.partition.green_probe import probe
 
         self.config = config
         self.support = probe(config.gpu)  # GreenContextError says why when there is no usable GPU

@@ -1,6 +1,6 @@
 """Offline slowdown-grid measurement (`jigsaw profile`), independent of the device.
 
-    ProfileConfig ─► Bench (device side: mux/profile_cuda.py; the CPU one comes with the CPU engines)
+    ProfileConfig ─► Bench (device side: cuda_bench.py, cpu_bench.py)
         │   base[k]       = time per token of k alone, whole device, top memory level
         │   alone[k][σ,m] = bench.alone(k, σ, m) / base[k]
         │   pair(a,b,σ,m) = bench.pair(a, b, σ, m)  ─► a's and b's time per token side by side,
@@ -18,7 +18,7 @@ times are medians of `repeats` runs.  A repeat is paired: the base is measured a
 before it and the point divided by that, so a load spike that inflated the first base (and
 made every point of its kind look faster) cancels instead of being kept.  The grid's source
 says how many points were repeated, their relative spread (overall and per kind), and how
-many stayed under 1.0; jigsaw.mux.validate reads it.
+many stayed under 1.0; jigsaw.mux.model.validate reads it.
 A point that stays under the noise floor even so was not measured but disturbed (a CPU
 "device" shared with other jobs runs a one-core split many times faster than the whole,
 whose threads wait for each other): `MeasurementError` says which and why, and no grid
@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from jigsaw.mux.prior import PriorConfig
-from jigsaw.mux.slowdown import (
+from jigsaw.mux.model.slowdown import (
     DEFAULT_MEM_LEVELS,
     DEFAULT_SM_LEVELS,
     FORMAT,
@@ -45,6 +44,7 @@ from jigsaw.mux.slowdown import (
     DeviceInfo,
     SlowdownGrid,
 )
+from jigsaw.mux.model.specs import PriorConfig
 
 DEVICE_KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 
@@ -63,7 +63,7 @@ class ProfileConfig:
     core profiles a device per core (`jigsaw daemon --devices` = the cores), whose pairs
     time-share it."""
     model: str | None = None
-    """cuda: a name in jigsaw.mux.prior.MODELS or the path of an HF config.json (default
+    """cuda: a name in jigsaw.mux.model.specs.MODELS or the path of an HF config.json (default
     qwen3-0.6b); cpu: the recipe's model, tiny-qwen3 (default) or smollm2-135m."""
     out: Path | None = None
     """Output file; if unset, <user profile dir>/<sku>/<model>.json, never a shipped grid; see
@@ -71,7 +71,7 @@ class ProfileConfig:
     shipped grid is overwritten only when named here."""
     check: str | None = None
     """Measure nothing: validate an existing grid (a file, or a name like cpu/tiny-qwen3) and
-    exit 1 if it is degenerate, 0 otherwise (see jigsaw.mux.validate)."""
+    exit 1 if it is degenerate, 0 otherwise (see jigsaw.mux.model.validate)."""
     calibrate: tuple[Path, ...] | None = None
     """Measure nothing: ALONE SHARED [ALONE SHARED ...], pairs of daemon traces of the same
     pipelines and seeds, one run under `--policy serial` (every sub-stage alone), one under

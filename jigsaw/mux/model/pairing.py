@@ -2,13 +2,13 @@
 
     {pipeline name: (model, PriorConfig)} ─► PairGrids
         between(a, b) ─► a's own prior              (a and b deploy the same model)
-                     └─► PairView(G_ab, G_ba)       (prior_mix.analytic_pair_prior both ways)
+                     └─► PairView(G_ab, G_ba)       (prior.analytic_pair_prior both ways)
     PairView answers what a scheduler asks a SlowdownGrid (pair, pair_options, actual, alone),
     each side timed by its own model beside the other's.
 
 Both the simulator's physics (what really happens) and the scheduler (what it plans with)
 read the same views, so a plan is priced by the slowdowns the run will see; the mix prior
-(prior_mix.mix_prior, entrywise the worst pairing) stays the grid for whatever asks about
+(prior.mix_prior, entrywise the worst pairing) stays the grid for whatever asks about
 a kind without knowing whose it is (whole-stage baselines, packing bounds).
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 
-from jigsaw.mux.prior import Deployment
-from jigsaw.mux.prior_mix import analytic_pair_prior, check_views, pair_slowdowns
-from jigsaw.mux.slowdown import LEVEL_TOL, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.prior import analytic_pair_prior, check_views, pair_slowdowns
+from jigsaw.mux.model.slowdown import LEVEL_TOL, DeviceInfo, SlowdownGrid
+from jigsaw.mux.model.specs import Deployment
 
 
 @lru_cache(maxsize=64)

@@ -4,7 +4,7 @@
     budget_levels(fracs) ─► the levels a device holds, closed under σ → 1-σ
     assign_sides({substage: σ}) ─► {substage: (level, side)}: which side of which pair
 
-The daemon computes partition descriptors with these (partition.py), and a worker opens the
+The daemon computes partition descriptors with these (partitioners.py), and a worker opens the
 same split in its own process (green.py), so both sides of a pair agree on the SM counts.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jigsaw.mux.slowdown import DEFAULT_SM_LEVELS
+from jigsaw.mux.model.slowdown import DEFAULT_SM_LEVELS
 
 FRAC_TOL = 1e-9
 """Budgets within this of a level are that level (1 - 0.8 is 0.19999999999999996)."""

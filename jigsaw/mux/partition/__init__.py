@@ -1,0 +1,15 @@
+"""A budget σ on a device: what it is (in the daemon) and how a worker is held to it.
+
+    partitioners.py   Partition = Advisory | Cpu | Green (msgspec), computed by pure functions
+        │             from the node's layout: the daemon's side, no torch, no driver
+        ▼ Grant.partition
+    bind.py           Binder: the worker's side, the one place a process is put on its partition
+        ├─ cpu.py          core sets: the shares a core split can give, disjoint halves
+        └─ green.py        GreenPartitions: disjoint green-context pairs of one device
+             ├─ green_probe.py     can green contexts run here (driver, torch), GreenContextError
+             ├─ green_backends.py  the cuda-python and torch primitives (split, open, close)
+             └─ smsplit.py         SM counts of a split (pure; the daemon's descriptors use it too)
+    cudagraphs.py     CUDA graphs captured per budget on its green stream
+    mps.py            the MPS control daemon (processes of two jobs on one GPU at once)
+    smid.py           SM-id census: did a stream's work stay on its partition's SMs?
+"""

@@ -1,0 +1,49 @@
+"""One sample of a simulated rollout: its sequence so far and what it still has to generate.
+
+    Request(rid, context, turns, appended, tool_s) ─► rollout.py (the engine) moves it
+        queue ─► prefill ─► decode ─► tool wait ─► next turn ─► done; kvpool.py counts its KV
+        (context − pending held, output_tokens for retraction order)
+
+Its own module so that the engine and its KV pool both read it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Request:
+    """One sample: its whole sequence so far and what it still has to generate."""
+
+    rid: int
+    context: int
+    """Tokens of the sequence so far (prompt, generated, appended)."""
+    turns: list[int]
+    appended: list[int]
+    tool_s: list[float]
+    turn: int = 0
+    generated: int = 0
+    """Tokens generated in the current turn."""
+    pending: int = 0
+    """Tokens of the context not in the KV cache yet (to prefill)."""
+    ready_at: float = 0.0
+    """When its tool call returns."""
+
+    @property
+    def left(self) -> int:
+        return self.turns[self.turn] - self.generated
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(self.turns)
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated so far, every turn (what SGLang's retraction order looks at)."""
+        return sum(self.turns[:self.turn]) + self.generated
+
+    @property
+    def final_context(self) -> int:
+        """Its context once every turn is generated and every tool output appended."""
+        return self.context + self.left + sum(self.turns[self.turn + 1:]) + sum(self.appended[self.turn:])
