@@ -28,7 +28,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
@@ -125,6 +125,20 @@ class Running(Generic[Owner]):
     live: LiveNumbers | None = None
     peak_bytes: int = 0
     """The most memory its engine said it needed while it ran (its piece's footprint)."""
+    paces: list[tuple[float, float, float]] = field(default_factory=list)
+    """(time, work done by then, rate from then) at each change of its rate: the work it did
+    in any part of its life (`work_at`)."""
+
+    def work_at(self, t_s: float) -> float:
+        """Exclusive work it had done by `t_s` (up to its last integration)."""
+        if not self.paces:
+            return self.work_s
+        t0, w0, rate = self.paces[0]
+        for t, w, r in self.paces:
+            if t > t_s:
+                break
+            t0, w0, rate = t, w, r
+        return min(w0 + max(0.0, t_s - t0) * rate, self.work_s)
 
     @property
     def on_device(self) -> bool:
@@ -168,8 +182,8 @@ class LivePipeline:
         self._merged_away: set[str] = set()
         self._ended: set[int] = set()
         self._ordinals: dict[tuple[int, SubStageKind], int] = {}
-        self._last_done: dict[int, tuple[str, float, float]] = {}
-        """Per DP rank, the device piece it finished last: (id, when, its pace then)."""
+        self._last_done: dict[int, tuple[str, float, Running]] = {}
+        """Per DP rank, the device piece it finished last: (id, when, how it ran)."""
         self._samples: tuple[int, int] | None = None
         self.step = 0
         self.stage = Stage.ROLLOUT
@@ -269,18 +283,21 @@ class LivePipeline:
         return w
 
     def _head_start(self, rank: int, elapsed_s: float, now_s: float) -> float:
-        """Exclusive work a piece did before it asked, at the pace of what its worker ran
-        last; the piece that worker just finished did not do it (it ran this one's first
-        steps before its worker told them apart), so it is taken off that one."""
+        """Exclusive work a piece did in the `elapsed_s` before it asked, at the paces its
+        worker ran at then.  The piece that worker ran before did not do that work (its
+        worker ran this one's first steps before telling them apart): it is taken off it."""
         last = self._last_done.get(rank)
-        if elapsed_s <= 0.0 or last is None:
-            return elapsed_s * (last[2] if last else 1.0)
-        sid, end_s, rate = last
-        overlap_s = min(elapsed_s, end_s - (now_s - elapsed_s))  # of its head start, the time that one still ran
+        if last is None:
+            return elapsed_s
+        sid, end_s, r = last
+        began = now_s - elapsed_s
+        if elapsed_s <= 0.0 or end_s <= began:  # it began after that one ended
+            return elapsed_s * r.rate
+        moved = r.work_s - r.work_at(max(began, r.start_s))
         piece = self._finished.get(sid)
-        if piece is not None and overlap_s > 0.0:
-            self._finished[sid] = replace(piece, duration_s=max(0.0, piece.duration_s - overlap_s * rate))
-        return elapsed_s * rate
+        if piece is not None:
+            self._finished[sid] = replace(piece, duration_s=max(0.0, piece.duration_s - moved))
+        return moved + max(0.0, now_s - end_s) * r.rate
 
     def _new_id(self, kind: SubStageKind, rank: int, step: int, ordinal: int | None) -> str:
         n = self._ordinals.get((rank, kind), 0)
@@ -304,6 +321,7 @@ class LivePipeline:
             batch_size=w.batch_size, micro_batch=a.micro_batch if on else None,
             pids=w.pids, owner=w.owner, work_s=w.work_s, since_s=now_s, rate=1.0 / (a.slowdown if on else 1.0),
             live=w.live, peak_bytes=w.need_bytes)
+        r.paces.append((now_s, r.work_s, r.rate))
         return r
 
     def regrant(self, sid: str, a: Assignment, budget: Budget) -> bool:
@@ -334,6 +352,9 @@ class LivePipeline:
                                  balanced and any(m.micro_batch is not None for m in members))
                 for m in members:
                     m.rate = rate
+        for r in self._running.values():
+            if r.paces and r.paces[-1][2] != r.rate:
+                r.paces.append((r.since_s, r.work_s, r.rate))
 
     def finish(self, sid: str, now_s: float, *, final: bool = False, **numbers) -> tuple[Running, SubStage] | None:
         """A running sub-stage ended: its exclusive time is the work it did.  `final`: its
@@ -343,6 +364,8 @@ class LivePipeline:
         if sid in self._merged_away or sid in self._waiting:
             if sid in self._waiting:
                 del self._waiting[sid]
+            elif numbers and (piece := self._finished.get(sid)) is not None:
+                self._finished[sid] = replace(piece, **numbers)  # its owner counted what it did before the move
             if final:
                 self._ended.add(SubStageId.parse(sid).rank)
             return None
@@ -354,7 +377,7 @@ class LivePipeline:
         r.work_s += max(0.0, now_s - r.since_s) * r.rate
         r.since_s = now_s
         if r.on_device:
-            self._last_done[r.rank] = (sid, now_s, r.rate)
+            self._last_done[r.rank] = (sid, now_s, r)
         piece = SubStage(id=sid, pipeline=self.name, step=self._step_of(sid), kind=r.kind, dp_rank=r.rank,
                          duration_s=max(r.work_s, 0.0), mem_bytes=max(r.need_bytes, r.peak_bytes), **numbers)
         if self.static is not None or piece.step == self.step:

@@ -138,17 +138,20 @@ class Client:
 
     @contextlib.contextmanager
     def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
-                 mem_bytes: int = 0, pids: Sequence[int] = (), label: str = "") -> Iterator[GrantHandle]:
+                 mem_bytes: int = 0, pids: Sequence[int] = (), label: str = "",
+                 elapsed_s: float = 0.0) -> Iterator[GrantHandle]:
         """Block until the scheduler admits this sub-stage and its processes (`pids`, default
         this one) are on its partition; report it done on exit.  `label`: the framework's name
-        for the work, kept in the trace."""
+        for the work, kept in the trace; `elapsed_s`: how long it already ran (a rollout regime
+        is told apart some steps into it)."""
         with self.gang(kind, members=((dp_rank, pids),), step=step, urgent=urgent, mem_bytes=mem_bytes,
-                       label=label) as (handle,):
+                       label=label, elapsed_s=elapsed_s) as (handle,):
             yield handle
 
     @contextlib.contextmanager
     def gang(self, kind: str, *, members: Sequence[tuple[int, Sequence[int]]], step: int = 0,
-             urgent: bool = False, mem_bytes: int = 0, label: str = "") -> Iterator[list[GrantHandle]]:
+             urgent: bool = False, mem_bytes: int = 0, label: str = "",
+             elapsed_s: float = 0.0) -> Iterator[list[GrantHandle]]:
         """One lockstep stage run by several DP workers at once (the ranks of an FSDP trainer):
         a sub-stage per (dp_rank, pids) member, all asked at once, since the scheduler starts a
         gang whole.  Blocks until every member is admitted and bound; each is reported done on
@@ -157,7 +160,7 @@ class Client:
         members = [(int(rank), tuple(pids)) for rank, pids in members]
         if self.session is None and self._reachable():  # forgotten by a live daemon: join it again now
             self._register(self._sock, self.connect_timeout_s)
-        got = self._admit(kind, members, step, urgent, mem_bytes, label) if self.connected \
+        got = self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s) if self.connected \
             else [(None, "unreachable")] * len(members)
         handles = []
         for (rank, pids), (handle, why) in zip(members, got):
@@ -423,11 +426,12 @@ class Client:
             self.session = None
         self._lose_grants()
 
-    def _admit(self, kind, members, step, urgent, mem_bytes, label="",
+    def _admit(self, kind, members, step, urgent, mem_bytes, label="", elapsed_s: float = 0.0,
                retry: bool = True) -> list[tuple[GrantHandle | None, str]]:
         """(handle, "") per member admitted, (None, why) per member that runs without the daemon."""
         msgs = [pr.Admit(session=self.session or "", kind=kind, dp_rank=rank, step=step, urgent=urgent,
-                         mem_bytes=mem_bytes, pids=pids, label=label[:32], req=self._next_req())
+                         mem_bytes=mem_bytes, pids=pids, label=label[:32], elapsed_s=max(0.0, elapsed_s),
+                         req=self._next_req())
                 for rank, pids in members]
         replies = self._call_many(self._sock, msgs, None, give_up=lambda: not self.connected)
         forgotten = [r for r in replies if isinstance(r, pr.Error) and r.code == "unknown-session"]
@@ -435,7 +439,7 @@ class Client:
             self._forgotten(msgs[0].session)
             self._register(self._sock, self.connect_timeout_s)
             if self.connected:
-                return self._admit(kind, members, step, urgent, mem_bytes, label, retry=False)
+                return self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s, retry=False)
         return [self._granted(reply, kind, pids) for reply, (_, pids) in zip(replies, members)]
 
     @staticmethod

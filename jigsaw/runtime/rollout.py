@@ -1,9 +1,11 @@
 """A rollout worker's regimes from its forward steps: client-side bucketing over the client.
 
     engine forward step ─► Rollout.forward(prefill tokens, decoding requests, KV tokens)
-        BucketTracker (graph/builder.py: token buckets + hysteresis) ─► a regime change:
-            Done of the last regime (its steps, tokens, FLOPs, batch, KV per request) ─►
-            Admit of the next (urgent: a running rollout cannot pause) ─► its GrantHandle
+        BucketTracker (graph/builder.py: token buckets + hysteresis) ─► a regime change,
+        recognised some steps into the new regime and dated back to its first step:
+            Done of the last regime (its steps, tokens, FLOPs, batch, KV per request, up to
+            that first step) ─► Admit of the next (urgent: a running rollout cannot pause;
+            the seconds it already ran) ─► its GrantHandle; its counts start at that step
     engine's requests now ─► Rollout.progress(...) ─► Progress (at most every progress_every_s)
 
 Traffic is per regime change, not per token; the node sees a worker's rollout as the
@@ -14,13 +16,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from jigsaw import protocol as pr
 from jigsaw.graph.builder import BucketTracker
 
 PROGRESS_EVERY_S = 0.25
 """How often a rollout tells the node what its requests are, at most."""
+
+
+class _Step(NamedTuple):
+    index: int
+    t_s: float
+    tokens: int
+    reqs: int
+    kv: int
 
 
 class Rollout:
@@ -38,6 +50,9 @@ class Rollout:
         """`client`: the process's runtime.client.Client."""
         self.client, self.dp_rank, self.step, self.pids, self.label = client, dp_rank, step, pids, label
         self.tracker = BucketTracker()
+        self._recent: deque[_Step] = deque(maxlen=self.tracker._need + 1)
+        """The last forward steps: those a regime change dates back to move to the new regime."""
+        self._index = 0
         self.grant = None
         self._cm = None
         self._tokens = self._steps = self._reqs = self._kv = 0
@@ -63,19 +78,31 @@ class Rollout:
         unknown).  A regime reports what the graph builder summarises from such steps: its
         steps, tokens, mean decoding requests per step (batch size) and KV tokens per request
         (sequence length), which is what a migration of its requests is priced by."""
+        now = time.monotonic()
         switch = self.tracker.observe(num_prefill_tokens + num_decode_reqs)
         if self._primed:  # the regime `start` admitted is not a transition
             self._primed = False
             if switch is not None and switch.kind.value == self._started_kind:
                 switch = None
         if switch is not None and not self.closed:
+            moved = [x for x in self._recent if x.index >= switch.start_index]
+            self._count(moved, -1)  # the steps since the new regime began are its own
             self._end(final=False)
-            self._open(switch.kind.value, urgent=self.grant is not None)
-        self._tokens += num_prefill_tokens + num_decode_reqs
-        self._steps += 1
-        self._reqs += num_decode_reqs
-        self._kv += kv_tokens
+            self._open(switch.kind.value, urgent=self.grant is not None,
+                       elapsed_s=now - moved[0].t_s if moved else 0.0)
+            self._count(moved, +1)
+        step = _Step(self._index, now, num_prefill_tokens + num_decode_reqs, num_decode_reqs, kv_tokens)
+        self._index += 1
+        self._recent.append(step)
+        self._count([step], +1)
         return self.grant
+
+    def _count(self, steps: Sequence[_Step], sign: int) -> None:
+        for x in steps:
+            self._tokens += sign * x.tokens
+            self._steps += sign
+            self._reqs += sign * x.reqs
+            self._kv += sign * x.kv
 
     def progress(self, holding: Sequence[tuple[int, int]], mem_bytes: int | None = None, *,
                  force: bool = False) -> bool:
@@ -93,9 +120,9 @@ class Rollout:
                                      context_tokens=context, generated=tuple(generated), mem_bytes=mem_bytes))
         return True
 
-    def _open(self, kind: str, urgent: bool) -> None:
+    def _open(self, kind: str, urgent: bool, elapsed_s: float = 0.0) -> None:
         self._cm = self.client.substage(kind, dp_rank=self.dp_rank, step=self.step, urgent=urgent, pids=self.pids,
-                                        label=self.label)
+                                        label=self.label, elapsed_s=elapsed_s)
         self.grant = self._cm.__enter__()
         self.transitions += 1
 

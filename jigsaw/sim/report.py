@@ -94,28 +94,29 @@ class Clients:
         now = None if wk.done else (wk.piece_id() or was)
         if now == was:
             return
+        began = wk.piece.start_s if now is not None and wk.piece is not None else t  # recognised steps into it
         if was is not None:
-            self._done(run, rank, was, t, final=now is None)
+            self._done(run, rank, was, t, final=now is None, upto_s=began)
             self.asked.pop(key)
         if now is not None:
             kind = SubStageId.parse(now).kind
-            began = wk.piece.start_s if wk.piece is not None else t  # recognised a few steps into it
             self._admit(run, rank, now, t, urgent=kind.on_device,
                         mem_bytes=int(wk.need_bytes(wk.held_kv_tokens())) if kind.on_device else 0,
-                        elapsed_s=max(0.0, t - began) if kind.on_device else 0.0)
+                        elapsed_s=max(0.0, t - began) if kind.on_device else 0.0, since_s=began)
 
-    def _admit(self, run: PipelineRun, rank: int, sid: str, t: float, **facts) -> None:
+    def _admit(self, run: PipelineRun, rank: int, sid: str, t: float, since_s: float | None = None, **facts) -> None:
         i = SubStageId.parse(sid)
         self.send(run, pr.Admit(session="", kind=i.kind.value, dp_rank=rank, step=run.step, ordinal=i.ordinal,
                                 **facts), t)
         self.asked[(run.index, rank)] = sid
-        self.counters[(run.index, rank)] = run.workers[rank].counters()
+        self.counters[(run.index, rank)] = run.workers[rank].counters(since_s)
 
-    def _done(self, run: PipelineRun, rank: int, sid: str, t: float, final: bool) -> None:
+    def _done(self, run: PipelineRun, rank: int, sid: str, t: float, final: bool, upto_s: float | None = None) -> None:
         """What a live Rollout reports of a regime: its steps, tokens, FLOPs, mean decoding
-        requests per step and KV tokens per request, counted since it asked."""
+        requests per step and KV tokens per request, from its first step to the next regime's."""
         wk = run.workers[rank]
-        steps, tokens, reqs, kv = (now - then for now, then in zip(wk.counters(), self.counters[(run.index, rank)]))
+        counted = wk.counters(upto_s if upto_s is not None and upto_s < t else None)
+        steps, tokens, reqs, kv = (now - then for now, then in zip(counted, self.counters[(run.index, rank)]))
         self.send(run, pr.Done(session="", substage=sid, final=final, num_steps=steps, num_tokens=tokens,
                                flops=run.cost.flops_per_token * tokens,
                                batch_size=reqs / steps if steps else 0.0, seq_len=kv / reqs if reqs else 0.0), t)

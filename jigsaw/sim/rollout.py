@@ -365,10 +365,23 @@ class RolloutWorker(KVPool):
 
     # ------------------------------------------------------------ records
 
-    def counters(self) -> tuple[int, int, int, int]:
+    def counters(self, before_s: float | None = None) -> tuple[int, int, int, int]:
         """Forward steps, tokens, decoding requests (summed over steps) and KV tokens read, so
-        far this step: what a live client counts for the regime it reports."""
-        return self._counted
+        far this step (of the steps that began before `before_s`): what a live client counts
+        for the regime it reports."""
+        steps, tokens, reqs, kv = self._counted
+        if before_s is None:
+            return self._counted
+        for c in reversed(self._cols):
+            starts = c["t_start_s"]
+            k = 0 if starts[0] >= before_s else int(np.searchsorted(starts, before_s, side="left"))
+            steps -= len(starts) - k
+            tokens -= int(np.sum(c["num_prefill_tokens"][k:] + c["num_decode_reqs"][k:]))
+            reqs -= int(np.sum(c["num_decode_reqs"][k:]))
+            kv -= int(np.sum(c["kv_tokens_used"][k:]))
+            if k > 0:
+                break
+        return steps, tokens, reqs, kv
 
     def _record(self, ends: np.ndarray, starts: np.ndarray, prefill: int, decode: int, kv: np.ndarray) -> None:
         n = len(ends)
