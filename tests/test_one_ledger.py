@@ -131,3 +131,33 @@ def test_a_decision_is_frozen_and_says_everything_its_effects_need():
     assert [(h.sid, h.budget, h.mem_bytes) for h in first.holders] == snapshot  # later decisions left it alone
     assert all(set(x.held.sid for x in d.admitted) <= {h.sid for h in d.holders} for d in decisions)
     assert replace(first, notes=()).holders is first.holders
+
+
+def test_what_the_node_learns_of_a_step_is_what_its_engines_did():
+    """The node's history of a step is assembled from its workers' reports alone (as live), yet
+    it is the step its engines ran (the builder's graph of their forward steps, the ground
+    truth only the simulator has): the same pieces, the same counts, the same exclusive time
+    within 1% for nearly every piece.  A regime's first steps, run before its worker told it
+    apart, count for it and not for the one before; a migrated piece keeps its owner's counts."""
+    runs, node, grid, policy = build(SimConfig(workload=("llama-3.1-8b-instruct-gsm8k",) * 2, gpus=8, steps=6,
+                                               trace=False))
+    sim = NodeSim(runs, node, grid, policy, trace=False)
+    sim.run()
+    pieces = close = 0
+    for run in runs:
+        truth = {g.steps[0]: g for g in run.builder.history(run.name)}
+        for g in sim.state.pipelines[run.name].history:
+            if g.steps[0] not in truth:  # the builder keeps fewer steps
+                continue
+            real = truth[g.steps[0]]
+            assert {s.id for s in g} == {s.id for s in real}
+            for s in g:
+                r = real[s.id]
+                if s.kind.is_rollout:  # the regime's forward steps, counted as its engine ran them
+                    assert (s.num_steps, s.num_tokens) == (r.num_steps, r.num_tokens), s.id
+                elif s.kind.on_device:  # a stage's tokens (the builder rounds them per interval)
+                    assert s.num_tokens == pytest.approx(r.num_tokens, rel=0.01), s.id
+                pieces += 1
+                close += abs(s.duration_s - r.duration_s) <= 0.01 * r.duration_s + 1e-9
+    assert pieces > 100 and close >= 0.95 * pieces, (close, pieces)
+    assert sim.decisions and any(sim.state.pipelines[r.name].history for r in runs)
