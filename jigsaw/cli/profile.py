@@ -201,12 +201,14 @@ def _name_note(ref: str, out: Path | None) -> str:
 
 
 def _bench(cfg: ProfileConfig):
+    from jigsaw.extras import require
     from jigsaw.mux.slowdown import DEFAULT_SM_LEVELS
 
     if cfg.device == "cpu":
         from jigsaw.mux.cpu import cpu_levels
         from jigsaw.mux.profile_cpu import CpuBench
 
+        require("cpu", "jigsaw profile --device cpu")
         name = cfg.model or "tiny-qwen3"
         bench = CpuBench(name, cfg.min_time_s, cores=cfg.cores)
         note = f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
@@ -216,6 +218,7 @@ def _bench(cfg: ProfileConfig):
     from jigsaw.mux.green import GreenContextError
     from jigsaw.mux.profile_cuda import CudaBench
 
+    require("gpu", "jigsaw profile --device cuda")
     try:
         bench = CudaBench(cfg)
     except GreenContextError as exc:
