@@ -121,7 +121,12 @@ def test_without_the_extras_the_core_commands_work(hidden, tmp_path):
         assert ran.returncode == 0 and ran.stdout.strip() == "ran", ran.stderr
         assert jigsaw(hidden, "daemon", "stop").returncode == 0
         assert daemon.wait(30) == 0
+        # no daemon answers: `jigsaw run` starts one, on this node's CPU grid (no NVML: no GPU, and it says why)
+        ran = jigsaw(hidden, "run", "--name", "on-demand", "--", sys.executable, "-c", "print('ran')")
+        assert ran.returncode == 0 and ran.stdout.strip() == "ran", ran.stderr
+        assert "nvidia-ml-py is not installed" in ran.stderr and "partitioner cpu" in ran.stderr, ran.stderr
     finally:
+        jigsaw(hidden, "daemon", "stop")
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
