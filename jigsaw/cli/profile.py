@@ -44,11 +44,15 @@ class Args:
 def run(args: Args) -> int:
     from rich.console import Console
 
+    from jigsaw.extras import require
+
     cfg = args.profile
     if cfg.check is not None:
         return _check(Console(soft_wrap=True), cfg.check)
     if cfg.calibrate is not None:
         return _calibrate(Console(soft_wrap=True), cfg)
+    if cfg.device in ("cpu", "cuda"):  # measuring runs the engines (cpu) or green contexts (cuda)
+        require("cpu" if cfg.device == "cpu" else "gpu", f"jigsaw profile --device {cfg.device}")
     return _measure(Console(stderr=True, soft_wrap=True), cfg)
 
 
@@ -201,14 +205,12 @@ def _name_note(ref: str, out: Path | None) -> str:
 
 
 def _bench(cfg: ProfileConfig):
-    from jigsaw.extras import require
     from jigsaw.mux.slowdown import DEFAULT_SM_LEVELS
 
     if cfg.device == "cpu":
         from jigsaw.mux.cpu import cpu_levels
         from jigsaw.mux.profile_cpu import CpuBench
 
-        require("cpu", "jigsaw profile --device cpu")
         name = cfg.model or "tiny-qwen3"
         bench = CpuBench(name, cfg.min_time_s, cores=cfg.cores)
         note = f"jigsaw profile --device cpu, {name}, {cfg.min_time_s:g} s per point"
@@ -218,7 +220,6 @@ def _bench(cfg: ProfileConfig):
     from jigsaw.mux.green import GreenContextError
     from jigsaw.mux.profile_cuda import CudaBench
 
-    require("gpu", "jigsaw profile --device cuda")
     try:
         bench = CudaBench(cfg)
     except GreenContextError as exc:
