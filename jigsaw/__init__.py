@@ -5,6 +5,9 @@
     NodeSpec, PipelineState × K, SchedulerConfig ──────────┘        │
                                               execute() (what-if) ◄─┘─► runtime / simulator
 
+The scheduler library, the simulator and the daemon import no torch: extras.py names the extra
+(`pip install 'jigsaw[cpu]'`, `[gpu]`, `[timeline]`, `[verl]`) each optional import comes from.
+
 Names are imported on first use, so `import jigsaw` costs nothing until you need a part.
 
     graph/         the sub-stage graph, its scheduling and every policy (pure)

@@ -2,7 +2,7 @@
 
 The synthetic grid is a stand-in with a one-parameter model per kind (the share of
 its time that scales with SMs); it exists so tests control every number.  Tests of
-the shipped priors use the real files in jigsaw/profiles/.
+the shipped priors use the real files in profiles/.
 """
 
 from __future__ import annotations

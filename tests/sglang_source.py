@@ -1,33 +1,79 @@
 """SGLang's source read from its wheel with `ast`, for contract tests on machines where sglang cannot import.
 
-    $JIGSAW_SGLANG_WHEEL or <repo>/.wheels/sglang-<version>-*.whl ─► zipfile ─► ast.Module per file
+    $JIGSAW_SGLANG_WHEEL, else <repo>/.wheels/sglang-<version>-*.whl, else `pip download` into .wheels/
+        (the first run; under a lock, so parallel runs fetch it once) ─► zipfile ─► ast.Module per file
     check(module, contract) ─► list of problems ([] when SGLang still has what jigsaw hooks)
 
 A contract is (kind, file, dotted target, expectation); `check` returns a problem naming the target when
 the name is gone, renamed, or has other leading parameters, so a drifted SGLang fails the test that names it.
+No wheel and no way to fetch one is WheelUnavailable, which says how to provide it offline: the contract
+tests fail then, they never skip, so `python -m pytest -q` runs them on a fresh clone as CI does.
 """
 
 from __future__ import annotations
 
 import ast
+import fcntl
 import functools
-import glob
 import os
+import subprocess
+import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 SGLANG_VERSION = "0.5.12"
 REPO = Path(__file__).resolve().parent.parent
-FETCH_HINT = f"pip download --no-deps sglang=={SGLANG_VERSION} -d .wheels"
+WHEELS = REPO / ".wheels"
+"""Where the fetched wheel is kept (ignored by git)."""
+FETCH = (sys.executable, "-m", "pip", "download", "--no-deps", f"sglang=={SGLANG_VERSION}", "-d")
+"""The download, completed with a directory."""
+FETCH_TIMEOUT_S = 45.0
+"""Below the contract tests' 60 s limit, so a stalled download fails with the offline hint, not a timeout."""
+OFFLINE_HINT = (f"to provide the wheel offline, fetch it where PyPI is reachable "
+                f"(pip download --no-deps sglang=={SGLANG_VERSION} -d DIR) and set JIGSAW_SGLANG_WHEEL to the .whl, "
+                f"or put it in {WHEELS}")
 
 
-def find_wheel() -> Path | None:
+class WheelUnavailable(RuntimeError):
+    """The pinned wheel is neither given, nor in .wheels/, nor downloadable; the message says what to do."""
+
+
+def find_wheel(wheels: Path = WHEELS, fetch: tuple[str, ...] = FETCH) -> Path:
+    """The pinned wheel: $JIGSAW_SGLANG_WHEEL, else the one in `wheels`, downloaded there the first time."""
     env = os.environ.get("JIGSAW_SGLANG_WHEEL")
     if env:
-        return Path(env) if Path(env).is_file() else None
-    found = sorted(glob.glob(str(REPO / ".wheels" / f"sglang-{SGLANG_VERSION}-*.whl")))
-    return Path(found[-1]) if found else None
+        if not Path(env).is_file():
+            raise WheelUnavailable(f"JIGSAW_SGLANG_WHEEL={env} is not a file; {OFFLINE_HINT}")
+        return Path(env)
+    if found := _kept(wheels):
+        return found
+    wheels.mkdir(parents=True, exist_ok=True)
+    with open(wheels / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _kept(wheels) or _download(wheels, fetch)  # a run we waited for may have fetched it
+
+
+def _kept(wheels: Path) -> Path | None:
+    found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    return found[-1] if found else None
+
+
+def _download(wheels: Path, fetch: tuple[str, ...]) -> Path:
+    """Download into a private directory, then move the wheel in: a killed run leaves no partial wheel."""
+    with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
+        said = " ".join(fetch)
+        try:
+            done = subprocess.run([*fetch, tmp], capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise WheelUnavailable(f"`{said}` did not finish in {FETCH_TIMEOUT_S:g} s; {OFFLINE_HINT}") from None
+        got = _kept(Path(tmp))
+        if done.returncode != 0 or got is None:
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}, no wheel"])[-1]
+            raise WheelUnavailable(f"`{said}` failed ({why}); {OFFLINE_HINT}")
+        os.replace(got, wheels / got.name)
+    return wheels / got.name
 
 
 @functools.cache

@@ -44,6 +44,8 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     verl = re.search(r"```bash\n(python3 -m venv \.venv-verl\n.*?)```", readme, flags=re.S).group(1).splitlines()
     assert verl and all(line in ci for line in verl), verl  # the verl suite, installed and run as CI does
+    assert "```bash\n.ci/no_torch.sh\n```" in readme and ".ci/no_torch.sh" in ci  # and the install without torch
+    assert "pip download" not in "\n".join(ci)  # the tests fetch what they need: the README's command is enough
 
 
 @pytest.mark.timeout(120)

@@ -32,6 +32,8 @@ NOT_RUN = {
     ".venv-verl/bin/pip install -c constraints.txt -e '.[dev,verl]' --config-settings editable_mode=compat":
         "the verl install .ci/run does (tests/test_readme.py checks it)",
     ".venv-verl/bin/python -m pytest -q -m verl": "the verl suite .ci/run runs (tests/test_readme.py checks it)",
+    ".ci/no_torch.sh": "a fresh venv and a wheel built from the clone (a minute, the package index); .ci/run runs "
+                       "it (tests/test_readme.py checks it) and tests/test_extras.py runs the same commands here",
     "jigsaw demo": "4 modes × 3 repeats take minutes; the smoke run below runs every mode",
     "jigsaw demo --repeats 1 --steps 2 --prompts 2 --group 2 --max-new-tokens 24 --modes serial naive "
     "naive-fair static jigsaw": "tests/test_demo.py::test_demo_runs_every_mode runs exactly this",

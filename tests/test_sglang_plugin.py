@@ -88,11 +88,45 @@ CONTRACTS = [
 
 @pytest.fixture(scope="module")
 def wheel():
-    path = src.find_wheel()
-    if path is None:
-        pytest.skip(f"sglang {src.SGLANG_VERSION} wheel not found ($JIGSAW_SGLANG_WHEEL or .wheels/); "
-                    f"fetch it with `{src.FETCH_HINT}`")
-    return path
+    try:
+        return src.find_wheel()  # downloads it into .wheels/ the first time
+    except src.WheelUnavailable as exc:
+        why = str(exc)
+    pytest.fail(f"the SGLang contract tests need sglang {src.SGLANG_VERSION}'s wheel: {why}", pytrace=False)
+
+
+FAKE_PIP = """import sys, time
+from pathlib import Path
+with open(sys.argv[1], "a") as calls:
+    calls.write("fetch\\n")
+time.sleep(0.3)
+Path(sys.argv[2], "sglang-{v}-py3-none-any.whl").write_bytes(b"PK")
+"""
+
+
+def test_the_wheel_is_fetched_once_by_parallel_runs(tmp_path, monkeypatch):
+    import concurrent.futures
+
+    monkeypatch.delenv("JIGSAW_SGLANG_WHEEL", raising=False)
+    script, calls = tmp_path / "pip.py", tmp_path / "calls"
+    script.write_text(FAKE_PIP.format(v=src.SGLANG_VERSION))
+    fetch = (sys.executable, str(script), str(calls))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(lambda _: src.find_wheel(tmp_path / "wheels", fetch), range(4)))
+    assert len(set(found)) == 1 and found[0].parent == tmp_path / "wheels"
+    assert calls.read_text() == "fetch\n"  # one download; the others waited on the lock and found it
+    assert [p.name for p in (tmp_path / "wheels").iterdir() if p.name != ".lock"] == [found[0].name]
+
+
+def test_a_failed_fetch_says_how_to_provide_the_wheel(tmp_path, monkeypatch):
+    monkeypatch.delenv("JIGSAW_SGLANG_WHEEL", raising=False)
+    fetch = (sys.executable, "-c", "import sys; sys.exit('ERROR: No matching distribution found')")
+    with pytest.raises(src.WheelUnavailable, match="No matching distribution.*JIGSAW_SGLANG_WHEEL"):
+        src.find_wheel(tmp_path, fetch)
+    assert not list(tmp_path.glob("*.whl")) and not list(tmp_path.glob(".download-*"))
+    monkeypatch.setenv("JIGSAW_SGLANG_WHEEL", str(tmp_path / "nowhere.whl"))
+    with pytest.raises(src.WheelUnavailable, match="JIGSAW_SGLANG_WHEEL=.*nowhere.whl is not a file"):
+        src.find_wheel(tmp_path, fetch)
 
 
 @pytest.mark.parametrize("contract", CONTRACTS, ids=lambda c: c.id)

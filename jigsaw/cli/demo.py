@@ -33,8 +33,11 @@ class Args:
 def run(args: Args) -> int:
     from rich.console import Console
 
+    from jigsaw.extras import require
     from jigsaw.recipes.demo import run_demo
     from jigsaw.recipes.demo_report import print_report
+
+    require("cpu", "jigsaw demo")
 
     console = Console(width=None if Console().is_terminal else 110)  # logs get the whole table
     cfg = args.demo

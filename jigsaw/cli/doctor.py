@@ -12,7 +12,8 @@
 Doctor reports; it does not fail: exit 0 whatever it finds, unless --strict, where a GPU
 check that is not ok (or any failed check) exits 1.  torch, cuda-python and pynvml are
 imported inside the checks, never by `jigsaw --help`; a check that raises unexpectedly is
-reported as `fail` with the exception instead of a traceback.
+reported as `fail` with the exception instead of a traceback.  What of the [gpu] extra is not
+installed is said last (and in --json as `missing`).
 """
 
 from __future__ import annotations
@@ -69,13 +70,18 @@ def run(args: Args) -> int:
         raise ValueError(f"--device must be >= 0, got {args.device}")
     if not args.fracs or not all(0.0 < f < 1.0 for f in args.fracs):
         raise ValueError(f"--fracs must be in (0, 1), got {args.fracs}")
+    from jigsaw.extras import DISTRIBUTIONS, missing
+
     checks = diagnose(args)
     ok = passes(checks)
+    absent = [DISTRIBUTIONS.get(m, m) for m in missing("gpu")]
     if args.json:
-        print(jsonlib.dumps({"ok": ok, "strict": args.strict, "device": args.device,
+        print(jsonlib.dumps({"ok": ok, "strict": args.strict, "device": args.device, "missing": absent,
                              "checks": {c.name: _as_json(c) for c in checks}}, indent=2, default=str))
     else:
         print(render(checks, args.device, ok))
+        if absent:
+            print(f"not installed: {', '.join(absent)}; install them with pip install 'jigsaw[gpu]'")
     return 1 if args.strict and not ok else 0
 
 

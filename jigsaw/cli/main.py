@@ -3,8 +3,8 @@
     argv ─► tyro (one subcommand per module in COMMANDS) ─► Args ─► module.run(args) ─► exit code
 
 A subcommand module is imported to read its `Args`; it must keep its top-level imports
-light.  Expected user errors (a malformed profile, a missing file) print one line and
-exit 2 instead of a traceback.
+light.  Expected user errors (a malformed profile, a missing file, an extra not installed:
+jigsaw.extras.MissingExtra) print one line and exit 2 instead of a traceback.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd:
         args = dataclasses.replace(args, cmd=tuple(cmd))
     module = next(m for m in modules.values() if isinstance(args, m.Args))
+    from jigsaw.extras import MissingExtra
+
     try:
         return int(module.run(args) or 0)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+    except (FileNotFoundError, ValueError, KeyError, MissingExtra) as exc:
         # ValueError covers SlowdownFileError, whose text names the file, field and problem.
         print(f"jigsaw: error: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """`jigsaw prior`: write an analytic roofline prior slowdown grid.
 
     --device, --model, --prior.* ─► mux.model.prior.analytic_prior ─► SlowdownGrid.save ─► path
-    --shipped ─► every prior listed in mux.model.prior.SHIPPED, into jigsaw/profiles (or --profiles-dir)
+    --shipped ─► every prior listed in mux.model.prior.SHIPPED, into the shipped grids, profiles/ (or --profiles-dir)
 
 A prior is a labelled stand-in until `jigsaw profile` measures the device; the file's
 `source` says so and records every constant used.
@@ -30,7 +30,7 @@ class Args:
     """Output file; default <your profile dir>/<device>/<model>.prior.json (never a shipped file),
     where the name "<device>/<model>" finds it."""
     profiles_dir: Path | None = None
-    """With --shipped: where to write; if unset, the installed package's profiles, jigsaw/profiles."""
+    """With --shipped: where to write; if unset, the shipped grids (a clone's profiles/)."""
     shipped: bool = False
     """Regenerate every prior shipped with jigsaw (a developer's command; ignores --out)."""
     prior: PriorConfig = PriorConfig()

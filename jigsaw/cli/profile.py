@@ -45,11 +45,15 @@ class Args:
 def run(args: Args) -> int:
     from rich.console import Console
 
+    from jigsaw.extras import require
+
     cfg = args.profile
     if cfg.check is not None:
         return _check(Console(soft_wrap=True), cfg.check)
     if cfg.calibrate is not None:
         return _calibrate(Console(soft_wrap=True), cfg)
+    if cfg.device in ("cpu", "cuda"):  # measuring runs the engines (cpu) or green contexts (cuda)
+        require("cpu" if cfg.device == "cpu" else "gpu", f"jigsaw profile --device {cfg.device}")
     return _measure(Console(stderr=True, soft_wrap=True), cfg)
 
 

@@ -1,8 +1,12 @@
 """Slowdown grids shipped with jigsaw, and the user's own, addressable by name.
 
     name "h100/qwen3-4b" ─► user dir   <JIGSAW_PROFILE_DIR | XDG_DATA_HOME/jigsaw/profiles>/h100/qwen3-4b[.prior].json
-                        └─► shipped    jigsaw/profiles/h100/qwen3-4b[.prior].json   (package data)
+                        └─► shipped    SHIPPED_DIR/h100/qwen3-4b[.prior].json
     a path that exists  ─► itself
+
+    SHIPPED_DIR: the repository's top-level profiles/ (see its README for the format)
+        installed from a wheel ─► jigsaw/profiles/data/   (setup.py maps profiles/ to the package jigsaw.profiles.data)
+        a clone (editable)     ─► <clone>/profiles/       itself
 
 A measured grid (`<model>.json`) is preferred over the analytic prior (`<model>.prior.json`), and
 the user's directory over the shipped one, so `jigsaw profile` (which writes to the user's
@@ -14,7 +18,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SHIPPED_DIR = Path(__file__).resolve().parent
+
+def _shipped_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    installed = here / "data"
+    return installed if installed.is_dir() else here.parents[1] / "profiles"
+
+
+SHIPPED_DIR = _shipped_dir()
 """The grids installed with the package (read-only for jigsaw's own commands)."""
 CPU_DEFAULT = "cpu/tiny-qwen3"
 """The CPU grid the demo and an on-demand daemon on a CPU-only node use."""

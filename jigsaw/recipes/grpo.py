@@ -78,7 +78,14 @@ class Args:
 
 
 def main(argv=None) -> int:
+    from jigsaw.extras import MissingExtra, require
+
     args = tyro.cli(Args, args=argv)
+    try:
+        require("cpu", "the GRPO recipe (jigsaw.recipes.grpo)")
+    except MissingExtra as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     doc = run(args.recipe)
     if args.result:
         args.result.write_text(json.dumps(doc, indent=1))

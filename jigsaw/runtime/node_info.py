@@ -1,6 +1,6 @@
 """What an on-demand daemon runs with on this node: devices, slowdown grid, partitioner.
 
-    probe()  ─► Probe: GPU names from NVML (pynvml, imported only here; no driver: none),
+    probe()  ─► Probe: GPU names from NVML (pynvml, imported only here; no driver or no [gpu] extra: none),
                        this process's cores
     choose(probe, model) ─► Choice   (pure: a test feeds it "2 × NVIDIA H100 80GB HBM3")
         no GPU      ─► 1 device, grid cpu/tiny-qwen3 (the user's measured one shadows the
@@ -90,6 +90,8 @@ def probe() -> Probe:
     try:
         gpus = _nvml_names()
     except Exception as exc:  # noqa: BLE001 - pynvml missing, no driver, no device: a CPU node
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "pynvml":  # `pip install jigsaw` sees no GPU
+            return Probe(cores=cores, no_gpu="nvidia-ml-py is not installed; on a GPU node: pip install 'jigsaw[gpu]'")
         return Probe(cores=cores, no_gpu=f"NVML: {str(exc) or type(exc).__name__}")
     return Probe(gpus=gpus, cores=cores, no_gpu="" if gpus else "NVML sees none")
 

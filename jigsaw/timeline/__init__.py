@@ -80,9 +80,14 @@ __all__ = ["DeviceSeries", "FORMATS", "Hardware", "Interval", "KindSummary", "Pi
 
 
 def check_format(out: str | Path) -> str:
+    """The suffix of `out`; ValueError for an unknown one, MissingExtra for a drawing without matplotlib."""
+    from jigsaw.extras import require
+
     suffix = Path(out).suffix.lower()
     if suffix not in FORMATS:
         raise ValueError(f"cannot write {out}: unknown suffix {suffix or '(none)'!r}; use one of {', '.join(FORMATS)}")
+    if suffix in (".png", ".html"):
+        require("timeline", f"drawing a {suffix[1:].upper()} timeline", "a .json one (Perfetto) needs nothing more")
     return suffix
 
 

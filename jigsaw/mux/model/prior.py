@@ -6,7 +6,7 @@
     analytic_pair_prior(d, A, B)       A's view of A beside B (another model or deployment)
     [A, B, ...] ─► analytic_pair_prior of every ordered pair ─► entrywise max ─► mix_prior
     analytic_pair_prior(A, B) + analytic_pair_prior(B, A) ─► pair_actual ─► exact (s_a, s_b)
-    SHIPPED, shipped_path              the priors under jigsaw/profiles (`jigsaw prior --shipped`)
+    SHIPPED, shipped_path              the priors under profiles/ (`jigsaw prior --shipped`)
 
 The result is a prior, never a measurement, and every file says so in `source`.
 

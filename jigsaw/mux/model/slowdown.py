@@ -1,6 +1,6 @@
 """Slowdown grid: file format v1, validation and interpolation (paper §4.2 "Slowdown Modeling").
 
-    jigsaw/profiles/<sku>/<model>.prior.json ─json─► from_dict (validate) ─► SlowdownGrid
+    profiles/<sku>/<model>.prior.json ─json─► from_dict (validate) ─► SlowdownGrid
           ▲                                                             │ _Table per (kind) and
           └──────────── save ◄── to_dict ◄─────────────────────────────┤ per (kind, partner)
                                                                         ▼

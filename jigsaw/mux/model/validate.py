@@ -14,7 +14,7 @@
     kind_spreads() / packing() ─► the numbers `jigsaw profile` prints beside the findings
 
 Pure functions of the grid: nothing here measures, so tests feed hand-made grids.  What a real
-measurement of a small model on 2 CPU cores legitimately holds (jigsaw/profiles/cpu/tiny-qwen3):
+measurement of a small model on 2 CPU cores legitimately holds (profiles/cpu/tiny-qwen3):
 a tiny decode alone on one core faster than on two (0.84: two threads that synchronise), so the
 best packing of the whole grid may exceed 2.0 and monotonicity is only a warning; shared
 (σ = 1.0) points hundreds of times slower than alone (two processes' threads oversubscribing
