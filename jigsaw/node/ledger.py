@@ -265,12 +265,7 @@ class LivePipeline:
         next ordinal of its kind on its worker in its step, or `sid` (a node of the static
         graph).  A later step closes this one.  `elapsed_s`: wall seconds it ran before it
         asked, at the pace of what its worker ran last."""
-        if not 0 <= rank < len(self.devices):
-            raise ValueError(f"dp_rank {rank} outside pipeline {self.name}'s 0..{len(self.devices) - 1}")
-        if step < self.step:
-            raise ValueError(f"step {step} of {self.name} already finished (now at step {self.step})")
-        if step > self.step:
-            self._close_step(step)
+        self._at(rank, step)
         sid = sid or self._new_id(kind, rank, step, ordinal)
         if sid in self._waiting or sid in self._running or sid in self._finished:
             raise ValueError(f"{sid} was already requested")
@@ -409,13 +404,18 @@ class LivePipeline:
     def rollout_over(self, rank: int, step: int) -> None:
         """DP rank `rank` has no (more) rollout in `step` (its routing sent it nothing); a
         later step closes this one, as its requests would."""
+        self._at(rank, step)
+        self._ended.add(rank)
+
+    def _at(self, rank: int, step: int) -> None:
+        """A worker speaks of `step`: a rank of this pipeline, a step not over (a later one
+        closes this one)."""
         if not 0 <= rank < len(self.devices):
             raise ValueError(f"dp_rank {rank} outside pipeline {self.name}'s 0..{len(self.devices) - 1}")
         if step < self.step:
             raise ValueError(f"step {step} of {self.name} already finished (now at step {self.step})")
         if step > self.step:
             self._close_step(step)
-        self._ended.add(rank)
 
     # ------------------------------------------------------------ what engines know
 
