@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from nodes import ROOT, Node
 from test_runtime import work_done
+from waiting import HANG_S, wait_until
 
 from jigsaw.runtime import protocol as pr
+from jigsaw.runtime.daemon import TICK_MS
 from jigsaw.runtime.paths import MAX_SOCKET_PATH_BYTES
 from jigsaw.runtime.wire import Channel, frame
 
@@ -141,9 +143,13 @@ def test_a_stopped_daemon_that_resumes_keeps_every_client_and_grant(tmp_path):
         a = n.run("A", tmp_path / "a.out", "--steps", "1", "--work-ms", "20", "--pause-file", str(pause))
         p = n.running("A", a)
         n.daemon.send_signal(signal.SIGSTOP)
-        time.sleep(3.0)
+        time.sleep(3 * pr.LEASE_S)  # the scenario: stopped for three leases, the clients beating on
         n.daemon.send_signal(signal.SIGCONT)
-        time.sleep(1.5)  # past a lease after it came back: a client it had dropped would be gone
+        back_s = wait_until(lambda: getattr(n.status(), "uptime_s", None), HANG_S, "the daemon answering again")
+        # A lease and a loop turn past its return on its own clock: a client it dropped at its
+        # return, or since, is gone by the reply after that
+        wait_until(lambda: getattr(n.status(), "uptime_s", 0.0) > back_s + pr.LEASE_S + 2 * TICK_MS / 1e3, HANG_S,
+                   "a lease past the daemon's return, on its clock")
         assert n.pipelines()["A"].running == p.running
         pause.touch()
         assert a.wait(60) == 0
