@@ -35,8 +35,25 @@ def work_done(out: Path, steps: int) -> Counter:
     return done
 
 
+def both_asking(node, tmp_path, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
+    """A and B under `jigsaw run`, each held in its first sub-stage (or its wait for it) until
+    the file returned exists; returned once both have asked the daemon for one, so they run
+    side by side from `go` on, however long either took to start."""
+    go = tmp_path / "go"
+    a, b = (node.run(p, tmp_path / f"{p.lower()}.out", *extra, "--pause-file", str(go)) for p in "AB")
+
+    def asked() -> bool:
+        assert a.poll() is None and b.poll() is None, "a pipeline exited before it asked for a sub-stage"
+        got = node.pipelines()
+        return all(p in got and got[p].requested for p in "AB")
+
+    wait_until(asked, HANG_S, "A and B each asking for a sub-stage")
+    return a, b, go
+
+
 def test_two_pipelines_are_co_scheduled_and_the_trace_shows_the_plans(node, tmp_path):
-    a, b = node.run("A", tmp_path / "a.out", "--steps", "3"), node.run("B", tmp_path / "b.out", "--steps", "3")
+    a, b, go = both_asking(node, tmp_path, "--steps", "3")
+    go.touch()
     assert a.wait(60) == 0 and b.wait(60) == 0
     for out in ("a.out", "b.out"):
         work_done(tmp_path / out, 3)
@@ -117,12 +134,7 @@ def test_a_worker_stopped_past_its_lease_reports_the_sub_stage_that_fell_open(no
 
 
 def test_pipelines_finish_when_the_daemon_is_killed(node, tmp_path):
-    go = tmp_path / "go"  # both held in their first sub-stage until the daemon is gone
-    a, b = (node.run(p, tmp_path / f"{p.lower()}.out", "--steps", "2", "--work-ms", "20", "--pause-file", str(go))
-            for p in "AB")
-    node.running("A", a)
-    wait_until(lambda: (p := node.pipelines().get("B")) is not None and p.requested, HANG_S,
-               "B asking for its first sub-stage")
+    a, b, go = both_asking(node, tmp_path, "--steps", "2", "--work-ms", "20")  # held until the daemon is gone
     node.daemon.send_signal(signal.SIGKILL)
     node.daemon.wait(10)
     go.touch()
@@ -343,8 +355,8 @@ def test_the_daemon_runs_every_policy_live(tmp_path, policy):
     n = Node(tmp_path)
     n.start("--policy", policy)
     try:
-        a = n.run("A", tmp_path / "a.out", "--steps", "2", "--work-ms", "40")
-        b = n.run("B", tmp_path / "b.out", "--steps", "2", "--work-ms", "40")
+        a, b, go = both_asking(n, tmp_path, "--steps", "2", "--work-ms", "40")  # side by side: 0.4 s of work each
+        go.touch()
         assert a.wait(90) == 0 and b.wait(90) == 0
     finally:
         n.stop()

@@ -67,8 +67,8 @@ def stop(actors) -> None:
 
     for a in actors:
         ray.kill(a)
-    names = [server_name(r) for r in range(len(actors))]
-    wait_until(lambda: not any(named(n) for n in names), HANG_S, f"{names} free again")  # the next test's
+    names = [server_name(r) for r in range(len(actors))]  # the next test's replicas take them again
+    wait_until(lambda: not any(named(n) for n in names), HANG_S, f"{names} free again")
 
 
 def generate(server, prompts, rid: str):
