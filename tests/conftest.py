@@ -1,11 +1,17 @@
 """Suite-wide rules: `gpu`-marked tests run only where CUDA is usable; no test reads or writes the
-user's own profiles or runtime directory (grids measured on this machine must not change results)."""
+user's own profiles or runtime directory (grids measured on this machine must not change results);
+no property test has a time limit per example, nor fails because drawing its data was slow (a
+loaded machine must not fail a test: tests/waiting.py)."""
 
 from __future__ import annotations
 
 import functools
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("jigsaw", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("jigsaw")
 
 
 @functools.cache

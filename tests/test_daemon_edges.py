@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from nodes import ROOT, Node
 from test_runtime import work_done
+from waiting import HANG_S, wait_until
 
 from jigsaw import protocol as pr
 from jigsaw.runtime.paths import MAX_SOCKET_PATH_BYTES
@@ -141,9 +142,13 @@ def test_a_stopped_daemon_that_resumes_keeps_every_client_and_grant(tmp_path):
         a = n.run("A", tmp_path / "a.out", "--steps", "1", "--work-ms", "20", "--pause-file", str(pause))
         p = n.running("A", a)
         n.daemon.send_signal(signal.SIGSTOP)
-        time.sleep(3.0)
+        time.sleep(3 * pr.LEASE_S)  # the scenario: stopped for three leases, the clients beating on
         n.daemon.send_signal(signal.SIGCONT)
-        time.sleep(1.5)  # past a lease after it came back: a client it had dropped would be gone
+        back_s = wait_until(lambda: getattr(n.status(), "uptime_s", None), HANG_S, "the daemon answering again")
+        # A lease past its return on its own clock (it checks leases after answering): a client it
+        # dropped at its return, or since, is gone from the reply after that
+        wait_until(lambda: getattr(n.status(), "uptime_s", 0.0) > back_s + pr.LEASE_S, HANG_S,
+                   "a lease past the daemon's return, on its clock")
         assert n.pipelines()["A"].running == p.running
         pause.touch()
         assert a.wait(60) == 0

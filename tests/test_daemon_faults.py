@@ -140,6 +140,26 @@ def test_a_long_decision_does_not_expire_clients_whose_heartbeats_it_held_up(d, 
     assert [x.pipeline for x in d.sessions.values()] == ["A"]
 
 
+def test_a_silent_holder_loses_its_grants_one_lease_after_its_last_message(tmp_path):
+    """What a killed worker costs the node (test_runtime.py kills a real one): its grant is
+    reclaimed by the first loop turn past one lease since its last message, not before, and
+    a request waiting for the device gets it then."""
+    # With the pair filter on, two trainings (which pack badly) are never co-located by choice.
+    d = Recorder(tmp_path, devices=1, max_wait_s=None, sched=SchedulerConfig(min_pack_efficiency=1.25))
+    a, b = d.register("A"), d.register("B")
+    d.run_for(0.5, beating=[a, b])  # its last message comes later than the daemon's start
+    (held,) = d.ask(admit(a, "training", req=1))
+    assert isinstance(held, pr.Grant)
+    assert d.ask(admit(b, "training", req=2)) == []  # B waits for A's device
+    d.run_for(d.config.lease_s - 0.05, beating=[b])  # A says nothing more from here on
+    assert sorted(s.pipeline for s in d.sessions.values()) == ["A", "B"]
+    assert not [x for _, x in d.sent if getattr(x, "req", None) == 2]
+    d.run_for(0.1, beating=[b])
+    assert [s.pipeline for s in d.sessions.values()] == ["B"] and "A" not in d.state.pipelines
+    (g,) = [x for _, x in d.sent if getattr(x, "req", None) == 2]
+    assert isinstance(g, pr.Grant) and g.substage == "B/0/r0/training/0" and g.sm_frac == 1.0
+
+
 def test_a_request_past_max_wait_is_admitted_by_the_loops_timer_alone(tmp_path):
     # With the pair filter on, two trainings (which pack badly) are never co-located by choice.
     d = Recorder(tmp_path, devices=1, max_wait_s=2.0, sched=SchedulerConfig(min_pack_efficiency=1.25))

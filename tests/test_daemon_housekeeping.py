@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from nodes import ROOT, Node
 from test_daemon_faults import Recorder
+from waiting import HANG_S, wait_until
 
 from jigsaw import protocol as pr
 from jigsaw.profiles import CPU_DEFAULT, CPU_PER_CORE, resolve
@@ -48,13 +49,6 @@ def node(tmp_path):
     n = Node(tmp_path)
     yield n
     n.stop()
-
-
-def wait_until(what: str, cond, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def left_behind(directory: Path) -> list[str]:
@@ -158,9 +152,7 @@ def test_migrate_moves_a_running_rollout_and_says_why_when_nothing_can_move(node
         with c.substage("rollout_tail", dp_rank=1, step=0) as g:
             out = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", "--source-rank", "1", "--target-rank", "0",
                          env=node.env)
-            deadline = time.monotonic() + 5
-            while not g.migrations and time.monotonic() < deadline:  # it reaches the worker like a budget change
-                time.sleep(0.01)
+            wait_until(lambda: g.migrations, HANG_S, "the order at the source's worker (sent like a budget change)")
         assert out.returncode == 0 and "grpo-m/0/r1/rollout_tail/0" in out.stdout, out
         assert [(m.source_rank, m.target_rank) for m in g.migrations] == [(1, 0)]
     finally:
@@ -308,7 +300,7 @@ def test_a_daemon_without_trace_options_writes_a_fresh_trace(node):
     with open(node.log, "ab") as log:  # Node.start names a trace: start this one without
         node.daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon"], env=node.env,
                                        stdout=log, stderr=log, cwd=ROOT)
-    wait_until("the daemon answers", lambda: node.status() is not None)
+    wait_until(node.status, HANG_S, "the daemon answering a status request")
     st = node.status(2.0)
     written = list((node.dir / "traces").glob("daemon-*.jsonl"))
     assert len(written) == 1 and st.trace == f"writing {written[0]}"
@@ -318,25 +310,43 @@ def test_a_daemon_without_trace_options_writes_a_fresh_trace(node):
 
 # ------------------------------------------------------------------ jigsaw run: unscheduled pipelines
 
-def test_run_warns_once_when_the_command_asks_for_no_sub_stage(node):
+WARNED = "asked the jigsaw daemon for no sub-stage"
+UNTIL_WARNED = f"""
+import pathlib, sys, time
+said, deadline = pathlib.Path(sys.argv[1]), time.monotonic() + {HANG_S}
+while {WARNED!r} not in said.read_text():  # running until jigsaw run has checked, however late
+    assert time.monotonic() < deadline, "jigsaw run never warned"
+    time.sleep(0.01)
+time.sleep(2)  # the scenario: running on for two more --warn-unscheduled-s, in which a second warning would come
+"""
+
+
+def test_run_warns_once_when_the_command_asks_for_no_sub_stage(node, tmp_path):
     node.start()
-    out = jigsaw("run", "--name", "quiet", "--warn-unscheduled-s", "1", "--", sys.executable, "-c",
-                 "import time; time.sleep(3)", env=node.env)
-    assert out.returncode == 0, out.stderr
-    assert out.stderr.count("asked the jigsaw daemon for no sub-stage") == 1, out.stderr
-    assert "quiet" in out.stderr and "runs unscheduled" in out.stderr and "client API" in out.stderr
+    said = tmp_path / "run.stderr"  # jigsaw run's stderr, which the command reads
+    with open(said, "w") as err:
+        out = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", "quiet",
+                              "--warn-unscheduled-s", "1", "--", sys.executable, "-c", UNTIL_WARNED, str(said)],
+                             env=node.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, timeout=90)
+    stderr = said.read_text()
+    assert out.returncode == 0, stderr
+    assert stderr.count(WARNED) == 1, stderr
+    assert "quiet" in stderr and "runs unscheduled" in stderr and "client API" in stderr
 
 
 def test_run_says_nothing_when_the_command_admits_a_sub_stage(node, tmp_path):
     node.start()
     example = re.search(r"```py\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S).group(1)
     script = tmp_path / "example.py"
+    # The scenario: the example asks for its sub-stages within a second of its start (it admits
+    # nothing else first), jigsaw run checks at 5 s, and the command sleeps on to 7 s.  jigsaw
+    # run's check has no observable of its own when it finds nothing to say.
     script.write_text(example + "\nimport time\ntime.sleep(7)  # still running when jigsaw run checks\n")
     t0 = time.monotonic()
     out = jigsaw("run", "--name", "ex", "--warn-unscheduled-s", "5", "--", sys.executable, str(script),
                  env=node.env)
     assert out.returncode == 0, out.stderr
-    assert time.monotonic() - t0 > 5  # the check ran while the command was running
+    assert time.monotonic() - t0 > 5  # ran past the check (a lower bound: load only lengthens it)
     assert "unscheduled" not in out.stderr, out.stderr
     assert any(e["event"] == "grant" and e["pipeline"] == "ex" for e in node.events())
 

@@ -10,11 +10,11 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from waiting import HANG_S, wait_until
 
 from jigsaw.cli import doctor
 from jigsaw.cli.main import main
@@ -388,9 +388,7 @@ def fake_nvml(monkeypatch):
 def test_telemetry_appends_trace_events_with_the_documented_fields(fake_nvml, tmp_path):
     trace = Trace()
     with telemetry.Telemetry(trace, interval_s=0.01) as tel:
-        deadline = time.monotonic() + 10
-        while len(trace.events) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(trace.events) >= 6, HANG_S, "six telemetry samples")
         assert tel.devices == [0, 1]
     assert fake_nvml.inits == 0  # every nvmlInit was shut down
     events = list(trace.events)
@@ -427,9 +425,7 @@ def test_telemetry_feeds_a_callback_and_maps_cuda_visible_devices(fake_nvml, mon
 def test_telemetry_thread_error_is_raised_by_stop(fake_nvml):
     fake_nvml.fail_after = 3
     tel = telemetry.Telemetry(Trace(), interval_s=0.01).start()
-    deadline = time.monotonic() + 10
-    while tel.error is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: tel.error is not None, HANG_S, "the sampling thread's error")
     with pytest.raises(telemetry.TelemetryError, match="sampling failed"):
         tel.stop()
     assert fake_nvml.inits == 0
@@ -497,7 +493,7 @@ def test_telemetry_samples_a_real_device():
     assert 0.0 <= s.sm_util_frac <= 1.0 and 0 < s.mem_used_bytes <= s.mem_total_bytes
     trace = Trace()
     with telemetry.Telemetry(trace, devices=[0], interval_s=0.05):
-        time.sleep(0.2)
+        wait_until(lambda: len(trace.events) >= 2, HANG_S, "two telemetry samples of the GPU")
     assert trace.events and all(e.event == "telemetry" and e.device == 0 for e in trace.events)
 
 

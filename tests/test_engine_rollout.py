@@ -6,10 +6,10 @@ migration acceptance test compares migrated runs against both.
 
 import itertools
 import os
-import time
 
 import psutil
 import pytest
+from waiting import HANG_S, Hold, wait_until
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -60,15 +60,18 @@ def dp():
         yield d
 
 
-def _run(engine, reqs, timeout_s=20.0):
+def _run(engine, reqs, timeout_s=HANG_S):
     for r in reqs:
         engine.submit(r)
-    out, deadline = {}, time.monotonic() + timeout_s
-    while len(out) < len(reqs) and time.monotonic() < deadline:
+    out = {}
+
+    def finished() -> bool:
         for c in engine.poll(0.5):
             assert c.rid not in out
             out[c.rid] = c
-    assert len(out) == len(reqs)
+        return len(out) == len(reqs)
+
+    wait_until(finished, timeout_s, f"{len(reqs)} request(s) finished")
     return out
 
 
@@ -97,13 +100,10 @@ def test_engine_greedy_matches_generate_and_records_steps(engine, prompts, refer
 def test_abort_gives_a_prefix_and_resubmission_completes_it(engine, prompts):
     rid, ids = prompts[1]
     full = _run(engine, [Request(rid="full", prompt_ids=ids, max_new_tokens=200)])["full"].output_ids
-    engine.forward_steps()
-    engine.submit(Request(rid=rid, prompt_ids=ids, max_new_tokens=200))
-    num_steps, deadline = 0, time.monotonic() + 10.0
-    while num_steps < 5 and time.monotonic() < deadline:  # a few tokens in, far from the 200 budget
-        time.sleep(0.005)
-        num_steps += len(engine.forward_steps())
-    part = engine.abort(rid)
+    with Hold(engine.model, forwards=5) as hold:  # a few tokens in, far from the 200 budget, at any load
+        engine.submit(Request(rid=rid, prompt_ids=ids, max_new_tokens=200))
+        hold.reached()
+        part = engine.abort(rid)
     assert not part.finished and engine.active() == []
     assert 0 < len(part.output_ids) < len(full) and full[:len(part.output_ids)] == part.output_ids
     assert len(part.logprobs) == len(part.output_ids)
@@ -121,12 +121,12 @@ def test_abort_gives_a_prefix_and_resubmission_completes_it(engine, prompts):
 def test_abort_after_finishing_returns_it_finished_once(engine, prompts):
     rid, ids = prompts[2]
     engine.submit(Request(rid=rid, prompt_ids=ids, max_new_tokens=4))
-    deadline = time.monotonic() + 10.0
-    while not engine._mgr.output_router.output_queue.qsize() and time.monotonic() < deadline:
-        time.sleep(0.01)  # outputs stream in; wait until the last one is there, unpolled
-    while engine.active() and time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def finished() -> bool:  # its last output taken in, never polled
         engine._drain(0.0)
+        return not engine.active()
+
+    wait_until(finished, HANG_S, f"{rid} finishing")
     c = engine.abort(rid)
     assert c.finished and len(c.output_ids) == 4
     assert engine.poll(0.2) == [] and engine.active() == []

@@ -189,6 +189,7 @@ PROMPTS = ["Question: what is 3 + 4?", "the a an is", "Solve step by step.", "0 
            "<think> add", "12 - 5 =", "The answer is", "of to and in"]
 
 
+@pytest.mark.timeout(900)  # a hang detector: 160 s on an idle 2-core machine, past the suite's 300 s with a core busy
 def test_acceptance_grpo_learns_to_emit_a_target_token():
     """ACCEPTANCE (learning): reward = share of a target token; 24 GRPO steps raise it clearly."""
     torch.manual_seed(0)

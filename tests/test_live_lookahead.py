@@ -20,55 +20,31 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from nodes import ROOT, ThreadNode
+from waiting import HANG_S, wait_until
 
 from jigsaw.graph.plan import SchedulerConfig
-from jigsaw.runtime.client import Client
-from jigsaw.runtime.daemon import Daemon, DaemonConfig
-from jigsaw.runtime.paths import endpoint
 from jigsaw.sim.replay import replay_decisions
 from jigsaw.trace import Trace
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 A_S = (0.5, 0.5, 2.0, 0.5, 0.5)
 B_S = (1.0,) * 5
 
 
-class ScriptedNode:
+class ScriptedNode(ThreadNode):
     """A daemon serving in a thread; `now_s` is what its scheduler reads as the time."""
 
     def __init__(self, tmp, sched: SchedulerConfig):
-        self.dir = tmp / "rt"
-        self.dir.mkdir(mode=0o700, parents=True)
-        self.trace = tmp / "trace.jsonl"
         self.now_s = 0.0
-        self.daemon = Daemon(DaemonConfig(sched=sched, trace=self.trace), self.dir, clock=lambda: self.now_s)
-        self.thread = threading.Thread(target=self.daemon.serve, daemon=True)
-        self.thread.start()
-        self.clients: dict[str, Client] = {}
-
-    def client(self, name: str) -> Client:
-        deadline = time.monotonic() + 10
-        while True:
-            c = Client(name, endpoint(self.dir))
-            if c.connected:
-                self.clients[name] = c
-                return c
-            c.close()
-            assert time.monotonic() < deadline, "the daemon never answered"
+        super().__init__(tmp, clock=lambda: self.now_s, sched=sched)
 
     def settled(self, name: str) -> None:
         """Wait until the daemon has processed `name`'s last Done (it is sent without a reply)."""
-        deadline = time.monotonic() + 10
-        while self.daemon.state.pipelines[name].running:
-            assert time.monotonic() < deadline, f"{name}'s end never reached the daemon"
-            time.sleep(0.005)
+        wait_until(lambda: not self.daemon.state.pipelines[name].running, HANG_S, f"{name}'s end at the daemon")
 
     def run(self, name: str, step: int, durations_s, kinds=KINDS) -> None:
         """Sub-stages one after the other, alone, each taking its scripted time."""
@@ -78,12 +54,6 @@ class ScriptedNode:
                 assert g.sm_frac == 1.0 and not g.exclusive
                 self.now_s += dur_s
             self.settled(name)
-
-    def close(self) -> None:
-        for c in self.clients.values():
-            c.close()
-        self.daemon.stopping = True
-        self.thread.join(10)
 
 
 SCENARIO = SchedulerConfig(window=3, bound_weight=0.0)

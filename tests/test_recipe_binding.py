@@ -19,11 +19,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from binding import BIND_S, Sampler, holdings, off_cores
 from nodes import ROOT, Node
+from waiting import wait_until
 
 from jigsaw.profiles import SHIPPED_DIR
 
@@ -58,10 +58,12 @@ def run_recipe_beside_a_toy(tmp) -> tuple[list[dict], list]:
              "--no-long-tail", "--result", str(tmp / "grpo.json")], env=node.env, cwd=ROOT))
         # A second pipeline, on the device for 0.4 s then off for 0.4 s, moves the recipe's
         # budgets while its sub-stages run (from its first grant on: the recipe takes a while to load)
-        deadline = time.monotonic() + 300
-        while not any(e["event"] == "grant" for e in node.events()):
-            assert time.monotonic() < deadline and procs[0].poll() is None, "the recipe never got a grant"
-            time.sleep(0.05)
+
+        def granted() -> bool:
+            assert procs[0].poll() is None, "the recipe exited before its first grant"
+            return any(e["event"] == "grant" for e in node.events())
+
+        wait_until(granted, 300, "the recipe's first grant")
         procs.append(node.run("toy", tmp / "toy.out", "--steps", "1000", "--work-ms", "400", "--gap-ms", "400"))
         assert procs[0].wait(500) == 0
     finally:

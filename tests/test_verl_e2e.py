@@ -40,6 +40,7 @@ pytest.importorskip("verl", reason="verl is not installed: pip install -c constr
 
 from binding import Sampler, holdings, off_cores  # noqa: E402
 from nodes import ROOT, Node  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from jigsaw import protocol as pr  # noqa: E402
 from jigsaw.runtime.client import ask  # noqa: E402
@@ -223,10 +224,12 @@ def _dump(folder: Path) -> dict[int, list[tuple[str, str]]]:
 
 def _kill_at(node: Node, step: int, procs) -> None:
     """SIGKILL the daemon once a job has a grant of `step`, both jobs still running."""
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not any(e["event"] == "grant" and f"/{step}/" in e["substage"] for e in node.events()):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no job reached the step"
-        time.sleep(0.1)
+
+    def reached() -> bool:
+        assert all(p.poll() is None for p in procs), f"a job ended before step {step}"
+        return any(e["event"] == "grant" and f"/{step}/" in e["substage"] for e in node.events())
+
+    wait_until(reached, JOB_TIMEOUT_S, f"a grant of step {step}")
     assert all(p.poll() is None for p in procs), "a job ended before the daemon was killed"
     node.daemon.send_signal(signal.SIGKILL)
     node.daemon.wait(10)

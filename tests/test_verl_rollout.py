@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from waiting import HANG_S, wait_until
 
 pytest.importorskip("verl", reason="verl is not installed: pip install -c constraints.txt -e '.[dev,verl]'")
 ray = pytest.importorskip("ray")
@@ -53,10 +52,22 @@ def start(model, n: int):
     return actors
 
 
+def named(name: str) -> bool:
+    """Whether a live actor holds `name` (a killed one gives its name back once Ray has it dead)."""
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True
+
+
 def stop(actors) -> None:
+    from jigsaw.integrations.verl.rollout import server_name
+
     for a in actors:
         ray.kill(a)
-    time.sleep(0.5)  # the names are free again once the actors are gone
+    names = [server_name(r) for r in range(len(actors))]  # the next test's replicas take them again
+    wait_until(lambda: not any(named(n) for n in names), HANG_S, f"{names} free again")
 
 
 def generate(server, prompts, rid: str):
@@ -68,10 +79,8 @@ def generate(server, prompts, rid: str):
 def after_forwards(actor, n: int, timeout_s: float = 60) -> None:
     """Return once `actor`'s engine has run `n` more forward steps."""
     start = ray.get(actor.migration_stats.remote(), timeout=30)["forwards"]
-    deadline = time.monotonic() + timeout_s
-    while ray.get(actor.migration_stats.remote(), timeout=30)["forwards"] < start + n:
-        assert time.monotonic() < deadline, f"no {n} forward steps in {timeout_s} s"
-        time.sleep(0.005)
+    wait_until(lambda: ray.get(actor.migration_stats.remote(), timeout=30)["forwards"] >= start + n, timeout_s,
+               f"{n} more forward steps")
 
 
 def test_a_migrated_greedy_rollout_is_token_identical_and_loses_nothing(model, prompts):

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from waiting import HANG_S, Hold
 
 from jigsaw import protocol as pr
 from jigsaw.engines.model import ModelConfig, load
@@ -42,29 +43,39 @@ def engine():
 
 def serve(engine, prompts, order_after_steps: int | None):
     """Run Serving round by round on a thread of its own; optionally put a migration order
-    (rank 0 -> 1) on its rollout's grant once it has seen `order_after_steps` forward steps.
-    What each caller got, and the Serving."""
+    (rank 0 -> 1) on its rollout's grant once it has seen `order_after_steps` forward steps,
+    the engine held after that many until the round after (the order lands mid-generation
+    however loaded the machine).  What each caller got, and the Serving."""
     serving = Serving(engine, ServerConfig(model_path="-", temperature=0.0, replica_rank=0), lambda: 1)
     inbox: queue.Queue = queue.Queue()
     loop = asyncio.new_event_loop()
     pend = [_Pending(rid=f"r{i}", prompt_ids=p, max_new_tokens=NEW_TOKENS, done=loop.create_future(), loop=loop)
             for i, p in enumerate(prompts)]
 
+    hold = Hold(engine.model, forwards=order_after_steps) if order_after_steps is not None else None
+
     def rounds():
-        seen, deadline = 0, time.monotonic() + 60
+        seen, ordered, deadline = 0, False, time.monotonic() + HANG_S
         while time.monotonic() < deadline and not all(p.done.done() for p in pend):
             seen += serving.tick(inbox)
-            if order_after_steps is not None and seen >= order_after_steps and serving.rollout is not None:
+            if ordered:
+                hold.release()  # the round after the order carried it out
+            if hold is not None and seen >= order_after_steps and serving.rollout is not None:
                 serving.rollout.grant.migrations = (pr.MigrationOrder(source="a", target="b", source_rank=0,
                                                                       target_rank=1),)
+                ordered = True
 
     for p in pend:
         inbox.put(("generate", p))
     thread = threading.Thread(target=rounds, daemon=True)
     thread.start()
-    got = loop.run_until_complete(asyncio.wait_for(asyncio.gather(*(p.done for p in pend)), 60))
-    thread.join(10)
-    loop.close()
+    try:
+        got = loop.run_until_complete(asyncio.wait_for(asyncio.gather(*(p.done for p in pend)), HANG_S))
+    finally:
+        if hold is not None:
+            hold.release()
+        thread.join(10)
+        loop.close()
     return got, serving
 
 

@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="host time before each sub-stage (holds no device)")
     ap.add_argument("--pause-file", help="wait for this file to exist before each sub-stage's work")
+    ap.add_argument("--pause-timeout-s", type=float, default=300.0, help="exit 1 if --pause-file is not there by then")
     ap.add_argument("--elapsed-out", help="write the seconds the steps took here")
     args = ap.parse_args()
     client = connect()
@@ -44,7 +45,10 @@ def main() -> None:
                 time.sleep(args.gap_ms / 1e3)
                 with client.substage(kind, dp_rank=0, step=step, urgent=kind.startswith("rollout_")
                                      and kind != "rollout_prefill") as grant:
+                    paused_until = time.monotonic() + args.pause_timeout_s
                     while args.pause_file and not os.path.exists(args.pause_file):
+                        if time.monotonic() > paused_until:  # the test that paused it is gone
+                            raise SystemExit(f"{args.pause_file} not there after {args.pause_timeout_s:g} s")
                         time.sleep(0.02)
                     n = burn(args.work_ms)
                     grant.report(num_tokens=n, flops=2 * 96**3 * n)
