@@ -10,7 +10,7 @@
                                       installed: pip install 'jigsaw[cpu]'")
 
 A command checks its extra before it starts, so a user without it reads what to install instead of
-a traceback from deep inside a worker.  `tests/test_extras.py` checks that pyproject.toml's extras
+a traceback from deep inside a worker.  `tests/integration/test_extras.py` checks that pyproject.toml's extras
 install every module listed here.
 """
 

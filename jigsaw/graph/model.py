@@ -6,7 +6,7 @@
         └─► View.model / View.pairs (policy.py), schedule(), Context (context.py), NodeState
 
 graph/ never imports mux/: it states here what it calls, and mux's classes provide it
-(tests/test_seams.py checks they do).  Kinds are `SubStageKind` values.
+(tests/unit/test_seams.py checks they do).  Kinds are `SubStageKind` values.
 """
 
 from __future__ import annotations

@@ -13,6 +13,6 @@ that is measured, how a budget becomes a partition on a device, and what the dev
     telemetry    NVML samples of every GPU into the trace (`jigsaw daemon --telemetry-s`)
 
 Imports run one way between the rooms: profiling ─► partition ─► model, and nothing here
-imports the engines, the runtime or the simulator (they import mux; tests/test_imports.py
+imports the engines, the runtime or the simulator (they import mux; tests/unit/test_imports.py
 checks).  Nothing imports torch, cuda-python or pynvml at module level.
 """

@@ -62,7 +62,7 @@ def test_every_config_class_is_checked():
     import pathlib
     import re
 
-    root = pathlib.Path(__file__).resolve().parents[1] / "jigsaw"
+    root = pathlib.Path(__file__).resolve().parents[2] / "jigsaw"
     declared = {m for f in root.rglob("*.py") for m in re.findall(r"^class (\w+Config)\b", f.read_text(), re.M)}
     assert declared == {c.__name__ for c in CONFIGS}
 

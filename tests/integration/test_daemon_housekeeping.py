@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from nodes import ROOT, Node
-from test_daemon_faults import Recorder
+from recorder import Recorder
 from waiting import HANG_S, wait_until
 
 from jigsaw import protocol as pr

@@ -20,7 +20,7 @@ from jigsaw.cli.main import main
 from jigsaw.timeline.model import CROP_MARGIN_FRAC
 from jigsaw.trace import Trace, TraceEvent
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 A, B = "pa", "pb"
 
 

@@ -22,7 +22,7 @@ from jigsaw.mux import telemetry
 from jigsaw.mux.partition import mps, smid
 from jigsaw.trace import Trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ("python", "torch", "driver", "cuda", "gpus", "telemetry", "mps", "green", "nvcc", "smid", "confinement")
 GPU_CHECKS = ("driver", "cuda", "gpus", "telemetry", "green", "smid", "confinement")
 

@@ -12,7 +12,7 @@ from jigsaw.cli.main import COMMANDS, main
 from jigsaw.mux.model.slowdown import load_grid
 from jigsaw.profiles import SHIPPED_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRIOR = SHIPPED_DIR / "h100" / "qwen3-4b.prior.json"
 
 

@@ -20,7 +20,7 @@ from jigsaw.mux.profiling.kernels import KINDS, build_kernels, model_spec
 from jigsaw.mux.profiling.profiler import MeasurementError, ProfileConfig, measure_grid
 from jigsaw.profiles import SHIPPED_DIR, resolve, user_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeBench:

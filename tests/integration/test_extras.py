@@ -17,7 +17,7 @@ import pytest
 
 from jigsaw import extras
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 OPTIONAL = sorted({m.split(".")[0] for modules in extras.MODULES.values() for m in modules})
 

@@ -20,32 +20,35 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e '.[dev]' "
     "--config-settings editable_mode=compat && jigsaw demo":
-        "the install is what .ci/run does; the full demo takes minutes (tests/test_demo.py runs it small)",
-    "python -m pytest -q": "this suite (tests/test_readme.py checks it is what .ci/run runs)",
-    "python3 -m venv .venv-verl": "the verl venv .ci/run makes (tests/test_readme.py checks the lines)",
+        "the install is what .ci/run does; the full demo takes minutes (tests/integration/test_demo.py runs it small)",
+    "python -m pytest -q": "this suite (tests/integration/test_readme.py checks it is what .ci/run runs)",
+    "python3 -m venv .venv-verl": "the verl venv .ci/run makes (tests/integration/test_readme.py checks the lines)",
     ".venv-verl/bin/pip install -c constraints.txt -e '.[dev,verl]' --config-settings editable_mode=compat":
-        "the verl install .ci/run does (tests/test_readme.py checks it)",
-    ".venv-verl/bin/python -m pytest -q -m verl": "the verl suite .ci/run runs (tests/test_readme.py checks it)",
+        "the verl install .ci/run does (tests/integration/test_readme.py checks it)",
+    ".venv-verl/bin/python -m pytest -q -m verl":
+        "the verl suite .ci/run runs (tests/integration/test_readme.py checks it)",
     ".ci/no_torch.sh": "a fresh venv and a wheel built from the clone (a minute, the package index); .ci/run runs "
-                       "it (tests/test_readme.py checks it) and tests/test_extras.py runs the same commands here",
+                       "it (tests/integration/test_readme.py checks it) and tests/integration/test_extras.py runs "
+                       "the same commands here",
     "jigsaw demo": "4 modes × 3 repeats take minutes; the smoke run below runs every mode",
     "jigsaw demo --repeats 1 --steps 2 --prompts 2 --group 2 --max-new-tokens 24 --modes serial naive "
-    "naive-fair static jigsaw": "tests/test_demo.py::test_demo_runs_every_mode runs exactly this",
-    "jigsaw profile --device cpu": "measures this machine for minutes; tests/test_profiler.py measures a small grid",
-    "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/test_profiler.py, gpu-marked)",
+    "naive-fair static jigsaw": "tests/integration/test_demo.py::test_demo_runs_every_mode runs exactly this",
+    "jigsaw profile --device cpu":
+        "measures this machine for minutes; tests/unit/test_profiler.py measures a small grid",
+    "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/unit/test_profiler.py, gpu-marked)",
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
     "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
-        "needs GPUs and MPS (tests/test_green.py, gpu-marked)",
+        "needs GPUs and MPS (tests/unit/test_green.py, gpu-marked)",
     "jigsaw run --name job-a -- python -m verl.trainer.main_ppo data.train_files=a.parquet ...":
-        "a user's verl job; tests/test_verl_e2e.py runs two under jigsaw run (verl venv, .ci/run)",
+        "a user's verl job; tests/integration/test_verl_e2e.py runs two under jigsaw run (verl venv, .ci/run)",
     "jigsaw run --name job-b -- python -m verl.trainer.main_ppo data.train_files=b.parquet ...":
-        "a user's verl job; tests/test_verl_e2e.py runs two under jigsaw run (verl venv, .ci/run)",
+        "a user's verl job; tests/integration/test_verl_e2e.py runs two under jigsaw run (verl venv, .ci/run)",
 }
 EXPECTED_RC = {"jigsaw doctor --strict --json": 1 if not Path("/dev/nvidia0").exists() else 0}
 SHOWS = {"jigsaw timeline --out node.html": ("grpo-a", "grpo-b")}

@@ -321,7 +321,7 @@ def test_shipped_empirical_example_replays_every_sample_exactly():
 
 
 def test_shipped_example_is_what_the_generator_writes(tmp_path):
-    script = Path(__file__).resolve().parent.parent / "bench" / "make_length_trace.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "make_length_trace.py"
     mod_spec = importlib.util.spec_from_file_location("make_length_trace", script)
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)
