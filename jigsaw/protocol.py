@@ -48,6 +48,8 @@ HEARTBEAT_S = 0.25
 value until it does)."""
 LEASE_S = 1.0
 """A client silent this long loses its grants."""
+MAX_WAIT_S = 60.0
+"""The longest a heartbeat may be held (`Heartbeat.wait_s`), so a daemon's `heartbeat_s` is at most this."""
 
 # ------------------------------------------------------------------ field bounds
 # Every request field is bounded where it is decoded: a value outside these never reaches
@@ -101,7 +103,7 @@ class Register(_Msg, tag="register"):
 
 class Heartbeat(_Msg, tag="heartbeat"):
     session: Token
-    wait_s: Annotated[float, Meta(ge=0.0, le=60.0)] = 0.0
+    wait_s: Annotated[float, Meta(ge=0.0, le=MAX_WAIT_S)] = 0.0
     """The daemon may hold the reply this long (at most half a lease), answering at once
     when one of the session's budgets changes; 0: answer now."""
 

@@ -106,6 +106,9 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.policy not in NAMES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(NAMES)}")
+        if not 0.0 < self.heartbeat_s <= min(pr.MAX_WAIT_S, self.lease_s / 2):
+            # clients send heartbeat_s as their Heartbeat.wait_s: above the wire's bound every beat is refused
+            raise ValueError(f"heartbeat_s must be in (0, min({pr.MAX_WAIT_S:g}, lease_s / 2)], got {self.heartbeat_s}")
         if not 0.0 <= self.grow_delay_s <= self.lease_s / 2:
             raise ValueError(f"grow_delay_s must be in [0, lease_s / 2], got {self.grow_delay_s}")
         if self.idle_exit_s is not None and not self.idle_exit_s > 0:

@@ -62,7 +62,7 @@ def named(name: str) -> bool:
 
 
 def stop(actors) -> None:
-    from jigsaw.integrations.verl.rollout import server_name
+    from jigsaw.integrations.verl.server import server_name
 
     for a in actors:
         ray.kill(a)

@@ -74,3 +74,18 @@ def test_scheduler_config_is_owned_once():
         fields = {f.name: f for f in dataclasses.fields(outer)}
         assert fields["sched"].type in (SchedulerConfig, "SchedulerConfig")
         assert not (sched & set(fields) - {"sched"}), f"{outer.__name__} copies {sched & set(fields)}"
+
+
+@pytest.mark.parametrize("heartbeat_s", [0.25, 30.0, 60.0])
+def test_a_daemons_heartbeat_is_a_wait_the_wire_accepts(heartbeat_s):
+    """Clients send the heartbeat_s a daemon told them as their Heartbeat.wait_s: a daemon that
+    accepted one above the wire's bound would refuse every beat of every client."""
+    from jigsaw import protocol as pr
+
+    config = DaemonConfig(heartbeat_s=heartbeat_s, lease_s=2 * heartbeat_s)
+    beat = pr.Heartbeat(session="s", wait_s=config.heartbeat_s, req=1)
+    assert pr.decode_request(pr.encode(beat)) == beat
+    with pytest.raises(ValueError, match="heartbeat_s"):
+        DaemonConfig(heartbeat_s=heartbeat_s + 60.0, lease_s=4 * (heartbeat_s + 60.0))
+    with pytest.raises(ValueError, match="heartbeat_s"):
+        DaemonConfig(heartbeat_s=heartbeat_s, lease_s=heartbeat_s)  # a lease that lapses between beats
