@@ -269,7 +269,8 @@ class _Replaying:
         elif e.event == "migrate":
             m = inputs.message(e.event, e.data)
             self.ordered = self.state.migrate(m.pipeline, m.source_rank, m.target_rank, e.t_s)
-        elif (msg := inputs.message(e.event, e.data)) is not None:
+        elif (msg := inputs.message(e.event, {"substage": e.substage, **e.data})) is not None:
+            # traces before protocol v7 kept a Done's sub-stage on the event only
             got = self.inbox.take(e.pipeline, msg, e.t_s)
             return got.sid if e.event == "request" else None
         elif e.event == "drop":
