@@ -58,9 +58,10 @@ MAX_WAIT_S = 60.0
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 NAME_RULE = "1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
-Token = Annotated[str, Meta(max_length=128)]
+MAX_TOKEN, MAX_REF, MAX_REQ = 128, 512, 1 << 62
+Token = Annotated[str, Meta(max_length=MAX_TOKEN)]
 Word = Annotated[str, Meta(max_length=32)]
-SubStageRef = Annotated[str, Meta(max_length=512)]
+SubStageRef = Annotated[str, Meta(max_length=MAX_REF)]
 Rank = Annotated[int, Meta(ge=0, le=1 << 16)]
 StepNo = Annotated[int, Meta(ge=0, le=10**9)]
 Pid = Annotated[int, Meta(ge=1, le=1 << 22)]
@@ -77,7 +78,7 @@ Flops = Annotated[float, Meta(ge=0.0, le=1e30)]
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True, kw_only=True):
     v: int = PROTOCOL_VERSION
-    req: Annotated[int, Meta(ge=0, le=1 << 62)] = 0
+    req: Annotated[int, Meta(ge=0, le=MAX_REQ)] = 0
 
 
 # ------------------------------------------------------------------ requests
@@ -382,9 +383,40 @@ class ProtocolError(ValueError):
     """A message answered with an `Error` of `code`: invalid, or valid but refused by the
     daemon (another job's name, more memory than a device has, an unknown session)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, *, req: int = 0, release: tuple[str, str] | None = None):
         super().__init__(message)
-        self.code = code
+        self.code, self.req = code, req
+        """`req`: the refused frame's own request id, when it could be read (its sender waits
+        for the reply with it)."""
+        self.release = release
+        """(session, sub-stage) of a Done refused for its report: the grant it ends is still
+        given back (the report is dropped, the release is not)."""
+
+
+class _Envelope(msgspec.Struct):
+    """What a refused frame may still say of itself, each field read only if well formed."""
+
+    type: object = None
+    req: object = 0
+    session: object = ""
+    substage: object = ""
+
+
+_dec_envelope = msgspec.msgpack.Decoder(_Envelope)
+
+
+def _refused(code: str, message: str, data: bytes) -> ProtocolError:
+    """The error for a frame that failed validation, carrying what its envelope names."""
+    try:
+        env = _dec_envelope.decode(data)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return ProtocolError(code, message)
+    req = env.req if type(env.req) is int and 0 <= env.req <= MAX_REQ else 0
+    release = None
+    if env.type == "done" and type(env.session) is str and type(env.substage) is str \
+            and 0 < len(env.session) <= MAX_TOKEN and 0 < len(env.substage) <= MAX_REF:
+        release = (env.session, env.substage)
+    return ProtocolError(code, message, req=req, release=release)
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -413,7 +445,7 @@ def decode_request(data: bytes) -> Request:
         msg = _dec_request.decode(data)
     except msgspec.ValidationError as exc:
         _check_version(data)
-        raise ProtocolError("bad-message", f"invalid request: {exc}") from None
+        raise _refused("bad-message", f"invalid request: {exc}", data) from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError("bad-message", f"not a msgpack request: {exc}") from None
     except RecursionError:

@@ -43,6 +43,16 @@ class Recorder(Daemon):
             self._tick()
         return [r for _, r in self.sent[before:]]
 
+    def receive(self, data: bytes, conn: int = 1, tick: bool = True):
+        """Deliver a raw frame as the listener would (the daemon's own checks decode it); the replies."""
+        before = len(self.sent)
+        msg = self._check(conn, data)
+        if msg is not None:
+            self._serve([Inbound(conn, msg, self.time())])
+        if tick:
+            self._tick()
+        return [r for _, r in self.sent[before:]]
+
     def register(self, name: str, owner: str = "", devices=(), **facts) -> str:
         (reply,) = self.ask(pr.Register(pipeline=name, pid=os.getpid(), owner=owner, devices=devices, **facts))
         assert isinstance(reply, pr.Registered), reply

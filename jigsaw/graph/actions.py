@@ -88,16 +88,21 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
 
 def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
     found: dict[tuple[int, str], list[int]] = {}
+    claimed: set[tuple[int, int]] = set()
     deferred, closed, held, dev = S.deferred, S.closed, S.held, S.dev
     for i in sorted(S.ready):
         devs = P.tasks[i].devices
         if i in deferred or not devs:
             continue
+        pipe = P.tasks[i].pipe
         for d in devs:  # written out: this runs for every ready task at every search node
-            if d in closed or (st.places_taken(P, S, i, d) if held[d] else len(dev[d])) >= 2:
+            if d in closed or (st.places_taken(P, S, i, d) if held[d] else len(dev[d])) >= 2 or (pipe, d) in claimed:
                 break
         else:
-            found.setdefault((P.tasks[i].pipe, P.kinds[i]), []).append(i)
+            found.setdefault((pipe, P.kinds[i]), []).append(i)
+            # A worker runs one piece at a time: a later piece of its own that live reports
+            # made ready too (a next step's, before this one started) waits for the next decision.
+            claimed.update((pipe, d) for d in devs)
     groups = _Groups(P, S, ctx, found)
     # Urgent groups first: they are already on their devices, nothing may take them.
     for key in sorted(found, key=lambda k: (not any(i in S.urgent for i in found[k]), k)):

@@ -50,6 +50,11 @@ class Inbox:
     def register(self, msg: pr.Register) -> None:
         self.state.register(msg.pipeline, tuple(msg.devices), steps=msg.steps or None, max_tokens=msg.max_tokens)
 
+    def release(self, name: str, sid: str, now_s: float):
+        """A Done whose report was refused: the piece ends, its numbers unknown (what
+        NodeState.finish returns)."""
+        return self.state.finish(name, sid, now_s)
+
     def take(self, name: str, msg, now_s: float, owner=None):
         """The facts of one request of pipeline `name`: what NodeState returned (the Waiting an
         Admit became, what a Done finished), else None.  ProtocolError (bad-request): the

@@ -27,6 +27,7 @@ offline (`jigsaw.sim.replay.replay_decisions`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -123,6 +124,19 @@ class Owner(NamedTuple):
     req: int
 
 
+class Release(NamedTuple):
+    """A Done refused for its report (a NaN, a count out of bounds): its grant still ends."""
+
+    session: str
+    substage: str
+    error: pr.Error
+    """The refusal, the sender's reply whether or not the release succeeds."""
+
+    @property
+    def req(self) -> int:
+        return self.error.req
+
+
 class Inbound(NamedTuple):
     """A valid request as it was read, stamped with when it arrived (leases go by that)."""
 
@@ -134,7 +148,7 @@ class Inbound(NamedTuple):
 FIRST = (pr.Heartbeat, pr.Status, pr.Stop)
 """Served before anything else read in the same batch: they are cheap, and a lease never
 waits behind a decision."""
-DECIDE_AFTER = (*pr.FACTS, pr.Unregister)
+DECIDE_AFTER = (*pr.FACTS, pr.Unregister, Release)
 
 
 class Daemon:
@@ -231,12 +245,17 @@ class Daemon:
         return batch
 
     def _check(self, conn: int, data: bytes):
-        """The request in `data`, or None once the sender has its Error."""
+        """The request in `data`; a refused Done that names its grant as a `Release` (the
+        grant is given back in arrival order, its report dropped); else None once the sender
+        has its Error, with the frame's own request id where it could be read."""
         try:
             return pr.decode_request(data)
         except pr.ProtocolError as exc:
             self.errors += 1
-            return self._send(conn, pr.Error(code=exc.code, message=str(exc)))
+            error = pr.Error(code=exc.code, message=str(exc), req=exc.req)
+            if exc.release is not None:
+                return Release(session=exc.release[0], substage=exc.release[1], error=error)
+            return self._send(conn, error)
 
     def _refusal(self) -> bytes:
         log.warning("refused a connection from another uid (not %d)", os.getuid())
@@ -320,6 +339,8 @@ class Daemon:
             return self._migrate(msg)
         session = self._session(msg.session)
         session.last_seen = max(session.last_seen, arrived_s)
+        if isinstance(msg, Release):
+            return self._release(msg, session)
         if isinstance(msg, pr.Heartbeat):
             now = self.wall()
             if msg.wait_s > 0 and not session.due(now):  # answered when a change is due (_wake)
@@ -346,7 +367,8 @@ class Daemon:
 
     def _register(self, msg: pr.Register, arrived_s: float) -> pr.Registered:
         name = msg.pipeline
-        if name in self.state.pipelines and not secrets.compare_digest(self.owners.get(name, ""), msg.owner):
+        held = self.owners.get(name, "").encode()
+        if name in self.state.pipelines and not secrets.compare_digest(held, msg.owner.encode()):  # str: ASCII only
             raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
                                                  "choose another name (jigsaw run --name)")
         if name not in self.state.pipelines:
@@ -378,7 +400,7 @@ class Daemon:
         self._event(inputs.EVENTS[type(msg)], name, getattr(msg, "substage", ""), data=inputs.record(msg))
         return pr.Ok(req=msg.req)
 
-    def _done(self, msg: pr.Done, session: Session, now: float) -> pr.Ok:
+    def _done(self, msg: pr.Done, session: Session, now: float, report: bool = True) -> pr.Ok:
         name = session.pipeline
         try:
             who = self.state.owner(name, msg.substage)
@@ -386,9 +408,10 @@ class Daemon:
             raise ValueError(f"{msg.substage} is not running for this session") from None
         if who is not None and who.session != msg.session:  # None: a migration ended it
             raise ValueError(f"{msg.substage} is not running for this session")
-        self._event("done", name, msg.substage, data=inputs.record(msg))
+        data = inputs.record(msg) if report else {"substage": msg.substage, "report": False}
+        self._event("done", name, msg.substage, data=data)
         session.ended(msg.substage)
-        ended = self.inbox.take(name, msg, now)
+        ended = self.inbox.take(name, msg, now) if report else self.inbox.release(name, msg.substage, now)
         if ended is None:  # a migration already ended it, or it never started
             return pr.Ok(req=msg.req)
         r, piece = ended
@@ -398,6 +421,13 @@ class Daemon:
             self._event("release", name, piece.id, device=r.device,
                         data={"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s})
         return pr.Ok(req=msg.req)
+
+    def _release(self, msg: Release, session: Session) -> pr.Error:
+        """A Done refused for its report still ends its grant; the sender gets the refusal."""
+        done = pr.Done(session=msg.session, substage=msg.substage, req=msg.req)
+        with contextlib.suppress(ValueError):  # not running for this session: nothing to give back
+            self._done(done, session, self.now(), report=False)
+        return msg.error
 
     def _migrate(self, msg: pr.Migrate) -> pr.Migrated:
         """An operator's migration order, applied as the scheduler's are (the source's owner

@@ -196,6 +196,8 @@ class DecisionReplay:
     """Inputs or plans that came out differently."""
     mismatches: tuple[str, ...]
     """The first few differences, empty when every plan was reproduced."""
+    fallbacks: tuple[str, ...] = ()
+    """Replayed plans the policy failed to make (the node's fallback decided), and why."""
 
 
 def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = None) -> DecisionReplay:
@@ -204,7 +206,7 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
     from jigsaw.node.inputs import Inbox
 
     replaying = _Replaying(Inbox(_node_state(trace, grid, sched)))
-    plans, mismatches = 0, []
+    plans, mismatches, fallbacks = 0, [], []
     for e in trace.events:
         try:
             got = replaying.apply(e)
@@ -216,9 +218,12 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
         if e.event == "plan":
             plans += 1
             mine = got.record() if got is not None else None
+            if got is not None and got.fallback:
+                fallbacks.append(f"t={e.t_s:.6f}: {got.fallback}")
             if mine is None or any(mine[k] != e.data.get(k) for k in ("started", "assignments", "fallback")):
                 mismatches.append(f"t={e.t_s:.6f}: plan {_brief(mine)} differs from the recorded {_brief(e.data)}")
-    return DecisionReplay(plans=plans, differ=len(mismatches), mismatches=tuple(mismatches[:20]))
+    return DecisionReplay(plans=plans, differ=len(mismatches), mismatches=tuple(mismatches[:20]),
+                          fallbacks=tuple(fallbacks))
 
 
 def _node_state(trace: Trace, grid, sched: SchedulerConfig | None):
@@ -269,6 +274,8 @@ class _Replaying:
         elif e.event == "migrate":
             m = inputs.message(e.event, e.data)
             self.ordered = self.state.migrate(m.pipeline, m.source_rank, m.target_rank, e.t_s)
+        elif e.event == "done" and e.data.get("report") is False:  # a Done refused for its report
+            self.inbox.release(e.pipeline, e.substage, e.t_s)
         elif (msg := inputs.message(e.event, {"substage": e.substage, **e.data})) is not None:
             # traces before protocol v7 kept a Done's sub-stage on the event only
             got = self.inbox.take(e.pipeline, msg, e.t_s)

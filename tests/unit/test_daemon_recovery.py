@@ -1,0 +1,78 @@
+"""Issue 31: faults a production node sees, driven message by message on scripted clocks
+(the real Daemon, its socket replaced by a list of what it sent: tests/recorder.py)."""
+
+import msgspec
+import pytest
+from recorder import Recorder
+
+from jigsaw import protocol as pr
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def d(tmp_path):
+    return Recorder(tmp_path, devices=2)
+
+
+def admit(session, kind, step=0, rank=0, req=1, **kw):
+    return pr.Admit(session=session, kind=kind, dp_rank=rank, step=step, req=req, **kw)
+
+
+# ------------------------------------------------------------------ item 3: tokens as bytes
+
+
+@pytest.mark.parametrize("stranger", ["jöb-b", "\u00e9" * 32, ""])
+def test_a_non_ascii_owner_token_is_refused_as_a_stranger_and_the_owner_still_joins(d, stranger):
+    """compare_digest raises on a str that is not ASCII: the daemon answered `internal` and
+    the pipeline could not be joined again, even with the right token."""
+    owner = "jöb-a-token"
+    mine = d.register("A", owner=owner)
+    (g,) = d.ask(admit(mine, "training", req=1))
+    (r,) = d.ask(pr.Register(pipeline="A", pid=1, owner=stranger, req=2))
+    assert isinstance(r, pr.Error) and r.code == "name-taken", r
+    assert d.register("A", owner=owner)  # the job's own worker joins
+    assert list(d.state.pipelines["A"].running) == [g.substage]
+
+
+# ------------------------------------------------------------------ item 2: every request answered
+
+
+def frame(**fields) -> bytes:
+    """A request frame as a stranger (or a buggy client) writes it, bounds unchecked."""
+    return msgspec.msgpack.encode({"v": pr.PROTOCOL_VERSION, **fields})
+
+
+@pytest.mark.parametrize("bad", [{"step": 10**12}, {"dp_rank": -1}, {"mem_bytes": -5}, {"elapsed_s": float("nan")}])
+def test_a_refused_admit_is_answered_with_its_own_request_id(d, bad):
+    """The input checks answered with req=0, and a client waits for the reply with its own id."""
+    s = d.register("A")
+    fields = {"type": "admit", "session": s, "kind": "training", "dp_rank": 0, "step": 0, "req": 41, **bad}
+    (r,) = d.receive(frame(**fields))
+    assert isinstance(r, pr.Error) and r.code == "bad-message" and r.req == 41, r
+    assert not d.state.pipelines["A"].waiting and not d.state.pipelines["A"].running
+
+
+@pytest.mark.parametrize("bad", [{"batch_size": float("nan")}, {"num_tokens": -1}, {"flops": float("inf")}])
+def test_a_done_refused_for_its_report_still_gives_its_grant_back(tmp_path, bad):
+    """A refused Done left its sub-stage running until the client left: the waiting pipeline
+    waited on a ghost.  The report is dropped, the release is not."""
+    d = Recorder(tmp_path, devices=1, policy="serial", max_wait_s=None)
+    a, b = d.register("A"), d.register("B")
+    (g,) = d.ask(admit(a, "training", req=1))
+    assert isinstance(g, pr.Grant)
+    assert d.ask(admit(b, "training", req=2)) == []  # B waits for A's device
+    replies = d.receive(frame(type="done", session=a, substage=g.substage, req=3, **bad))
+    err = next(r for r in replies if isinstance(r, pr.Error))
+    assert err.req == 3 and err.code == "bad-message"
+    assert g.substage not in d.state.pipelines["A"].running
+    assert any(isinstance(r, pr.Grant) and r.req == 2 for r in replies)  # B starts at once
+    assert d.state.pipelines["A"].finished[g.substage].num_tokens == 0  # no numbers were taken
+
+
+def test_a_refused_done_of_a_stranger_releases_nothing(d):
+    a, b = d.register("A", devices=(0,)), d.register("B", devices=(1,))
+    (g,) = d.ask(admit(a, "training", req=1))
+    (r,) = d.receive(frame(type="done", session=b, substage=g.substage, req=9, flops=float("nan")))
+    assert isinstance(r, pr.Error) and r.req == 9
+    assert g.substage in d.state.pipelines["A"].running
