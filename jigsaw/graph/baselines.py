@@ -123,10 +123,10 @@ class Serial:
             self._next_turn(names, prog)
         for ps in view.pipelines:
             b.keep_running(ps)
-            if ps.graph.pipeline == self.turn:
-                for s in _frontier(ps):
-                    if s.kind.on_device is False or b.free([_device(ps, s)]) or s.id in ps.urgent:
-                        b.start(ps, s)
+            mine = ps.graph.pipeline == self.turn
+            for s in _frontier(ps):  # another pipeline's request past max-wait starts too: the node promised it
+                if s.id in ps.urgent or (mine and (s.kind.on_device is False or b.free([_device(ps, s)]))):
+                    b.start(ps, s)
         return b.plan()
 
     def _busy(self, view: View, name: str) -> bool:

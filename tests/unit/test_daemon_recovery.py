@@ -6,6 +6,7 @@ import pytest
 from recorder import Recorder
 
 from jigsaw import protocol as pr
+from jigsaw.graph.policies import NAMES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,3 +77,22 @@ def test_a_refused_done_of_a_stranger_releases_nothing(d):
     (r,) = d.receive(frame(type="done", session=b, substage=g.substage, req=9, flops=float("nan")))
     assert isinstance(r, pr.Error) and r.req == 9
     assert g.substage in d.state.pipelines["A"].running
+
+
+# ------------------------------------------------------------------ item 8: max-wait, every policy
+
+
+@pytest.mark.parametrize("policy", NAMES)
+def test_a_request_is_admitted_by_max_wait_under_every_policy(tmp_path, policy):
+    """Under `serial` B's request waited for A's whole turn (4.0 s with --max-wait-s 2)."""
+    d = Recorder(tmp_path, devices=1, policy=policy, max_wait_s=2.0)
+    a, b = d.register("A"), d.register("B")
+    (g,) = d.ask(admit(a, "training", req=1))
+    assert isinstance(g, pr.Grant)
+    asked_s = d.time.t
+    d.ask(admit(b, "rollout_decode", req=2))
+    granted = lambda: any(isinstance(r, pr.Grant) and r.req == 2 for _, r in d.sent)  # noqa: E731
+    while not granted() and d.time.t - asked_s < 2.0 + 0.2:
+        d.run_for(0.05, beating=(a, b))
+    assert granted(), f"{policy}: B still waits {d.time.t - asked_s:.2f} s after asking"
+    assert g.substage in d.state.pipelines["A"].running  # A was not preempted for it
