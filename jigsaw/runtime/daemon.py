@@ -337,10 +337,10 @@ class Daemon:
             return self._register(msg, arrived_s)
         if isinstance(msg, pr.Migrate):
             return self._migrate(msg)
+        if isinstance(msg, Release):
+            return self._release(msg)
         session = self._session(msg.session)
         session.last_seen = max(session.last_seen, arrived_s)
-        if isinstance(msg, Release):
-            return self._release(msg, session)
         if isinstance(msg, pr.Heartbeat):
             now = self.wall()
             if msg.wait_s > 0 and not session.due(now):  # answered when a change is due (_wake)
@@ -422,11 +422,11 @@ class Daemon:
                         data={"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s})
         return pr.Ok(req=msg.req)
 
-    def _release(self, msg: Release, session: Session) -> pr.Error:
+    def _release(self, msg: Release) -> pr.Error:
         """A Done refused for its report still ends its grant; the sender gets the refusal."""
         done = pr.Done(session=msg.session, substage=msg.substage, req=msg.req)
-        with contextlib.suppress(ValueError):  # not running for this session: nothing to give back
-            self._done(done, session, self.now(), report=False)
+        with contextlib.suppress(ValueError):  # no such session, or not its grant: nothing to give back
+            self._done(done, self._session(msg.session), self.now(), report=False)
         return msg.error
 
     def _migrate(self, msg: pr.Migrate) -> pr.Migrated:

@@ -49,12 +49,15 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 class _Conn:
-    __slots__ = ("sock", "inbox", "outbox", "closing", "stranger")
+    __slots__ = ("sock", "inbox", "outbox", "closing", "stranger", "last_words")
 
     def __init__(self, sock: socket.socket, stranger: bool):
         self.sock, self.inbox, self.outbox, self.closing = sock, bytearray(), bytearray(), False
         self.stranger = stranger
         """Another uid: its first message is answered with the refusal, then the door."""
+        self.last_words: bytes | None = None
+        """Nothing more is read; this goes out, and the door closes, once the messages the
+        peer sent before it (in the same write, say) are served and their replies queued."""
 
 
 class Listener:
@@ -82,12 +85,15 @@ class Listener:
         self.conns: dict[int, _Conn] = {}
         self.refused = 0
         self._ready: list[tuple[int, bytes]] = []
+        self._hanging: set[int] = set()
+        """Connections with last words to say (see _Conn.last_words)."""
         self._ids = itertools.count(1)
 
     def poll(self, timeout_ms: int) -> bool:
         """Whether a message is ready, waiting up to `timeout_ms` for one."""
         deadline = time.monotonic() + timeout_ms / 1e3
         while not self._ready:
+            self._hang_up()
             for key, events in self.sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 if key.data is None:
                     self._accept()
@@ -101,6 +107,18 @@ class Listener:
         self.poll(0)
         out, self._ready = self._ready[:most], self._ready[most:]
         return out
+
+    def _hang_up(self) -> None:
+        """Say the last words of connections none of whose messages still wait to be read."""
+        if not self._hanging:
+            return
+        waiting = {conn for conn, _ in self._ready}
+        for conn in self._hanging - waiting:
+            self._hanging.discard(conn)
+            c = self.conns.get(conn)
+            if c is not None:
+                words, c.last_words = c.last_words, None
+                self._say_and_close(conn, c, words)
 
     def send(self, conn: int, payload: bytes) -> bool:
         c = self.conns.get(conn)
@@ -154,8 +172,10 @@ class Listener:
         for _ in range(most * 2):
             if len(c.inbox) >= HEADER.size:
                 n = HEADER.unpack_from(c.inbox)[0]
-                if n > self.max_bytes:
-                    return self._say_and_close(conn, c, self.too_large(n))
+                if n > self.max_bytes:  # what it sent before is still served and answered
+                    c.closing, c.last_words = True, self.too_large(n)
+                    self._hanging.add(conn)
+                    return None
                 if len(c.inbox) == HEADER.size + n and c.stranger:  # never decoded, never served
                     self.refused += 1
                     return self._say_and_close(conn, c, self.refuse())
@@ -187,7 +207,7 @@ class Listener:
             return self._drop(conn)
         if len(c.outbox) > MAX_OUTBOX_BYTES:
             return self._drop(conn)
-        if c.closing and not c.outbox:
+        if c.closing and not c.outbox and c.last_words is None:
             return self._drop(conn)
         self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbox else 0), conn)
 

@@ -101,3 +101,27 @@ def test_a_stranger_is_answered_with_the_refusal_and_never_served():
     finally:
         listener.close()
         shutil.rmtree(public)
+
+
+def test_messages_before_an_oversized_header_in_the_same_write_get_their_replies(listener, tmp_path):
+    """They were served, but the door closed before their replies went out."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(tmp_path / "s.sock"))
+    s.sendall(frame(b"one") + frame(b"two") + struct.pack("!I", 1025) + b"y" * 64)
+    got = serve(listener, 2)
+    assert [m for _, m in got] == [b"one", b"two"]
+    for conn, m in got:
+        assert listener.send(conn, b"re " + m)
+    listener.poll(50)  # the loop turns: now the last words, and the door
+    replies = b""
+    while True:
+        try:
+            chunk = s.recv(1 << 16)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        replies += chunk
+    assert replies == frame(b"re one") + frame(b"re two") + frame(b"too-large 1025")
+    assert not listener.conns
