@@ -217,7 +217,7 @@ class Daemon:
         try:
             if self.config.mps:
                 housekeeping.check_mps()
-            self.listener = home.listen(self.dir, self._refusal, self._too_large)
+            self.listener = home.listen(self.dir, self._refusal, self._too_large, self.wall)
             if self.trace_writer is None and self.auto_trace:
                 self._open_trace(housekeeping.fresh_trace(self.dir))
             telemetry = housekeeping.start_telemetry(self.config.telemetry_s, self.trace_writer, self.now)
@@ -235,13 +235,14 @@ class Daemon:
             log.info("jigsaw daemon %d stopped", os.getpid())
 
     def _read(self, most: int = 512) -> list[Inbound]:
-        """Whole messages waiting (up to `most`), each stamped with when it was read; the
-        listener answered on its own a stranger's connection and an oversized header."""
+        """Whole messages waiting (up to `most`), each stamped with when the listener read it
+        (on the daemon's wall clock); the listener answered on its own a stranger's connection
+        and an oversized header."""
         batch = []
-        for conn, data in self.listener.read(most):
+        for conn, data, arrived_s in self.listener.read(most):
             msg = self._check(conn, data)
             if msg is not None:
-                batch.append(Inbound(conn, msg, self.wall()))
+                batch.append(Inbound(conn, msg, arrived_s))
         return batch
 
     def _check(self, conn: int, data: bytes):

@@ -62,9 +62,9 @@ class Home:
             f.close()
         raise RuntimeError(f"{self.lock_path} keeps being replaced: is another daemon starting and stopping?")
 
-    def listen(self, directory: Path, refuse: Callable, too_large: Callable):
+    def listen(self, directory: Path, refuse: Callable, too_large: Callable, clock: Callable[[], float]):
         self.sock_path = socket_path(endpoint(directory))
-        listener = plumbing.listen(self.sock_path, refuse, too_large)
+        listener = plumbing.listen(self.sock_path, refuse, too_large, clock)
         self.sock_id = file_id(self.sock_path)
         return listener
 

@@ -19,11 +19,11 @@ from jigsaw.runtime.wire import Listener
 log = logging.getLogger("jigsaw.daemon")
 
 
-def listen(path: Path, refuse, too_large) -> Listener:
+def listen(path: Path, refuse, too_large, clock) -> Listener:
     """The daemon's listener on `path` (0600); OSErrors (no space, no permission, a path in
     the way) become one clear error."""
     try:
-        listener = Listener(path, pr.MAX_MESSAGE_BYTES, refuse=refuse, too_large=too_large)
+        listener = Listener(path, pr.MAX_MESSAGE_BYTES, refuse=refuse, too_large=too_large, clock=clock)
     except OSError as exc:
         raise ValueError(f"the daemon cannot listen on {path}: {exc.strerror or exc}") from None
     log.info("jigsaw daemon %d listening on %s", os.getpid(), path)

@@ -63,12 +63,16 @@ class _Conn:
 class Listener:
     """The daemon's end: bind, accept, read whole messages, send replies by connection id.
 
-    `poll` waits for activity; `read` returns `(conn, payload)` for every complete message
-    (up to `most`), answering on its own what never becomes a message: a stranger's
-    connection (`refuse()` builds its reply) and an oversized header (`too_large(n)`)."""
+    `poll` waits for activity; `read` returns `(conn, payload, arrived_s)` for every complete
+    message (up to `most`), stamped by `clock` when its last byte was read (a message may
+    wait here behind others: a lease goes by when it came), answering on its own what never
+    becomes a message: a stranger's connection (`refuse()` builds its reply) and an oversized
+    header (`too_large(n)`)."""
 
-    def __init__(self, path: Path, max_bytes: int, refuse: Callable[[], bytes], too_large: Callable[[int], bytes]):
+    def __init__(self, path: Path, max_bytes: int, refuse: Callable[[], bytes], too_large: Callable[[int], bytes],
+                 clock: Callable[[], float] = time.monotonic):
         self.path, self.max_bytes, self.refuse, self.too_large = path, max_bytes, refuse, too_large
+        self.clock = clock
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if path.is_socket():
@@ -84,7 +88,7 @@ class Listener:
         self.sel.register(self.sock, selectors.EVENT_READ, None)
         self.conns: dict[int, _Conn] = {}
         self.refused = 0
-        self._ready: list[tuple[int, bytes]] = []
+        self._ready: list[tuple[int, bytes, float]] = []
         self._hanging: set[int] = set()
         """Connections with last words to say (see _Conn.last_words)."""
         self._ids = itertools.count(1)
@@ -103,7 +107,7 @@ class Listener:
                 break
         return bool(self._ready)
 
-    def read(self, most: int) -> list[tuple[int, bytes]]:
+    def read(self, most: int) -> list[tuple[int, bytes, float]]:
         self.poll(0)
         out, self._ready = self._ready[:most], self._ready[most:]
         return out
@@ -112,7 +116,7 @@ class Listener:
         """Say the last words of connections none of whose messages still wait to be read."""
         if not self._hanging:
             return
-        waiting = {conn for conn, _ in self._ready}
+        waiting = {conn for conn, _, _ in self._ready}
         for conn in self._hanging - waiting:
             self._hanging.discard(conn)
             c = self.conns.get(conn)
@@ -180,7 +184,7 @@ class Listener:
                     self.refused += 1
                     return self._say_and_close(conn, c, self.refuse())
                 if len(c.inbox) == HEADER.size + n:
-                    self._ready.append((conn, bytes(c.inbox[HEADER.size:])))
+                    self._ready.append((conn, bytes(c.inbox[HEADER.size:]), self.clock()))
                     c.inbox.clear()
                     continue
                 need = HEADER.size + n - len(c.inbox)

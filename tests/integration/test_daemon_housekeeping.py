@@ -203,7 +203,7 @@ def test_a_leaving_daemon_removes_only_files_that_are_still_its_own(tmp_path):
     directory = tmp_path / "rt"
     directory.mkdir(mode=0o700)
     home = housekeeping.Home(directory)
-    listener = home.listen(directory, lambda: b"", lambda n: b"")
+    listener = home.listen(directory, lambda: b"", lambda n: b"", time.monotonic)
     (directory / "daemon.sock").unlink()  # another daemon's socket and lock now stand there
     other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     other.bind(str(directory / "daemon.sock"))
@@ -215,7 +215,7 @@ def test_a_leaving_daemon_removes_only_files_that_are_still_its_own(tmp_path):
     finally:
         other.close()
     mine = housekeeping.Home(tmp_path / "rt")  # and its own are removed
-    mine.close(mine.listen(directory, lambda: b"", lambda n: b""))
+    mine.close(mine.listen(directory, lambda: b"", lambda n: b"", time.monotonic))
     assert left_behind(directory) == []
 
 

@@ -38,7 +38,7 @@ def test_messages_come_whole_however_the_bytes_arrive(listener, tmp_path):
         listener.poll(10)
         got += listener.read(64)
     got += serve(listener, 3 - len(got))
-    assert [m for _, m in got] == [b"first", b"", b"x" * 1000]
+    assert [m for _, m, _ in got] == [b"first", b"", b"x" * 1000]
     s.close()
 
 
@@ -61,7 +61,7 @@ def test_replies_go_by_connection_and_a_closed_ones_never_reach_a_newer_peer(lis
     a, b = Channel(tmp_path / "s.sock"), Channel(tmp_path / "s.sock")
     a.send(b"from a")
     b.send(b"from b")
-    got = dict((m, c) for c, m in serve(listener, 2))
+    got = dict((m, c) for c, m, _ in serve(listener, 2))
     assert listener.send(got[b"from b"], b"to b") and listener.send(got[b"from a"], b"to a")
     assert a.recv() == b"to a" and b.recv() == b"to b"
     a.close()
@@ -110,8 +110,8 @@ def test_messages_before_an_oversized_header_in_the_same_write_get_their_replies
     s.connect(str(tmp_path / "s.sock"))
     s.sendall(frame(b"one") + frame(b"two") + struct.pack("!I", 1025) + b"y" * 64)
     got = serve(listener, 2)
-    assert [m for _, m in got] == [b"one", b"two"]
-    for conn, m in got:
+    assert [m for _, m, _ in got] == [b"one", b"two"]
+    for conn, m, _ in got:
         assert listener.send(conn, b"re " + m)
     listener.poll(50)  # the loop turns: now the last words, and the door
     replies = b""
@@ -125,3 +125,22 @@ def test_messages_before_an_oversized_header_in_the_same_write_get_their_replies
         replies += chunk
     assert replies == frame(b"re one") + frame(b"re two") + frame(b"too-large 1025")
     assert not listener.conns
+
+
+def test_a_message_is_stamped_when_it_came_not_when_the_daemon_took_it(tmp_path):
+    """Sessions heartbeating over one connection lost their lease: a beat that waited in the
+    listener's queue behind others was dated when the daemon got round to it."""
+    now = [1.0]
+    lst = Listener(tmp_path / "s.sock", 1024, refuse=lambda: b"", too_large=lambda n: b"", clock=lambda: now[0])
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(tmp_path / "s.sock"))
+        s.sendall(b"".join(frame(b"beat %d" % i) for i in range(3)))
+        while len(lst._ready) < 3:
+            assert lst.poll(2000)
+        now[0] = 9.0  # a long decision later, the daemon reads them one by one
+        got = lst.read(1) + lst.read(1) + lst.read(1)
+        assert [(m, t) for _, m, t in got] == [(b"beat 0", 1.0), (b"beat 1", 1.0), (b"beat 2", 1.0)]
+        s.close()
+    finally:
+        lst.close()
