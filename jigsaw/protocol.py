@@ -266,7 +266,7 @@ class Migrate(_Msg, tag="migrate"):
 
 Request = (Register | Heartbeat | Unregister | Admit | Done | Progress | Samples | Lengths | NoRollout | Forecast
            | Opened | StepEnd | Status | Stop | Migrate)
-FACTS = (Admit, Done, Progress, Samples, Lengths, NoRollout, Forecast)
+FACTS = (Admit, Done, Progress, Samples, Lengths, NoRollout, Forecast, Opened)
 """Requests that carry facts of a pipeline (node/inputs.py takes them)."""
 
 

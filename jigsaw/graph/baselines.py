@@ -125,7 +125,8 @@ class Serial:
             b.keep_running(ps)
             mine = ps.graph.pipeline == self.turn
             for s in _frontier(ps):  # another pipeline's request past max-wait starts too: the node promised it
-                if s.id in ps.urgent or (mine and (s.kind.on_device is False or b.free([_device(ps, s)]))):
+                if s.id in ps.aged or (mine and (s.kind.on_device is False or b.free([_device(ps, s)])
+                                                 or s.id in ps.urgent)):
                     b.start(ps, s)
         return b.plan()
 

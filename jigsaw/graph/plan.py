@@ -122,6 +122,9 @@ class PipelineState:
     urgent: frozenset[str] = frozenset()
     """Ready sub-stages that start now whatever the plan: a rollout worker entering its
     next regime cannot pause, so the scheduler only chooses their budget."""
+    aged: frozenset[str] = frozenset()
+    """The urgent ones that are urgent because they waited the node's max-wait: a policy
+    with an order of its own (serial's turns) starts them too."""
     decode_fit: DecodeFit | None = None
     """The rollout engine's decode step latency against KV tokens, which prices merged
     tails (None: fitted from the graph's last step)."""

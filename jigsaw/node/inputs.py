@@ -8,6 +8,7 @@
       Lengths    ─► NodeState.observe             (parts joined until the last)
       NoRollout  ─► NodeState.rollout_over
       Forecast   ─► NodeState.forecast            pieces assembled as a step graph
+      Opened     ─► NodeState.ran_open            a step its worker reached without the daemon
     trace: `record(msg)` is what the daemon writes for each, `message(event)` reads it back
     (older traces' field names too), so a replay feeds the node the requests it had
 
@@ -32,10 +33,11 @@ from jigsaw.node.state import NodeState
 
 KINDS = {k.value: k for k in SubStageKind}
 EVENTS = {pr.Admit: "request", pr.Done: "done", pr.Progress: "progress", pr.Samples: "samples",
-          pr.Lengths: "lengths", pr.NoRollout: "no_rollout", pr.Forecast: "forecast", pr.Migrate: "migrate"}
+          pr.Lengths: "lengths", pr.NoRollout: "no_rollout", pr.Forecast: "forecast", pr.Opened: "open",
+          pr.Migrate: "migrate"}
 """The trace event that records each kind of request the node takes."""
 _BY_EVENT = {v: k for k, v in EVENTS.items()}
-_TRACE_NAMES = {pr.Admit: {"dp_rank": "rank", "mem_bytes": "need_bytes"}}
+_TRACE_NAMES = {pr.Admit: {"dp_rank": "rank", "mem_bytes": "need_bytes"}, pr.Opened: {"dp_rank": "rank"}}
 """A request event's fields keep the names traces have always had (timelines and tools read them)."""
 _FIELD_NAMES = {cls: {v: k for k, v in names.items()} for cls, names in _TRACE_NAMES.items()}
 
@@ -81,6 +83,8 @@ class Inbox:
             s.rollout_over(name, msg.dp_rank, msg.step)
         elif isinstance(msg, pr.Forecast):
             s.forecast(name, forecast_graph(name, msg))
+        elif isinstance(msg, pr.Opened):
+            s.ran_open(name, msg.dp_rank, msg.step)
         else:
             raise pr.ProtocolError("bad-request", f"{type(msg).__name__} carries no facts of a pipeline")
         return None

@@ -81,6 +81,8 @@ class Waiting(Generic[Owner]):
     urgent: bool = False
     """It starts whatever the plan (a running rollout entering its next regime cannot
     pause; or it waited too long); the plan only chooses its budget."""
+    aged: bool = False
+    """It waited the node's max-wait: urgent under every policy, whatever its own order."""
     need_bytes: int = 0
     """Memory the requester says it needs (0: unknown)."""
     expected_s: float | None = None
@@ -301,9 +303,10 @@ class LivePipeline:
         self._ordinals[(rank, kind)] = max(n, ordinal + 1)
         return str(SubStageId(self.name, step, rank, kind, ordinal))
 
-    def urge(self, sid: str) -> None:
-        """A waiting request must start now (it waited too long, or nothing else can run)."""
-        self._waiting[sid].urgent = True
+    def urge(self, sid: str, aged: bool = False) -> None:
+        """A waiting request must start now (it waited too long: `aged`, or nothing else can run)."""
+        w = self._waiting[sid]
+        w.urgent, w.aged = True, w.aged or aged
 
     def admit(self, sid: str, a: Assignment, budget: Budget, now_s: float) -> Running:
         """A waiting sub-stage starts under the assignment (host work: holding nothing)."""
@@ -430,6 +433,15 @@ class LivePipeline:
             fact.need_bytes = need_bytes
             if isinstance(fact, Running):
                 fact.peak_bytes = max(fact.peak_bytes, need_bytes)
+
+    def ran_open(self, rank: int, step: int) -> None:
+        """A worker ran a piece of `step` without the daemon (it was unreachable, stalled or
+        restarting): the pipeline has reached that step, whatever it was told meanwhile.  A
+        step already over says nothing new."""
+        if step > self.step:
+            self._at(rank, step)
+        elif not 0 <= rank < len(self.devices):
+            raise ValueError(f"dp_rank {rank} outside pipeline {self.name}'s 0..{len(self.devices) - 1}")
 
     def count(self, step: int, done: int, total: int) -> None:
         """Samples of `step`'s rollout finished so far, of all (total 0: not known)."""

@@ -146,6 +146,10 @@ class NodeState:
     def forecast(self, name: str, graph: SubStageGraph) -> None:
         self.pipeline(name).set_forecast(graph)
 
+    def ran_open(self, name: str, rank: int, step: int) -> None:
+        """A worker of `name` ran a piece of `step` without the daemon (see LivePipeline.ran_open)."""
+        self.pipeline(name).ran_open(rank, step)
+
     def rollout_over(self, name: str, rank: int, step: int) -> None:
         self.pipeline(name).rollout_over(rank, step)
 
@@ -297,7 +301,7 @@ class NodeState:
         for p in self.pipelines.values():
             for w in list(p.waiting.values()):
                 if now_s - w.since_s >= self.max_wait_s:
-                    p.urge(w.sid)
+                    p.urge(w.sid, aged=True)
 
     def _admits(self, plan: Plan) -> bool:
         ids = {a.substage for a in plan.assignments}

@@ -76,12 +76,14 @@ def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True,
     started = _started_gangs(p, base, live, memo)
     nodes, deps, kept, done, at_of = _current(p, base, live, anchors, started, memo)
     running, remaining, urgent = _times(p, nodes, at_of, kept, started, now_s)
+    aged = frozenset(sid for sid in urgent if p.waiting[sid].aged)
     if next_step and p.more_steps and p.static is None and (pred := _prediction(p, memo) or p.forecast) is not None:
         _append_next(p, pred, nodes, deps, memo)
     graph = _graph(p, nodes, deps, memo)
     fit, prefill, turns = _measured(base, memo)
     state = PipelineState(graph=graph, devices=p.devices, done=frozenset(done), running=running,
-                          remaining_s=remaining, urgent=frozenset(urgent), decode_fit=fit, prefill_work=prefill,
+                          remaining_s=remaining, urgent=frozenset(urgent), aged=aged, decode_fit=fit,
+                          prefill_work=prefill,
                           multi_turn=turns)
     return state, _progress(p, nodes, done, remaining, now_s)
 

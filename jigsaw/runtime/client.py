@@ -109,6 +109,10 @@ class Client:
         self.last_reply = 0.0
         self.fallen_open: list[dict] = []
         """Every sub-stage that ran without the daemon: kind, rank, step, reason, reported."""
+        self._unacked: list[pr.Done] = []
+        """Ends of granted sub-stages the daemon did not acknowledge (it stalled, restarted or
+        was unreachable when they ended): sent again once it answers, so it gives their
+        devices back instead of planning beside them."""
         self._req = 0
         self._lock = threading.Lock()
         self._reporting = threading.Lock()
@@ -160,6 +164,8 @@ class Client:
         members = [(int(rank), tuple(pids)) for rank, pids in members]
         if self.session is None and self._reachable():  # forgotten by a live daemon: join it again now
             self._register(self._sock, self.connect_timeout_s)
+        if self.connected:
+            self._catch_up(self._sock)  # what it missed first: an Admit of a later step needs it
         got = self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s) if self.connected \
             else [(None, "unreachable")] * len(members)
         handles = []
@@ -297,6 +303,8 @@ class Client:
             for h, reply in zip(told, replies):
                 if isinstance(reply, pr.Error) and reply.code == "unknown-session":
                     h.lost = True  # reclaimed while this process could not beat (stopped, starved)
+            with self._lock:
+                self._unacked += [d for d, reply in zip(dones, replies) if reply is None]
             if any(h.lost for h in told):
                 self._forgotten(dones[0].session)
         opened = [(h, why) for h, why in handles if h.exclusive or h.lost]
@@ -316,6 +324,18 @@ class Client:
             log.warning("jigsaw daemon %s (%s): pipeline %s runs without it, every sub-stage on the whole device, "
                         "until it answers again", self.endpoint, why, self.pipeline)
 
+    def _catch_up(self, sock: Channel) -> None:
+        """Once the daemon answers again: the ends it missed, then what ran without it (which
+        tells it the steps this pipeline reached meanwhile)."""
+        with self._lock:
+            unacked, self._unacked = self._unacked, []
+        if unacked:
+            again = [msgspec.structs.replace(d, req=self._next_req()) for d in unacked]
+            replies = self._call_many(sock, again, 4 * self.heartbeat_s)
+            with self._lock:  # answered either way (Ok, or no longer its grant): done with; unanswered: again
+                self._unacked = [d for d, r in zip(unacked, replies) if r is None] + self._unacked
+        self._report_open(sock)
+
     def _report_open(self, sock: Channel) -> None:
         """Tell the daemon (on the calling thread's socket) what ran without it; a record
         counts as reported only once the daemon acknowledged it."""
@@ -328,9 +348,10 @@ class Client:
                 msg = pr.Opened(session=self.session or "", kind=rec["kind"], dp_rank=rec["dp_rank"], step=rec["step"],
                                 reason=rec["reason"], substage=rec["substage"], duration_s=rec["duration_s"],
                                 req=self._next_req())
-                if not isinstance(self._call(sock, msg, 4 * self.heartbeat_s), pr.Ok):
-                    return  # unknown session or no answer: again after the next registration
-                rec["reported"] = True
+                reply = self._call(sock, msg, 4 * self.heartbeat_s)
+                if reply is None or (isinstance(reply, pr.Error) and reply.code == "unknown-session"):
+                    return  # again once the daemon answers (or after the next registration)
+                rec["reported"] = True  # an Ok, or a refusal that asking again would not change
         finally:
             self._reporting.release()
 
@@ -468,6 +489,8 @@ class Client:
                     self._stop.wait(max(0.0, sent + self.heartbeat_s - time.monotonic()))
                 if isinstance(reply, pr.Beat):
                     self._changed(reply.grants)
+                    if self._unacked or any(not r["reported"] for r in self.fallen_open):
+                        self._catch_up(sock)
                 elif isinstance(reply, pr.Error) and reply.code == "unknown-session":
                     self._forgotten(beat.session)  # a new daemon, or a lost lease: register again
         finally:

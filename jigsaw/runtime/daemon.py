@@ -350,8 +350,6 @@ class Daemon:
             return self._delivered(session, pr.Beat(grants=session.take(now), req=msg.req))
         if isinstance(msg, pr.FACTS):
             return self._fact(msg, session, conn, arrived_s)
-        if isinstance(msg, pr.Opened):
-            return self._opened(msg, session)
         if isinstance(msg, pr.StepEnd):
             return self._step_end(msg, session)
         if isinstance(msg, pr.Unregister):
@@ -443,12 +441,6 @@ class Daemon:
         self._dirty = True  # the source's device is free: decide again
         m = d.plan.migrations[0]
         return pr.Migrated(source=m.source, target=m.target, req=msg.req)
-
-    def _opened(self, msg: pr.Opened, session: Session) -> pr.Ok:
-        self._event("open", session.pipeline, msg.substage, data={"reason": msg.reason, "kind": msg.kind,
-                                                                   "rank": msg.dp_rank, "step": msg.step,
-                                                                   "duration_s": msg.duration_s})
-        return pr.Ok(req=msg.req)
 
     def _step_end(self, msg: pr.StepEnd, session: Session) -> pr.Ok:
         name = session.pipeline

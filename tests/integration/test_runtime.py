@@ -358,7 +358,8 @@ def test_the_daemon_runs_every_policy_live(tmp_path, policy):
     assert policy in NAMES  # the list above is every policy `make` knows
     assert len(NAMES) == 7
     n = Node(tmp_path)
-    n.start("--policy", policy)
+    # verl's order: with a max-wait (2 s by default) a loaded machine would start B beside A
+    n.start("--policy", policy, *(("--max-wait-s", "None") if policy == "serial" else ()))
     try:
         a, b, go = both_asking(n, tmp_path, "--steps", "2", "--work-ms", "40")  # side by side: 0.4 s of work each
         go.touch()

@@ -96,3 +96,19 @@ def test_a_request_is_admitted_by_max_wait_under_every_policy(tmp_path, policy):
         d.run_for(0.05, beating=(a, b))
     assert granted(), f"{policy}: B still waits {d.time.t - asked_s:.2f} s after asking"
     assert g.substage in d.state.pipelines["A"].running  # A was not preempted for it
+
+
+# ------------------------------------------------------------------ item 1: steps from what workers ran
+
+
+def test_a_step_run_without_the_daemon_moves_the_pipeline_on_and_an_absurd_admit_still_does_not(d):
+    s = d.register("A")
+    (g,) = d.ask(admit(s, "training", step=0, req=1))
+    d.ask(pr.Done(session=s, substage=g.substage, req=2))
+    (r,) = d.ask(admit(s, "rollout_decode", step=7, req=3))  # nothing says the pipeline got there
+    assert isinstance(r, pr.Error) and "jumps ahead" in r.message
+    assert d.ask(pr.Opened(session=s, kind="training", dp_rank=0, step=6, reason="unreachable", req=4)) == [pr.Ok(req=4)]
+    (g,) = d.ask(admit(s, "rollout_decode", step=7, req=5))
+    assert isinstance(g, pr.Grant) and g.substage == "A/7/r0/rollout_decode/0"
+    assert d.ask(pr.Opened(session=s, kind="training", dp_rank=0, step=2, reason="lost", req=6)) == [pr.Ok(req=6)]
+    assert d.state.pipelines["A"].step == 7  # an old step's report moves nothing back
