@@ -23,15 +23,30 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 HEADER = struct.Struct("!I")
 MAX_CONNECTIONS = 1024
-"""Connections beyond this are closed at once (each holds at most one message)."""
+"""Connections the listener holds (each holds at most one message).  At the limit a new
+one takes the place of the connection idle longest, or is closed at once when none is idle."""
+MAX_PER_PROCESS = 64
+"""Connections one peer process may hold once half the places are taken (a client uses two;
+a process with many clients is fine while there is room): one process cannot take the
+places of every other pipeline, `jigsaw run` and `jigsaw daemon status`."""
+IDLE_S = 30.0
+"""A connection that sent nothing this long may give its place to a new one (only then: a
+worker's main socket is idle through a long sub-stage, and that is fine)."""
+PARTIAL_S = 5.0
+"""A message begun and not finished within this long closes its connection (a client
+writes a message whole, in one call)."""
 SEND_TIMEOUT_S = 5.0
 """A client's send blocks at most this long (the daemon not reading counts as unreachable)."""
 MAX_OUTBOX_BYTES = 1 << 20
 """Replies queued for a peer that does not read; past this the peer is dropped."""
+READ_PAUSE_BYTES = 64 << 10
+"""Replies queued for a peer past this: its requests are not read until it reads (a peer
+that floods requests and never reads holds one reply's worth of the daemon's memory)."""
 
 
 class ChannelError(OSError):
@@ -44,20 +59,40 @@ def frame(payload: bytes) -> bytes:
 
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return peer(sock)[1]
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
 
 
 class _Conn:
-    __slots__ = ("sock", "inbox", "outbox", "closing", "stranger", "last_words")
+    __slots__ = ("sock", "inbox", "outbox", "closing", "stranger", "last_words", "pid", "heard_s", "begun_s")
 
-    def __init__(self, sock: socket.socket, stranger: bool):
+    def __init__(self, sock: socket.socket, stranger: bool, pid: int, now_s: float):
         self.sock, self.inbox, self.outbox, self.closing = sock, bytearray(), bytearray(), False
         self.stranger = stranger
         """Another uid: its first message is answered with the refusal, then the door."""
+        self.pid = pid
+        self.heard_s = now_s
+        """When it connected or last finished a message (idle since)."""
+        self.begun_s: float | None = None
+        """When the message in `inbox` began (None: none begun)."""
         self.last_words: bytes | None = None
         """Nothing more is read; this goes out, and the door closes, once the messages the
         peer sent before it (in the same write, say) are served and their replies queued."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """What one peer may hold of the listener (the module's constants; tests shrink them)."""
+
+    max_connections: int = MAX_CONNECTIONS
+    per_process: int = MAX_PER_PROCESS
+    idle_s: float = IDLE_S
+    partial_s: float = PARTIAL_S
 
 
 class Listener:
@@ -70,9 +105,9 @@ class Listener:
     header (`too_large(n)`)."""
 
     def __init__(self, path: Path, max_bytes: int, refuse: Callable[[], bytes], too_large: Callable[[int], bytes],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, limits: Limits = Limits()):
         self.path, self.max_bytes, self.refuse, self.too_large = path, max_bytes, refuse, too_large
-        self.clock = clock
+        self.clock, self.limits = clock, limits
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if path.is_socket():
@@ -91,6 +126,8 @@ class Listener:
         self._ready: list[tuple[int, bytes, float]] = []
         self._hanging: set[int] = set()
         """Connections with last words to say (see _Conn.last_words)."""
+        self._per_pid: dict[int, int] = {}
+        self._swept_s = 0.0
         self._ids = itertools.count(1)
 
     def poll(self, timeout_ms: int) -> bool:
@@ -98,6 +135,7 @@ class Listener:
         deadline = time.monotonic() + timeout_ms / 1e3
         while not self._ready:
             self._hang_up()
+            self._sweep()
             for key, events in self.sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 if key.data is None:
                     self._accept()
@@ -155,10 +193,38 @@ class Listener:
                     return
                 raise
             s.setblocking(False)
+            pid, uid = peer(s)
+            if not self._room_for(pid):
+                s.close()
+                continue
             conn = next(self._ids)  # never reused: a late reply cannot reach a newer peer on the same fd
-            self.conns[conn] = _Conn(s, stranger=peer_uid(s) != os.getuid())
+            self.conns[conn] = _Conn(s, stranger=uid != os.getuid(), pid=pid, now_s=time.monotonic())
+            self._per_pid[pid] = self._per_pid.get(pid, 0) + 1
             self.sel.register(s, selectors.EVENT_READ, conn)
-            if len(self.conns) > MAX_CONNECTIONS:
+
+    def _room_for(self, pid: int) -> bool:
+        """Whether a new connection of process `pid` gets a place (the one idle longest, if
+        every place is taken)."""
+        lim = self.limits
+        if self._per_pid.get(pid, 0) >= lim.per_process and len(self.conns) >= lim.max_connections // 2:
+            return False
+        if len(self.conns) < lim.max_connections:
+            return True
+        now = time.monotonic()
+        idle = min(self.conns.items(), key=lambda kv: kv[1].heard_s if kv[1].begun_s is None else now)
+        if now - idle[1].heard_s < lim.idle_s or idle[1].begun_s is not None:
+            return False
+        self._drop(idle[0])
+        return True
+
+    def _sweep(self) -> None:
+        """Close connections whose message stalled half-way (at most once a second)."""
+        now = time.monotonic()
+        if now - self._swept_s < min(1.0, self.limits.partial_s / 4):
+            return
+        self._swept_s = now
+        for conn, c in list(self.conns.items()):
+            if c.begun_s is not None and now - c.begun_s > self.limits.partial_s:
                 self._drop(conn)
 
     def _io(self, conn: int, events: int) -> None:
@@ -167,7 +233,7 @@ class Listener:
             return
         if events & selectors.EVENT_WRITE:
             self._flush(conn, c)
-        if events & selectors.EVENT_READ and conn in self.conns and not c.closing:
+        if events & selectors.EVENT_READ and conn in self.conns and not c.closing and len(c.outbox) <= READ_PAUSE_BYTES:
             self._receive(conn, c)
 
     def _receive(self, conn: int, c: _Conn, most: int = 64) -> None:
@@ -186,6 +252,9 @@ class Listener:
                 if len(c.inbox) == HEADER.size + n:
                     self._ready.append((conn, bytes(c.inbox[HEADER.size:]), self.clock()))
                     c.inbox.clear()
+                    c.heard_s, c.begun_s = time.monotonic(), None
+                    if len(c.outbox) > READ_PAUSE_BYTES:
+                        return None  # it does not read its replies: no more of its requests until it does
                     continue
                 need = HEADER.size + n - len(c.inbox)
             else:
@@ -198,6 +267,8 @@ class Listener:
                 return self._drop(conn)
             if not chunk:
                 return self._drop(conn)
+            if c.begun_s is None:
+                c.begun_s = time.monotonic()
             c.inbox += chunk
 
     def _flush(self, conn: int, c: _Conn) -> None:
@@ -213,7 +284,8 @@ class Listener:
             return self._drop(conn)
         if c.closing and not c.outbox and c.last_words is None:
             return self._drop(conn)
-        self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbox else 0), conn)
+        reading = 0 if len(c.outbox) > READ_PAUSE_BYTES else selectors.EVENT_READ  # see READ_PAUSE_BYTES
+        self.sel.modify(c.sock, reading | (selectors.EVENT_WRITE if c.outbox else 0), conn)
 
     def _say_and_close(self, conn: int, c: _Conn, payload: bytes) -> None:
         c.closing = True
@@ -225,6 +297,9 @@ class Listener:
         if c is not None:
             self.sel.unregister(c.sock)
             c.sock.close()
+            self._per_pid[c.pid] -= 1
+            if not self._per_pid[c.pid]:
+                del self._per_pid[c.pid]
 
 
 class Channel:

@@ -4,12 +4,16 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
-from jigsaw.runtime.wire import Channel, ChannelError, Listener, frame
+from jigsaw.runtime.wire import READ_PAUSE_BYTES, Channel, ChannelError, Limits, Listener, frame
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -141,6 +145,106 @@ def test_a_message_is_stamped_when_it_came_not_when_the_daemon_took_it(tmp_path)
         now[0] = 9.0  # a long decision later, the daemon reads them one by one
         got = lst.read(1) + lst.read(1) + lst.read(1)
         assert [(m, t) for _, m, t in got] == [(b"beat 0", 1.0), (b"beat 1", 1.0), (b"beat 2", 1.0)]
+        s.close()
+    finally:
+        lst.close()
+
+
+# ------------------------------------------------------------------ issue 31, items 5 and 6: fairness
+
+SMALL = Limits(max_connections=16, per_process=4, idle_s=0.5, partial_s=0.3)
+
+
+def _small(tmp_path) -> Listener:
+    return Listener(tmp_path / "s.sock", 1024, refuse=lambda: b"", too_large=lambda n: b"", limits=SMALL)
+
+
+def _connect(tmp_path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(tmp_path / "s.sock"))
+    return s
+
+
+def _another_process_is_served(lst: Listener, tmp_path) -> bool:
+    """A message from a fresh process (a `jigsaw daemon status`, a new pipeline) is read."""
+    code = ("import socket, struct, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+            "s.sendall(struct.pack('!I', 5) + b'hello'); s.settimeout(5); sys.exit(s.recv(64) == b'')")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "s.sock")])
+    deadline = time.monotonic() + 10
+    hello = None
+    while hello is None and time.monotonic() < deadline:
+        hello = next((conn for conn, m, _ in lst.read(64) if m == b"hello"), None) if lst.poll(50) else None
+    if hello is not None:
+        lst.send(hello, b"ok")
+    while proc.poll() is None and time.monotonic() < deadline:
+        lst.poll(20)
+    return hello is not None and proc.wait(10) == 0
+
+
+def test_one_process_cannot_take_every_place(tmp_path):
+    """1,023 idle connections of one local process locked every new client out."""
+    lst = _small(tmp_path)
+    mine = []
+    try:
+        for _ in range(SMALL.max_connections):
+            mine.append(_connect(tmp_path))
+            lst.poll(5)
+        assert len(lst.conns) == SMALL.max_connections // 2  # past half, a process keeps its share
+        assert _another_process_is_served(lst, tmp_path)
+    finally:
+        for s in mine:
+            s.close()
+        lst.close()
+
+
+def test_a_message_begun_and_never_finished_closes_its_connection(tmp_path):
+    """Slow senders held places for ever (2,040 of them: 220 of 223 status probes unanswered)."""
+    lst = _small(tmp_path)
+    try:
+        slow = _connect(tmp_path)
+        slow.sendall(struct.pack("!I", 100) + b"half")
+        wait_until(lambda: lst.poll(20) or not lst.conns, 10, "the slow sender closed")
+        assert slow.recv(1) == b""
+        assert _another_process_is_served(lst, tmp_path)
+    finally:
+        lst.close()
+
+
+def test_when_every_place_is_taken_the_idlest_connection_gives_its_place(tmp_path):
+    lst = Listener(tmp_path / "s.sock", 1024, refuse=lambda: b"", too_large=lambda n: b"",
+                   limits=Limits(max_connections=4, per_process=100, idle_s=0.2, partial_s=5))
+    try:
+        idle = [_connect(tmp_path) for _ in range(4)]
+        wait_until(lambda: lst.poll(5) or len(lst.conns) == 4, 10, "four connections")
+        time.sleep(0.3)  # the condition under test is idleness itself: the connections must be 0.2 s old
+        assert _another_process_is_served(lst, tmp_path)
+        for s in idle:
+            s.close()
+    finally:
+        lst.close()
+
+
+def test_a_peer_that_floods_requests_and_never_reads_is_not_read_until_it_does(tmp_path):
+    """200 peers flooding Status without reading raised the daemon's RSS from 90 to 233 MB."""
+    lst = _small(tmp_path)
+    try:
+        s = _connect(tmp_path)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(0.01)
+        served = 0
+        for _ in range(400):  # each answered with 4 KiB it never reads
+            try:
+                s.sendall(frame(b"status") * 16)
+            except (TimeoutError, BlockingIOError):
+                pass
+            for conn, _, _ in lst.read(64) if lst.poll(5) else []:
+                lst.send(conn, b"r" * 4096)
+                served += 1
+        (c,) = lst.conns.values()
+        assert len(c.outbox) <= READ_PAUSE_BYTES + 64 * 4100  # at most one read's replies past the pause
+        assert served < 400 * 16
+        assert _another_process_is_served(lst, tmp_path)
         s.close()
     finally:
         lst.close()
