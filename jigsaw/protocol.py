@@ -262,6 +262,8 @@ class Migrate(_Msg, tag="migrate"):
     pipeline: Name
     source_rank: Rank
     target_rank: Rank
+    owner: Token = ""
+    """The pipeline's owner token (its `jigsaw run` keeps it in the runtime directory's owners/)."""
 
 
 Request = (Register | Heartbeat | Unregister | Admit | Done | Progress | Samples | Lengths | NoRollout | Forecast

@@ -58,6 +58,9 @@ class Args:
     """migrate: the DP rank whose rollout requests leave (verl: its rollout replica)."""
     target_rank: int | None = None
     """migrate: the DP rank that resumes them."""
+    owner: str | None = None
+    """migrate: the pipeline's owner token; without it, $JIGSAW_OWNER, else the token its
+    `jigsaw run` keeps in the runtime directory's owners/."""
 
 
 def run(args: Args) -> int:
@@ -157,9 +160,12 @@ def migrate(args: Args) -> int:
 
     if None in (args.pipeline, args.source_rank, args.target_rank):
         raise ValueError("jigsaw daemon migrate needs --pipeline, --source-rank and --target-rank")
+    from jigsaw.runtime.paths import find_owner
+
     ep = _endpoint()
-    msg = pr.Migrate(pipeline=pr.check_name(args.pipeline), source_rank=args.source_rank,
-                     target_rank=args.target_rank, req=3)
+    name = pr.check_name(args.pipeline)
+    owner = args.owner if args.owner is not None else find_owner(ep, name)
+    msg = pr.Migrate(pipeline=name, source_rank=args.source_rank, target_rank=args.target_rank, owner=owner, req=3)
     reply = None if ep is None else ask(ep, msg, ASK_TIMEOUT_S)
     if isinstance(reply, pr.Migrated):
         print(f"{reply.source}: its requests in flight go to DP rank {args.target_rank}"

@@ -38,7 +38,7 @@ from typing import Annotated
 
 import tyro
 
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE, kept_owner
 
 ON_DEMAND_IDLE_EXIT_S = 600.0
 """A daemon `jigsaw run` starts exits after this long with no pipeline registered."""
@@ -101,18 +101,19 @@ def run(args: Args) -> int:
     env = dict(os.environ, **{ENV_PIPELINE: name, ENV_OWNER: token}, **({ENV_ENDPOINT: ep} if ep else {}))
     if framework == "verl" and ep is not None:
         env = _verl_env(env, name)
-    try:
-        proc = subprocess.Popen(list(args.cmd), env=env)
-    except OSError as exc:
+    with kept_owner(ep, name, token):  # for the job's workers started without this environment
+        try:
+            proc = subprocess.Popen(list(args.cmd), env=env)
+        except OSError as exc:
+            owner.close(pipeline_done=True)
+            raise ValueError(f"cannot run {args.cmd[0]!r}: {exc}") from None
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda s, f: proc.send_signal(s))
+        watch = ep is not None and framework in (None, *INTEGRATED) and args.warn_unscheduled_s > 0
+        # a verl job starts Ray, its workers and its models before its first stage: minutes on a busy host
+        check_s = max(args.warn_unscheduled_s, VERL_START_S) if framework == "verl" else args.warn_unscheduled_s
+        rc = _wait(proc, check_s if watch else 0.0, lambda: _check_scheduled(ep, name, args, check_s))
         owner.close(pipeline_done=True)
-        raise ValueError(f"cannot run {args.cmd[0]!r}: {exc}") from None
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda s, f: proc.send_signal(s))
-    watch = ep is not None and framework in (None, *INTEGRATED) and args.warn_unscheduled_s > 0
-    # a verl job starts Ray, its workers and its models before its first stage: minutes on a busy host
-    check_s = max(args.warn_unscheduled_s, VERL_START_S) if framework == "verl" else args.warn_unscheduled_s
-    rc = _wait(proc, check_s if watch else 0.0, lambda: _check_scheduled(ep, name, args, check_s))
-    owner.close(pipeline_done=True)
     return 128 - rc if rc < 0 else rc
 
 

@@ -133,10 +133,14 @@ def forecast_of(graph) -> tuple[pr.Piece, ...]:
 
 # ---------------------------------------------------------------- trace
 
+_UNRECORDED = ("type", "v", "req", "session", "owner")
+"""Never in a trace: what routes a request, and an owner's secret."""
+
+
 def record(msg) -> dict[str, Any]:
     """A request's facts as trace data (no session, request id or version)."""
     names = _TRACE_NAMES.get(type(msg), {})
-    return {names.get(k, k): v for k, v in msgspec.to_builtins(msg).items() if k not in ("type", "v", "req", "session")}
+    return {names.get(k, k): v for k, v in msgspec.to_builtins(msg).items() if k not in _UNRECORDED}
 
 
 def message(event: str, data: Mapping[str, Any]):

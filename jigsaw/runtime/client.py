@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from jigsaw import protocol as pr
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE, socket_path
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_PIPELINE, find_owner, socket_path
 from jigsaw.runtime.wire import Channel
 
 log = logging.getLogger("jigsaw.client")
@@ -434,7 +434,13 @@ class Client:
                 log.info("pipeline %s registered (session %s)", self.pipeline, self.session)
             elif isinstance(reply, pr.Error):
                 self.refusal = reply
-                log.warning("jigsaw daemon refused registration: %s", reply.message)
+                if reply.code == "name-taken":  # loud: this worker runs unscheduled all job long
+                    log.error("jigsaw daemon refused pipeline %s: %s. This process (pid %d, owner token %s) "
+                              "runs WITHOUT the daemon, every sub-stage on the whole device. Start it under the "
+                              "job's `jigsaw run` (which hands it $JIGSAW_OWNER) or give it a name of its own.",
+                              self.pipeline, reply.message, os.getpid(), "set" if self.owner else "unset")
+                else:
+                    log.warning("jigsaw daemon refused registration: %s", reply.message)
         if self.session is not None:
             self._report_open(sock)
 
@@ -538,4 +544,4 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
     pipeline's step count and response cap, when it knows them (the scheduler plans better)."""
     ep = endpoint or os.environ.get(ENV_ENDPOINT)
     name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
-    return Client(name, ep, devices, owner=os.environ.get(ENV_OWNER, ""), steps=steps, max_tokens=max_tokens)
+    return Client(name, ep, devices, owner=find_owner(ep, name), steps=steps, max_tokens=max_tokens)

@@ -335,7 +335,7 @@ class Daemon:
             self.stopping = True
             return pr.Ok(req=msg.req)
         if isinstance(msg, pr.Register):
-            return self._register(msg, arrived_s)
+            return self._register(msg, conn, arrived_s)
         if isinstance(msg, pr.Migrate):
             return self._migrate(msg)
         if isinstance(msg, Release):
@@ -364,15 +364,14 @@ class Daemon:
                                    f"unknown session {token[:16]!r} (the daemon restarted?): register again")
         return s
 
-    def _register(self, msg: pr.Register, arrived_s: float) -> pr.Registered:
+    def _register(self, msg: pr.Register, conn: int, arrived_s: float) -> pr.Registered:
         name = msg.pipeline
-        held = self.owners.get(name, "").encode()
-        if name in self.state.pipelines and not secrets.compare_digest(held, msg.owner.encode()):  # str: ASCII only
-            raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
-                                                 "choose another name (jigsaw run --name)")
-        if name not in self.state.pipelines:
+        owner = msg.owner or self._identity(conn, msg.pid)  # without a token: the process that made it
+        if name in self.state.pipelines:
+            self._check_owner(name, owner)
+        else:
             self.inbox.register(msg)
-            self.owners[name], self.step_start[name] = msg.owner, self.now()
+            self.owners[name], self.step_start[name] = owner, self.now()
             self._event("pipeline", name, data={"devices": list(self.state.pipeline(name).devices), "pid": msg.pid,
                                                 "steps": msg.steps, "max_tokens": msg.max_tokens,
                                                 "device": self.grid.device.sku,
@@ -428,9 +427,23 @@ class Daemon:
             self._done(done, self._session(msg.session), self.now(), report=False)
         return msg.error
 
+    def _identity(self, conn: int, claimed_pid: int) -> str:
+        pid = self.listener.peer_pid(conn) if self.listener is not None else None
+        return plumbing.process_identity(claimed_pid if pid is None else pid)
+
+    def _check_owner(self, name: str, owner: str) -> None:
+        """`owner` (a token, or a tokenless process's identity) is the one that made `name`."""
+        if name not in self.owners or not secrets.compare_digest(self.owners[name].encode(), owner.encode()):
+            raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
+                                                 "choose another name (jigsaw run --name), or start this process "
+                                                 "under that job's `jigsaw run`")
+
     def _migrate(self, msg: pr.Migrate) -> pr.Migrated:
         """An operator's migration order, applied as the scheduler's are (the source's owner
-        is told; the trace records the order, so a replay applies it too)."""
+        is told; the trace records the order, so a replay applies it too).  Only the
+        pipeline's owner may give it."""
+        if msg.pipeline in self.state.pipelines:
+            self._check_owner(msg.pipeline, msg.owner)
         now = self.now()
         try:
             d = self.state.migrate(msg.pipeline, msg.source_rank, msg.target_rank, now)

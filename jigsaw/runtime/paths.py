@@ -7,6 +7,8 @@
         daemon.log    output of a daemon started on demand by `jigsaw run`
         traces/daemon-<YYYYmmdd-HHMMSS>-<pid>.jsonl   a daemon's trace, unless told otherwise
                       (the newest 20 are kept)
+        owners/<pipeline>   the owner token of a `jigsaw run` job (0600, while it runs): a worker
+                      started without $JIGSAW_OWNER, and `jigsaw daemon migrate`, find it here
 
 Clients find the endpoint in $JIGSAW_ENDPOINT (set by `jigsaw run` for its child) or
 derive it from the directory.
@@ -14,9 +16,11 @@ derive it from the directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ENV_DIR = "JIGSAW_RUNTIME_DIR"
@@ -73,6 +77,42 @@ def socket_path(ep: str) -> Path:
         raise ValueError(f"socket path {path} is {n} bytes; a Unix socket path holds at most "
                          f"{MAX_SOCKET_PATH_BYTES} (set {ENV_DIR} to a shorter directory)")
     return path
+
+
+def owner_file(ep: str, pipeline: str) -> Path:
+    """Where `jigsaw run` keeps its job's owner token, beside the daemon's socket."""
+    return socket_path(ep).parent / "owners" / pipeline
+
+
+@contextlib.contextmanager
+def kept_owner(ep: str | None, pipeline: str, token: str) -> Iterator[None]:
+    """`token` kept for `pipeline`'s other processes (0600 in a 0700 directory) while the
+    block runs (nothing without a daemon endpoint)."""
+    if not ep:
+        yield
+        return
+    path = owner_file(ep, pipeline)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def find_owner(ep: str | None, pipeline: str) -> str:
+    """This process's owner token for `pipeline`: $JIGSAW_OWNER, else the one its `jigsaw run`
+    keeps beside the daemon's socket, else "" (a pipeline of its own)."""
+    if token := os.environ.get(ENV_OWNER):
+        return token
+    if not ep:
+        return ""
+    try:
+        return owner_file(ep, pipeline).read_text().strip()
+    except (OSError, ValueError):
+        return ""
 
 
 def traces_dir(directory: Path | None = None) -> Path:

@@ -170,6 +170,11 @@ class Listener:
         self._flush(conn, c)
         return True
 
+    def peer_pid(self, conn: int) -> int | None:
+        """The pid of the process at the other end of `conn` (None: it went away)."""
+        c = self.conns.get(conn)
+        return None if c is None else c.pid
+
     def close(self) -> None:
         for conn in list(self.conns):
             self._drop(conn)

@@ -23,7 +23,7 @@ from waiting import HANG_S, wait_until
 from jigsaw import protocol as pr
 from jigsaw.profiles import CPU_DEFAULT, CPU_PER_CORE, resolve
 from jigsaw.runtime import housekeeping, node_info
-from jigsaw.runtime.client import connect
+from jigsaw.runtime.client import Client, connect
 from jigsaw.runtime.client import status as ask_status
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,14 +144,18 @@ def test_status_and_stop_without_a_daemon(rt, tmp_path):
 
 def test_migrate_moves_a_running_rollout_and_says_why_when_nothing_can_move(node):
     node.start("--devices", "2")
-    c = connect(pipeline="grpo-m", endpoint=node.ep)
+    c = Client("grpo-m", node.ep, owner="job-token")
+    job = dict(node.env, JIGSAW_OWNER="job-token")  # an operator of the job (`jigsaw run` keeps it for them too)
     try:
         refused = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", "--source-rank", "1", "--target-rank", "0",
-                         env=node.env)
+                         env=job)
         assert refused.returncode == 1 and "no rollout running on DP rank 1" in refused.stdout, refused
+        stranger = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", "--source-rank", "1", "--target-rank", "0",
+                          env=node.env)
+        assert stranger.returncode == 1 and "belongs to another job" in stranger.stdout, stranger
         with c.substage("rollout_tail", dp_rank=1, step=0) as g:
             out = jigsaw("daemon", "migrate", "--pipeline", "grpo-m", "--source-rank", "1", "--target-rank", "0",
-                         env=node.env)
+                         env=job)
             wait_until(lambda: g.migrations, HANG_S, "the order at the source's worker (sent like a budget change)")
         assert out.returncode == 0 and "grpo-m/0/r1/rollout_tail/0" in out.stdout, out
         assert [(m.source_rank, m.target_rank) for m in g.migrations] == [(1, 0)]

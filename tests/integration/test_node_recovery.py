@@ -2,13 +2,16 @@
 real clients."""
 
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
-from nodes import Node, ThreadNode
+from nodes import ROOT, TOY, Node, ThreadNode
 from waiting import HANG_S, wait_until
 
 from jigsaw.runtime.client import Client
+from jigsaw.runtime.paths import endpoint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,4 +71,49 @@ def test_after_a_stall_over_the_lease_the_pipeline_is_scheduled_again_and_nothin
         assert sorted(e["data"]["step"] for e in opened) == [1, 2]  # each told once
     finally:
         c.close(pipeline_done=True)
+        node.stop()
+
+
+# ------------------------------------------------------------------ item 9: identity without gaps
+
+JOIN = ("import logging, sys; logging.basicConfig(level=logging.INFO)\n"
+        "from jigsaw.runtime.client import Client\n"
+        "c = Client(sys.argv[1], sys.argv[2]); print('JOINED' if c.connected else 'REFUSED', flush=True); c.close()")
+
+
+def test_a_pipeline_made_without_a_token_belongs_to_the_process_that_made_it(tmp_path):
+    """Any same-uid process could join a tokenless pipeline, and unregister it whole (its
+    grant was lost).  Now only the process that made it joins; another is told why, loudly."""
+    node = ThreadNode(tmp_path, devices=1)
+    try:
+        mine = node.client("A")
+        with mine.substage("training") as g:
+            assert g.substage
+            other = subprocess.run([sys.executable, "-c", JOIN, "A", endpoint(node.dir)], capture_output=True,
+                                   text=True, timeout=60)
+            assert other.stdout.strip() == "REFUSED", other
+            assert "ERROR" in other.stderr and "belongs to another job" in other.stderr and "WITHOUT" in other.stderr
+            again = Client("A", endpoint(node.dir))  # this process: its own pipeline
+            assert again.connected
+            again.close()
+            assert list(node.daemon.state.pipelines["A"].running) == [g.substage]
+    finally:
+        node.close()
+
+
+def test_a_worker_of_a_jigsaw_run_job_started_without_its_environment_finds_the_token(tmp_path):
+    """A worker started without $JIGSAW_OWNER was refused as name-taken and ran exclusive all
+    job long; it now reads the token its `jigsaw run` keeps in the runtime directory."""
+    node = Node(tmp_path)
+    node.start("--devices", "1")
+    out = tmp_path / "w.out"
+    try:
+        job = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", "J", "--", "env", "-u",
+                              "JIGSAW_OWNER", sys.executable, str(TOY), "--out", str(out), "--steps", "1",
+                              "--work-ms", "5"], env=node.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert job.returncode == 0, job.stderr
+        lines = [ln.split() for ln in out.read_text().splitlines()]
+        assert len(lines) == 5 and all(exclusive == "0" for *_, exclusive in lines), lines  # every piece granted
+        assert not (node.dir / "owners" / "J").exists()  # the token leaves with its job
+    finally:
         node.stop()

@@ -248,18 +248,23 @@ def test_a_migration_order_reaches_the_sources_owner_and_its_late_end_is_a_no_op
 
 
 def test_an_operators_migration_reaches_the_source_and_one_that_cannot_move_changes_nothing(d):
-    s0, s1 = d.register("A"), d.register("A")
+    token = "t" * 32
+    s0, s1 = d.register("A", owner=token), d.register("A", owner=token)
     d.ask(admit(s0, "rollout_tail", rank=0, req=1))
     d.ask(admit(s1, "reference", rank=1, req=2))
     before = set(d.state.pipelines["A"].running)
-    for bad, why in [(pr.Migrate(pipeline="B", source_rank=1, target_rank=0, req=3), "no pipeline"),
-                     (pr.Migrate(pipeline="A", source_rank=1, target_rank=0, req=4), "no rollout running on DP rank 1"),
-                     (pr.Migrate(pipeline="A", source_rank=0, target_rank=0, req=5), "from one to another"),
-                     (pr.Migrate(pipeline="A", source_rank=0, target_rank=7, req=6), "DP ranks 0..1")]:
+    for bad, why in [(pr.Migrate(pipeline="B", source_rank=1, target_rank=0, owner=token, req=3), "no pipeline"),
+                     (pr.Migrate(pipeline="A", source_rank=1, target_rank=0, owner=token, req=4),
+                      "no rollout running on DP rank 1"),
+                     (pr.Migrate(pipeline="A", source_rank=0, target_rank=0, owner=token, req=5),
+                      "from one to another"),
+                     (pr.Migrate(pipeline="A", source_rank=0, target_rank=7, owner=token, req=6), "DP ranks 0..1")]:
         (reply,) = d.ask(bad)
         assert isinstance(reply, pr.Error) and reply.code == "bad-request" and why in reply.message, reply
+    (reply,) = d.ask(pr.Migrate(pipeline="A", source_rank=0, target_rank=1, req=9))  # no owner token
+    assert isinstance(reply, pr.Error) and reply.code == "name-taken"
     assert set(d.state.pipelines["A"].running) == before  # refused: nothing moved, nothing ended
-    (reply,) = [r for r in d.ask(pr.Migrate(pipeline="A", source_rank=0, target_rank=1, req=7))
+    (reply,) = [r for r in d.ask(pr.Migrate(pipeline="A", source_rank=0, target_rank=1, owner=token, req=7))
                 if isinstance(r, pr.Migrated)]
     assert reply.source == "A/0/r0/rollout_tail/0" and reply.target == ""  # rank 1 runs no rollout: it asks anew
     (beat,) = [r for r in d.ask(pr.Heartbeat(session=s0), tick=False) if isinstance(r, pr.Beat)]

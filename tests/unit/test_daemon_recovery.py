@@ -107,7 +107,8 @@ def test_a_step_run_without_the_daemon_moves_the_pipeline_on_and_an_absurd_admit
     d.ask(pr.Done(session=s, substage=g.substage, req=2))
     (r,) = d.ask(admit(s, "rollout_decode", step=7, req=3))  # nothing says the pipeline got there
     assert isinstance(r, pr.Error) and "jumps ahead" in r.message
-    assert d.ask(pr.Opened(session=s, kind="training", dp_rank=0, step=6, reason="unreachable", req=4)) == [pr.Ok(req=4)]
+    ran = pr.Opened(session=s, kind="training", dp_rank=0, step=6, reason="unreachable", req=4)
+    assert d.ask(ran) == [pr.Ok(req=4)]
     (g,) = d.ask(admit(s, "rollout_decode", step=7, req=5))
     assert isinstance(g, pr.Grant) and g.substage == "A/7/r0/rollout_decode/0"
     assert d.ask(pr.Opened(session=s, kind="training", dp_rank=0, step=2, reason="lost", req=6)) == [pr.Ok(req=6)]

@@ -82,14 +82,14 @@ def test_a_replay_applies_an_operators_migration_as_the_daemon_did(tmp_path):
     nothing for it, and the plan after it finds device 1 free, as the daemon did)."""
     d = Recorder(tmp_path / "rt", devices=2, max_wait_s=None, lease_s=1e6, trace=tmp_path / "trace.jsonl",
                  sched=SchedulerConfig())
-    a, b = d.register("A", devices=(0, 1)), d.register("B", devices=(1,))
+    a, b = d.register("A", owner="job-a", devices=(0, 1)), d.register("B", devices=(1,))
     tails = d.deliver([pr.Admit(session=a, kind="rollout_tail", dp_rank=r, step=0, req=10 + r) for r in (0, 1)])
     assert sorted(g.substage for g in tails if isinstance(g, pr.Grant)) == ["A/0/r0/rollout_tail/0",
                                                                            "A/0/r1/rollout_tail/0"]
     d.time.t += 1.0
     d.ask(pr.Admit(session=b, kind="training", dp_rank=0, step=0, req=20))
     d.time.t += 1.0
-    (moved,) = d.ask(pr.Migrate(pipeline="A", source_rank=1, target_rank=0, req=30), tick=False)
+    (moved,) = d.ask(pr.Migrate(pipeline="A", source_rank=1, target_rank=0, owner="job-a", req=30), tick=False)
     assert isinstance(moved, pr.Migrated) and moved.source == "A/0/r1/rollout_tail/0"
     d._tick()  # the source's device is free: the daemon decides again
     d.time.t += 1.0
