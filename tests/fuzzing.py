@@ -160,6 +160,9 @@ def payloads(session: str | None) -> st.SearchStrategy:
     return st.sampled_from(["session"] * 4 + ["hostile", "typed", "values", "bytes", "framing"]).flatmap(pick.get)
 
 
+MAX_OTHERS = 6
+
+
 class Prober:
     """A connection to a live daemon: send one message, judge the reply."""
 
@@ -170,6 +173,9 @@ class Prober:
         self.channel = Channel(socket_path(endpoint))
         self.beaten = time.monotonic()
         self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz", req=1))).session
+        self.others: list[str] = []
+        """Sessions of fuzzed pipelines that joined: they live on, heartbeating (at most
+        MAX_OTHERS, the oldest leaves for a new one), so the node decides among several."""
 
     def ask(self, payload: bytes):
         """The reply, or None if none came within the deadline (a hang).  A connection the
@@ -232,8 +238,10 @@ class Prober:
             done = self.ask(pr.encode(pr.Done(session=self.session, substage=reply.substage, req=2)))
             if not isinstance(done, pr.Ok):
                 return f"wrong reply: releasing a grant got {done!r}"
-        if isinstance(reply, pr.Registered) and reply.session:  # a fuzzed pipeline joined: let it go
-            self.ask(pr.encode(pr.Unregister(session=reply.session, pipeline_done=True, req=3)))
+        if isinstance(reply, pr.Registered) and reply.session:  # a fuzzed pipeline joined: it lives on
+            self.others.append(reply.session)
+            if len(self.others) > MAX_OTHERS:
+                self.ask(pr.encode(pr.Unregister(session=self.others.pop(0), req=3)))
         if isinstance(reply, pr.Ok) and _unregisters(payload, self.session):  # it was our own session
             self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz",
                                                           req=1))).session
@@ -247,6 +255,8 @@ class Prober:
         if time.monotonic() - self.beaten < 0.25:
             return
         self.beaten = time.monotonic()
+        self.others = [s for s in self.others if isinstance(self.ask(pr.encode(pr.Heartbeat(session=s, req=6))),
+                                                              pr.Beat)]
         if not isinstance(self.ask(pr.encode(pr.Heartbeat(session=self.session, req=5))), pr.Beat):
             self.session = self.ask(pr.encode(pr.Register(pipeline="fz", pid=os.getpid(), owner="fuzz",
                                                           req=1))).session

@@ -8,7 +8,8 @@
       Lengths    ─► NodeState.observe             (parts joined until the last)
       NoRollout  ─► NodeState.rollout_over
       Forecast   ─► NodeState.forecast            pieces assembled as a step graph
-      Opened     ─► NodeState.ran_open            a step its worker reached without the daemon
+      Opened     ─► NodeState.ran_open            a step its worker reached without the daemon;
+                                                  the request it gave up on is withdrawn
     trace: `record(msg)` is what the daemon writes for each, `message(event)` reads it back
     (older traces' field names too), so a replay feeds the node the requests it had
 
@@ -59,9 +60,9 @@ class Inbox:
 
     def take(self, name: str, msg, now_s: float, owner=None):
         """The facts of one request of pipeline `name`: what NodeState returned (the Waiting an
-        Admit became, what a Done finished), else None.  ProtocolError (bad-request): the
-        node cannot take it; ValueError: facts out of order (a step already over, a sub-stage
-        that does not run); either way nothing changed."""
+        Admit became, what a Done finished, the requests an Opened withdrew), else None.
+        ProtocolError (bad-request): the node cannot take it; ValueError: facts out of order
+        (a step already over, a sub-stage that does not run); either way nothing changed."""
         s = self.state
         if isinstance(msg, pr.Admit):
             return self._admit(name, msg, now_s, owner)
@@ -84,7 +85,7 @@ class Inbox:
         elif isinstance(msg, pr.Forecast):
             s.forecast(name, forecast_graph(name, msg))
         elif isinstance(msg, pr.Opened):
-            s.ran_open(name, msg.dp_rank, msg.step)
+            return s.ran_open(name, msg.dp_rank, msg.step, KINDS.get(msg.kind))
         else:
             raise pr.ProtocolError("bad-request", f"{type(msg).__name__} carries no facts of a pipeline")
         return None

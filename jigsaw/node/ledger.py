@@ -434,14 +434,18 @@ class LivePipeline:
             if isinstance(fact, Running):
                 fact.peak_bytes = max(fact.peak_bytes, need_bytes)
 
-    def ran_open(self, rank: int, step: int) -> None:
-        """A worker ran a piece of `step` without the daemon (it was unreachable, stalled or
-        restarting): the pipeline has reached that step, whatever it was told meanwhile.  A
-        step already over says nothing new."""
+    def ran_open(self, rank: int, step: int, kind: SubStageKind | None = None) -> list[Waiting | Running]:
+        """A worker ran a `kind` piece of `step` without the daemon (it was unreachable,
+        stalled or restarting): the pipeline has reached that step, whatever it was told
+        meanwhile, and the request it gave up waiting for is withdrawn (read late, it would
+        be granted to nobody and hold its device for ever).  What was withdrawn."""
         if step > self.step:
             self._at(rank, step)
         elif not 0 <= rank < len(self.devices):
             raise ValueError(f"dp_rank {rank} outside pipeline {self.name}'s 0..{len(self.devices) - 1}")
+        stale = [f.sid for f in (*self._waiting.values(), *self._running.values())
+                 if f.rank == rank and f.kind is kind and self._step_of(f.sid) == step]
+        return [self.withdraw(sid) for sid in stale]
 
     def count(self, step: int, done: int, total: int) -> None:
         """Samples of `step`'s rollout finished so far, of all (total 0: not known)."""

@@ -146,9 +146,10 @@ class NodeState:
     def forecast(self, name: str, graph: SubStageGraph) -> None:
         self.pipeline(name).set_forecast(graph)
 
-    def ran_open(self, name: str, rank: int, step: int) -> None:
-        """A worker of `name` ran a piece of `step` without the daemon (see LivePipeline.ran_open)."""
-        self.pipeline(name).ran_open(rank, step)
+    def ran_open(self, name: str, rank: int, step: int, kind: SubStageKind | None) -> list[Waiting | Running]:
+        """A worker of `name` ran a piece of `step` without the daemon; the requests it gave
+        up on, withdrawn (see LivePipeline.ran_open)."""
+        return self.pipeline(name).ran_open(rank, step, kind)
 
     def rollout_over(self, name: str, rank: int, step: int) -> None:
         self.pipeline(name).rollout_over(rank, step)

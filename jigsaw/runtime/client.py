@@ -413,6 +413,9 @@ class Client:
             self.last_reply = time.monotonic()
             if reply.req in wanted:
                 replies[reply.req] = reply
+            elif isinstance(reply, pr.Grant) and reply.substage:  # an Admit given up on, granted late:
+                with self._lock:  # give it back (sent with the next catch-up), or it holds its device
+                    self._unacked.append(pr.Done(session=self.session or "", substage=reply.substage))
         return [replies.get(msg.req) for msg in msgs]
 
     def _register(self, sock: Channel, timeout_s: float) -> None:

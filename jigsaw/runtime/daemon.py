@@ -394,9 +394,20 @@ class Daemon:
             return None
         if isinstance(msg, pr.Done):
             return self._done(msg, session, now)
-        self.inbox.take(name, msg, now)
+        got = self.inbox.take(name, msg, now)
         self._event(inputs.EVENTS[type(msg)], name, getattr(msg, "substage", ""), data=inputs.record(msg))
+        if isinstance(msg, pr.Opened) and got:
+            self._withdrawn(name, got, "ran-open")
         return pr.Ok(req=msg.req)
+
+    def _withdrawn(self, name: str, facts: list, reason: str) -> None:
+        """Requests and grants gone without their requester's Done: traced, their devices free."""
+        self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in facts], "removed": False})
+        for f in facts:
+            if getattr(f, "on_device", False):
+                self._event("release", name, f.sid, device=f.device, data={"reclaimed": reason})
+            if f.owner is not None and (s := self.sessions.get(f.owner.session)) is not None:
+                s.ended(f.sid)
 
     def _done(self, msg: pr.Done, session: Session, now: float, report: bool = True) -> pr.Ok:
         name = session.pipeline

@@ -7,6 +7,7 @@ from recorder import Recorder
 
 from jigsaw import protocol as pr
 from jigsaw.graph.policies import NAMES
+from jigsaw.trace import Trace
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,3 +114,22 @@ def test_a_step_run_without_the_daemon_moves_the_pipeline_on_and_an_absurd_admit
     assert isinstance(g, pr.Grant) and g.substage == "A/7/r0/rollout_decode/0"
     assert d.ask(pr.Opened(session=s, kind="training", dp_rank=0, step=2, reason="lost", req=6)) == [pr.Ok(req=6)]
     assert d.state.pipelines["A"].step == 7  # an old step's report moves nothing back
+
+
+def test_a_request_its_worker_gave_up_on_is_withdrawn_when_the_worker_says_it_ran_without_it(tmp_path):
+    """A stalled daemon read an Admit its client had given up on (it ran the piece open) and
+    granted it to nobody: the grant held its device for the rest of the job."""
+    d = Recorder(tmp_path, devices=1, policy="serial", max_wait_s=None, trace=tmp_path / "trace.jsonl")
+    a, b = d.register("A"), d.register("B")
+    (g,) = d.ask(admit(a, "training", step=0, req=1))  # A's turn: granted, the worker runs it
+    ran = pr.Opened(session=a, kind="training", dp_rank=0, step=0, reason="unreachable", req=2)
+    replies = d.deliver([admit(b, "training", step=0, req=3), ran])  # ... and says it ran it open
+    assert pr.Ok(req=2) in replies and g.substage not in d.state.pipelines["A"].running
+    assert any(isinstance(r, pr.Grant) and r.req == 3 for r in replies)  # B gets the device at once
+    d.ask(admit(a, "reference", step=0, req=4), tick=False)  # waits behind B ...
+    late = pr.Opened(session=a, kind="reference", dp_rank=0, step=0, reason="unreachable", req=5)
+    d.ask(late)  # ... until its worker gives up and runs it open
+    assert not d.state.pipelines["A"].waiting
+    d.trace_writer.close()
+    drops = [e for e in Trace.read(tmp_path / "trace.jsonl").events if e.event == "drop"]
+    assert [e.data["withdrawn"] for e in drops] == [[g.substage], ["A/0/r0/reference/0"]]

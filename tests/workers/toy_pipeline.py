@@ -36,9 +36,11 @@ def main() -> None:
     ap.add_argument("--pause-file", help="wait for this file to exist before each sub-stage's work")
     ap.add_argument("--pause-timeout-s", type=float, default=300.0, help="exit 1 if --pause-file is not there by then")
     ap.add_argument("--elapsed-out", help="write the seconds the steps took here")
+    ap.add_argument("--waits-out", help="append 'monotonic-start waited-s exclusive' per sub-stage here")
     args = ap.parse_args()
     client = connect()
     t0 = time.perf_counter()
+    waits = open(args.waits_out, "a", buffering=1) if args.waits_out else None
     with open(args.out, "a", buffering=1) as out:
         for step in range(args.steps):
             for kind in KINDS:
@@ -53,6 +55,8 @@ def main() -> None:
                     n = burn(args.work_ms)
                     grant.report(num_tokens=n, flops=2 * 96**3 * n)
                 out.write(f"{step} {kind} {grant.substage or '-'} {grant.sm_frac:g} {int(grant.exclusive)}\n")
+                if waits is not None:
+                    waits.write(f"{grant.started_s:.6f} {grant.waited_s:.6f} {int(grant.exclusive)}\n")
             client.step_end(step, tokens=args.steps, samples=1)
     if args.elapsed_out:
         with open(args.elapsed_out, "w") as f:
