@@ -401,7 +401,7 @@ class Client:
         replies: dict[int, object] = {}
         wanted = {msg.req for msg in msgs}
         while wanted - replies.keys() and (deadline is None or time.monotonic() < deadline):
-            if give_up is not None and give_up():
+            if (give_up is not None and give_up()) or sock.lost:  # lost: a restarted daemon never saw them
                 break
             if not sock.poll(50):
                 continue

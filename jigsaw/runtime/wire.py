@@ -329,6 +329,12 @@ class Channel:
             self.close()
             raise ChannelError(exc.errno, f"jigsaw daemon at {self.path}: {exc.strerror or exc}") from None
 
+    @property
+    def lost(self) -> bool:
+        """The connection closed with no whole reply left to read: what was sent on it and not
+        answered yet never will be (a daemon that died, or a new one, has not read it)."""
+        return self.sock is None and not self._whole()
+
     def poll(self, timeout_ms: int) -> bool:
         """Whether a whole reply is here, waiting up to `timeout_ms` for one."""
         deadline = time.monotonic() + timeout_ms / 1e3

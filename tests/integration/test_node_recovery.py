@@ -117,3 +117,34 @@ def test_a_worker_of_a_jigsaw_run_job_started_without_its_environment_finds_the_
         assert not (node.dir / "owners" / "J").exists()  # the token leaves with its job
     finally:
         node.stop()
+
+
+def test_an_admit_sent_to_a_daemon_that_died_returns_once_a_new_one_answers(tmp_path):
+    """The Admit went to the daemon that was killed; the client's heartbeat joined the new
+    one at once, so it looked connected, and the Admit waited for ever for a reply nobody
+    would send.  The pipeline never talked to the new daemon again."""
+    node = Node(tmp_path)
+    node.start("--devices", "1", "--policy", "serial", "--max-wait-s", "None")
+    a, b = Client("A", node.ep), Client("B", node.ep)
+    got = {}
+
+    def b_asks():
+        with b.substage("training", step=0) as h:
+            got["b"] = h
+
+    try:
+        with a.substage("training", step=0):
+            t = threading.Thread(target=b_asks, daemon=True)
+            t.start()
+            wait_until(lambda: any(p.pending for p in node.pipelines().values()), HANG_S, "B waiting")
+            node.daemon.kill()
+            node.daemon.wait(10)
+            node.start("--devices", "1", "--policy", "serial", "--max-wait-s", "None")
+            t.join(30)
+            assert not t.is_alive(), "B's Admit to the dead daemon never returned"
+        with b.substage("training", step=1) as h:  # and B is scheduled by the new daemon
+            assert h.substage == "B/1/r0/training/0"
+    finally:
+        a.close()
+        b.close()
+        node.stop()
