@@ -165,7 +165,7 @@ class Client:
         if self.session is None and self._reachable():  # forgotten by a live daemon: join it again now
             self._register(self._sock, self.connect_timeout_s)
         if self.connected:
-            self._catch_up(self._sock)  # what it missed first: an Admit of a later step needs it
+            self._catch_up(self._sock, wait_s=8 * self.heartbeat_s)  # first: an Admit of a later step needs it
         got = self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s) if self.connected \
             else [(None, "unreachable")] * len(members)
         handles = []
@@ -324,9 +324,10 @@ class Client:
             log.warning("jigsaw daemon %s (%s): pipeline %s runs without it, every sub-stage on the whole device, "
                         "until it answers again", self.endpoint, why, self.pipeline)
 
-    def _catch_up(self, sock: Channel) -> None:
+    def _catch_up(self, sock: Channel, wait_s: float = 0.0) -> None:
         """Once the daemon answers again: the ends it missed, then what ran without it (which
-        tells it the steps this pipeline reached meanwhile)."""
+        tells it the steps this pipeline reached meanwhile; `wait_s`: for the other thread's
+        report, when the caller's next request needs it told first)."""
         with self._lock:
             unacked, self._unacked = self._unacked, []
         if unacked:
@@ -334,24 +335,26 @@ class Client:
             replies = self._call_many(sock, again, 4 * self.heartbeat_s)
             with self._lock:  # answered either way (Ok, or no longer its grant): done with; unanswered: again
                 self._unacked = [d for d, r in zip(unacked, replies) if r is None] + self._unacked
-        self._report_open(sock)
+        self._report_open(sock, wait_s)
 
-    def _report_open(self, sock: Channel) -> None:
+    def _report_open(self, sock: Channel, wait_s: float = 0.0) -> None:
         """Tell the daemon (on the calling thread's socket) what ran without it; a record
-        counts as reported only once the daemon acknowledged it."""
-        if not self._reporting.acquire(blocking=False):
+        counts as reported only once the daemon acknowledged it.  `wait_s`: how long to wait
+        for the other thread's report to end (0: leave it to that one)."""
+        got = self._reporting.acquire(timeout=wait_s) if wait_s > 0 else self._reporting.acquire(blocking=False)
+        if not got:
             return  # the other thread is reporting
         try:
             with self._lock:
                 todo = [r for r in self.fallen_open if not r["reported"]]
-            for rec in todo:
-                msg = pr.Opened(session=self.session or "", kind=rec["kind"], dp_rank=rec["dp_rank"], step=rec["step"],
-                                reason=rec["reason"], substage=rec["substage"], duration_s=rec["duration_s"],
-                                req=self._next_req())
-                reply = self._call(sock, msg, 4 * self.heartbeat_s)
-                if reply is None or (isinstance(reply, pr.Error) and reply.code == "unknown-session"):
-                    return  # again once the daemon answers (or after the next registration)
-                rec["reported"] = True  # an Ok, or a refusal that asking again would not change
+            for part in (todo[i:i + 64] for i in range(0, len(todo), 64)):  # in order, a write at a time
+                msgs = [pr.Opened(session=self.session or "", kind=r["kind"], dp_rank=r["dp_rank"], step=r["step"],
+                                  reason=r["reason"], substage=r["substage"], duration_s=r["duration_s"],
+                                  req=self._next_req()) for r in part]
+                for rec, reply in zip(part, self._call_many(sock, msgs, 4 * self.heartbeat_s)):
+                    if reply is None or (isinstance(reply, pr.Error) and reply.code == "unknown-session"):
+                        return  # again once the daemon answers (or after the next registration)
+                    rec["reported"] = True  # an Ok, or a refusal that asking again would not change
         finally:
             self._reporting.release()
 
