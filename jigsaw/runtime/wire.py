@@ -44,7 +44,7 @@ SEND_TIMEOUT_S = 5.0
 """A client's send blocks at most this long (the daemon not reading counts as unreachable)."""
 MAX_OUTBOX_BYTES = 1 << 20
 """Replies queued for a peer that does not read; past this the peer is dropped."""
-READ_PAUSE_BYTES = 64 << 10
+READ_PAUSE_BYTES = 16 << 10
 """Replies queued for a peer past this: its requests are not read until it reads (a peer
 that floods requests and never reads holds one reply's worth of the daemon's memory)."""
 
@@ -241,7 +241,7 @@ class Listener:
         if events & selectors.EVENT_READ and conn in self.conns and not c.closing and len(c.outbox) <= READ_PAUSE_BYTES:
             self._receive(conn, c)
 
-    def _receive(self, conn: int, c: _Conn, most: int = 64) -> None:
+    def _receive(self, conn: int, c: _Conn, most: int = 8) -> None:
         """Read what fits in the current message (never past it) and cut out whole ones; at
         most `most` per turn, so one busy peer cannot starve the others."""
         for _ in range(most * 2):
