@@ -46,7 +46,7 @@ from jigsaw.mux.model.grids import node_grid
 from jigsaw.node import inputs
 from jigsaw.node.effects import Decision
 from jigsaw.node.state import NodeState
-from jigsaw.runtime import grants, housekeeping, plumbing
+from jigsaw.runtime import grants, housekeeping, owners, plumbing
 from jigsaw.runtime.paths import runtime_dir
 from jigsaw.runtime.session import Session
 from jigsaw.trace import TraceEvent, TraceWriter
@@ -366,9 +366,10 @@ class Daemon:
 
     def _register(self, msg: pr.Register, conn: int, arrived_s: float) -> pr.Registered:
         name = msg.pipeline
-        owner = msg.owner or self._identity(conn, msg.pid)  # without a token: the process that made it
+        pid = self.listener.peer_pid(conn) if self.listener is not None else None  # the kernel's word
+        owner = owners.owner_of(msg.owner, msg.pid if pid is None else pid)
         if name in self.state.pipelines:
-            self._check_owner(name, owner)
+            owners.check(self.owners, name, owner)
         else:
             self.inbox.register(msg)
             self.owners[name], self.step_start[name] = owner, self.now()
@@ -438,23 +439,12 @@ class Daemon:
             self._done(done, self._session(msg.session), self.now(), report=False)
         return msg.error
 
-    def _identity(self, conn: int, claimed_pid: int) -> str:
-        pid = self.listener.peer_pid(conn) if self.listener is not None else None
-        return plumbing.process_identity(claimed_pid if pid is None else pid)
-
-    def _check_owner(self, name: str, owner: str) -> None:
-        """`owner` (a token, or a tokenless process's identity) is the one that made `name`."""
-        if name not in self.owners or not secrets.compare_digest(self.owners[name].encode(), owner.encode()):
-            raise pr.ProtocolError("name-taken", f"pipeline {name!r} belongs to another job on this node: "
-                                                 "choose another name (jigsaw run --name), or start this process "
-                                                 "under that job's `jigsaw run`")
-
     def _migrate(self, msg: pr.Migrate) -> pr.Migrated:
         """An operator's migration order, applied as the scheduler's are (the source's owner
         is told; the trace records the order, so a replay applies it too).  Only the
         pipeline's owner may give it."""
         if msg.pipeline in self.state.pipelines:
-            self._check_owner(msg.pipeline, msg.owner)
+            owners.check(self.owners, msg.pipeline, msg.owner)
         now = self.now()
         try:
             d = self.state.migrate(msg.pipeline, msg.source_rank, msg.target_rank, now)

@@ -30,17 +30,6 @@ def listen(path: Path, refuse, too_large, clock) -> Listener:
     return listener
 
 
-def process_identity(pid: int) -> str:
-    """A process as no later one can be: its pid and its start time (in clock ticks after
-    boot, /proc/PID/stat field 22), so a pid reused by another process is another identity."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        start = stat[stat.rindex(")") + 2:].split()[19]
-    except (OSError, ValueError, IndexError):
-        start = "?"
-    return f"process {pid} started at tick {start}"
-
-
 def lock(path: Path):
     """The runtime directory's lock, holding this daemon's pid; a clear error when another
     daemon holds it or the file cannot be written (no space, no permission)."""
