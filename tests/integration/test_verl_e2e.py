@@ -44,6 +44,7 @@ from waiting import wait_until  # noqa: E402
 
 from jigsaw import protocol as pr  # noqa: E402
 from jigsaw.runtime.client import ask  # noqa: E402
+from jigsaw.runtime.paths import owner_file  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(900)]
 
@@ -138,7 +139,9 @@ class Drain(threading.Thread):
                 continue
             tried.add(step)
             before = len(self._moved())
-            reply = ask(self.node.ep, pr.Migrate(pipeline="verl-s1", source_rank=1, target_rank=0, req=9), 2.0)
+            owner = owner_file(self.node.ep, "verl-s1").read_text()  # as `jigsaw daemon migrate` finds it
+            order = pr.Migrate(pipeline="verl-s1", source_rank=1, target_rank=0, owner=owner, req=9)
+            reply = ask(self.node.ep, order, 2.0)
             if not isinstance(reply, pr.Migrated):
                 self.refused.append(repr(reply))
                 continue
