@@ -69,3 +69,8 @@ class Recorder(Daemon):
                 for s in beating:
                     self.beat(s)
             self._tick()
+
+
+def admit(session: str, kind: str, step: int = 0, rank: int = 0, req: int = 1, **kw) -> pr.Admit:
+    """An Admit as a worker of rank `rank` sends it."""
+    return pr.Admit(session=session, kind=kind, dp_rank=rank, step=step, req=req, **kw)

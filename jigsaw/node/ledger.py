@@ -439,10 +439,7 @@ class LivePipeline:
         stalled or restarting): the pipeline has reached that step, whatever it was told
         meanwhile, and the request it gave up waiting for is withdrawn (read late, it would
         be granted to nobody and hold its device for ever).  What was withdrawn."""
-        if step > self.step:
-            self._at(rank, step)
-        elif not 0 <= rank < len(self.devices):
-            raise ValueError(f"dp_rank {rank} outside pipeline {self.name}'s 0..{len(self.devices) - 1}")
+        self._at(rank, max(step, self.step))  # an older step moves nothing back
         stale = [f.sid for f in (*self._waiting.values(), *self._running.values())
                  if f.rank == rank and f.kind is kind and self._step_of(f.sid) == step]
         return [self.withdraw(sid) for sid in stale]

@@ -401,9 +401,10 @@ class Daemon:
             self._withdrawn(name, got, "ran-open")
         return pr.Ok(req=msg.req)
 
-    def _withdrawn(self, name: str, facts: list, reason: str) -> None:
-        """Requests and grants gone without their requester's Done: traced, their devices free."""
-        self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in facts], "removed": False})
+    def _withdrawn(self, name: str, facts: list, reason: str, removed: bool = False) -> None:
+        """Requests and grants gone without their requester's Done (`removed`: the pipeline
+        with them): traced, their devices free, their sessions no longer holding them."""
+        self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in facts], "removed": removed})
         for f in facts:
             if getattr(f, "on_device", False):
                 self._event("release", name, f.sid, device=f.device, data={"reclaimed": reason})
@@ -500,10 +501,7 @@ class Daemon:
             self.inbox.forget(name)
             for per_pipeline in (self.owners, self.step_start, self.requested, self.granted):
                 per_pipeline.pop(name, None)
-        self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in gone], "removed": removed})
-        for f in gone:
-            if hasattr(f, "device") and f.on_device:
-                self._event("release", name, f.sid, device=f.device, data={"reclaimed": reason})
+        self._withdrawn(name, gone, reason, removed)
         if gone or removed:
             log.info("%s: %s (%d requests and grants withdrawn)", name, reason, len(gone))
         self._gauge()

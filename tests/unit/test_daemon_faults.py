@@ -8,7 +8,7 @@ request got.
 from dataclasses import replace
 
 import pytest
-from recorder import Recorder
+from recorder import Recorder, admit
 
 from jigsaw import protocol as pr
 from jigsaw.graph.plan import Assignment, Migration, Plan, SchedulerConfig
@@ -21,10 +21,6 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def d(tmp_path):
     return Recorder(tmp_path, devices=2)
-
-
-def admit(session, kind, step=0, rank=0, req=1, **kw):
-    return pr.Admit(session=session, kind=kind, dp_rank=rank, step=step, req=req, **kw)
 
 
 # ------------------------------------------------------------------ item 2: no grant lost
