@@ -414,11 +414,8 @@ class Client:
                 log.warning("%s", exc)
                 continue
             self.last_reply = time.monotonic()
-            if reply.req in wanted:
+            if reply.req in wanted:  # a late Grant of an Admit given up on: its Opened report withdraws it
                 replies[reply.req] = reply
-            elif isinstance(reply, pr.Grant) and reply.substage:  # an Admit given up on, granted late:
-                with self._lock:  # give it back (sent with the next catch-up), or it holds its device
-                    self._unacked.append(pr.Done(session=self.session or "", substage=reply.substage))
         return [replies.get(msg.req) for msg in msgs]
 
     def _register(self, sock: Channel, timeout_s: float) -> None:
