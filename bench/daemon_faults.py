@@ -13,7 +13,8 @@
     deaf         200 connections flooding Status and never reading a reply
 
 Per fault, from the node's recovery (SIGCONT, the new daemon answering, the kill, the flood
-starting): `asks again s`, the longest any pipeline took to ask the daemon for a piece again;
+starting): `asks again s`, the longest any pipeline took to ask the daemon for a piece again
+(0 for one whose request the daemon held through it and granted: it was being scheduled);
 `granted s`, to be granted one (it may wait its turn: up to --max-wait-s, 2 s); `open after`:
 pieces that still ran without the daemon once a lease had passed; `exactly once`: every
 (step, sub-stage) of every pipeline's work file once; `max wait s`: the longest any admission
@@ -61,6 +62,29 @@ def wait_for(cond, timeout_s: float, what: str):
             return got
         time.sleep(0.02)
     raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+
+
+def waiting_at(node: Node, t_mono: float) -> set[str]:
+    """Pipelines with a request the daemon still held at monotonic time `t_mono` and granted
+    later (it was scheduling them all along: a turn, not an outage)."""
+    asked: dict[str, str] = {}
+    granted_after: set[str] = set()
+    t0 = None
+    for e in node.events():
+        if e["event"] == "node":
+            t0 = e["data"]["clock_t0_s"]
+            if t0 > t_mono:
+                asked.clear()  # a new daemon holds nothing of the old one's
+        elif t0 is None:
+            continue
+        elif e["event"] == "request" and t0 + e["t_s"] < t_mono:
+            asked[e["pipeline"]] = e["substage"]
+        elif e["event"] in ("grant", "drop") and t0 + e["t_s"] < t_mono:
+            if e["substage"] == asked.get(e["pipeline"]) or e["event"] == "drop":
+                asked.pop(e["pipeline"], None)
+        elif e["event"] == "grant" and asked.get(e["pipeline"]) == e["substage"]:
+            granted_after.add(e["pipeline"])
+    return granted_after
 
 
 def first_since(node: Node, t_mono: float, event: str) -> dict[str, float]:
@@ -185,6 +209,7 @@ def one(fault: str, console: Console) -> dict:
             res = run.finish(600, skip=skip)
             rss1 = rss_mib(run.node.daemon.pid)
             asked, granted = first_since(run.node, back_at, "request"), first_since(run.node, back_at, "grant")
+            asked.update({n: back_at for n in waiting_at(run.node, back_at)})
         finally:
             if helper is not None:
                 helper.kill()
