@@ -5,6 +5,9 @@
         REWARD    host, the samples' reward times (workload [reward], cut at its timeout)
         REFERENCE Gang: actor old log-probs + reference log-probs (two forward passes, verl)
         TRAINING  Gang: forward, recompute, backward, optimizer share
+                  both priced from the trained samples' sequence lengths: dealt to the FSDP
+                  ranks (verl's balance_batch) ─► each rank's micro-batches (StepCost:
+                  attention ∝ ΣL² per micro-batch) ─► the slowest rank (lockstep)
     end_step  ─► records + columns ─► GraphBuilder ─► the step's graph (its true work; the node
                   assembles its own from what the workers' clients report, as live)
 
@@ -291,27 +294,30 @@ class PipelineRun:
 
     def _make_gang(self, kind: SubStageKind) -> Gang:
         samples = self.trained_samples()
-        tokens = sum(q.context for q in samples)  # final context = prompt + response (+ tool text)
+        # final context = prompt + response (+ tool text): the sequence trained on
+        lengths = np.array([q.context for q in samples], dtype=float)
         ranks = len(self.train_devices)
         gpus = ranks * self.cost.gpus_per_device  # FSDP ranks: every GPU of every scheduling device
-        per_rank, seqs = tokens / gpus, len(samples) / gpus
+        per_rank, seqs = float(lengths.sum()) / gpus, len(samples) / gpus
         first = self.train_rank0
-        excl = self._gang_seconds(kind, per_rank, seqs)
+        # FSDP ranks meet in every micro-batch's collectives: the slowest rank sets the pace.
+        excl = max(self._gang_seconds(kind, rank) for rank in _deal_to_ranks(lengths, gpus))
         mem = self.cost.fsdp_mem_bytes(train=kind is SubStageKind.TRAINING)
         ids = tuple(str(SubStageId(self.name, self.step, first + r, kind, 0)) for r in range(ranks))
         return Gang(kind=kind, ids=ids, ranks=tuple(range(first, first + ranks)), devices=self.train_devices,
                     excl_s=excl, tokens_per_rank=per_rank, seqs_per_rank=seqs, mem_bytes=mem, rem_s=excl)
 
-    def _gang_seconds(self, kind: SubStageKind, tokens: float, seqs: float) -> float:
-        """Exclusive seconds on one rank, with verl's micro-batches and mini-batch updates."""
-        w = self.spec
+    def _gang_seconds(self, kind: SubStageKind, seq_tokens: np.ndarray) -> float:
+        """Exclusive seconds on one rank holding sequences of `seq_tokens` (batch order), with
+        verl's micro-batches and mini-batch updates."""
+        w, seqs = self.spec, len(seq_tokens)
         if kind is SubStageKind.REFERENCE:
             # verl computes the actor's old log-probs and the reference log-probs: two forwards.
-            return 2 * self.cost.reference_s(tokens, math.ceil(seqs / w.logprob_micro_batch_seqs))
+            return 2 * self.cost.reference_s(seq_tokens, math.ceil(seqs / w.logprob_micro_batch_seqs))
         updates = max(1, math.ceil(w.prompts / w.mini_batch_prompts))
         micro = updates * math.ceil(seqs / updates / w.micro_batch_seqs)
-        e = w.ppo_epochs  # every epoch passes over the whole batch again
-        return self.cost.training_s(tokens * e, micro * e, updates * e)
+        # every epoch passes over the whole batch again
+        return w.ppo_epochs * self.cost.training_s(seq_tokens, micro, updates)
 
     def _record_gang(self, g: Gang) -> None:
         """One record per rank and constant-rate interval; tokens in proportion to the
@@ -345,8 +351,8 @@ class PipelineRun:
         per = w.samples / len(self.rollout_devices)
         steps = w.lengths.max_tokens
         decode_s = steps * c.decode_s(max(1, int(per)), int(per * (w.prompt_tokens + steps / 2)))
-        seqs = w.samples / (len(self.train_devices) * c.gpus_per_device)
-        tokens = seqs * (w.prompt_tokens + w.lengths.max_tokens / 2)
+        seqs = math.ceil(w.samples / (len(self.train_devices) * c.gpus_per_device))
+        lengths = np.full(seqs, w.prompt_tokens + w.lengths.max_tokens / 2)
         nodes, deps, last = [], {}, []
         for r in range(len(self.rollout_devices)):
             prefill_s = c.prefill_s(int(per * w.prompt_tokens), 0, max(1, int(per)))
@@ -356,7 +362,7 @@ class PipelineRun:
             deps[b.id] = (a.id,)
             last.append(b.id)
         for kind in (SubStageKind.REFERENCE, SubStageKind.TRAINING):
-            excl = self._gang_seconds(kind, tokens, seqs)
+            excl = self._gang_seconds(kind, lengths)
             layer = [self._cold(self.train_rank0 + r, kind, excl, c.fsdp_mem_bytes(train=kind is SubStageKind.TRAINING))
                      for r in range(len(self.train_devices))]
             for s in layer:
@@ -381,6 +387,16 @@ def _accepted(turn_tokens: list, wide_group: int, group: int, prompts: int) -> d
     kept = sorted(best, key=lambda p: (length[best[p][-1]], p))[:prompts]
     accepted = {i for p in kept for i in best[p]}
     return {"accepted": accepted, "left": {p: set(best[p]) for p in kept}}
+
+
+def _deal_to_ranks(lengths: np.ndarray, ranks: int) -> list[np.ndarray]:
+    """Sequence lengths of each of `ranks` FSDP ranks as verl's balance_batch leaves them:
+    equal counts, near-equal tokens (longest first, dealt back and forth), each rank's
+    samples in batch order (its micro-batches are consecutive runs of them)."""
+    order = np.argsort(-lengths, kind="stable")
+    lap = np.arange(len(order)) % (2 * ranks)
+    rank = np.where(lap < ranks, lap, 2 * ranks - 1 - lap)
+    return [lengths[np.sort(order[rank == r])] for r in range(ranks)]
 
 
 def _with_group(w: WorkloadSpec, group: int) -> WorkloadSpec:

@@ -4,7 +4,10 @@
         decode step    t = c0(batch) + c1 · kv_tokens        (exact: attention is linear in KV;
                        c0 holds the weight reads, which for an MoE grow with the batch)
         prefill step   t(tokens, context)
-        reference / training   per micro-batch (FSDP collectives, host) + per optimizer step
+        reference / training   per micro-batch (FSDP collectives, host) + per optimizer step:
+            a rank's sequence lengths L ─► micro_batch_shapes ─► per micro-batch (ΣL, ΣL²/ΣL)
+            ─► Roofline.fsdp_micro_batch_s (GEMMs ∝ ΣL, causal attention ∝ ΣL²); a bare token
+            total (no samples known) is priced at the representative `train_seq_tokens`
         memory footprints of the rollout engine, reference and training
 
 "Exclusive" means alone on the whole device at the top memory level; the simulator
@@ -14,11 +17,35 @@ and memory effects have one source (the grid, built from the same roofline).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from jigsaw.mux.model.roofline import Roofline
 from jigsaw.mux.model.slowdown import DeviceInfo
 from jigsaw.mux.model.specs import MODELS, PriorConfig
+
+SeqTokens = float | Sequence[float] | np.ndarray
+"""A rank's work in reference or training: its sequence lengths (prompt + response + appended
+tool/observation tokens, one per sample, in batch order), or only their total."""
+
+
+def micro_batch_shapes(seq_tokens: SeqTokens, micro_batches: int) -> list[tuple[float, float | None]]:
+    """(ΣL tokens, ΣL²/ΣL) of every micro-batch of a rank.
+
+    Sequences: consecutive runs of near-equal count (verl splits a rank's batch by sequence
+    count); a micro-batch left without a sequence does not run.  A bare total: `micro_batches`
+    equal shares at the representative sequence length (None: `train_seq_tokens`)."""
+    mb = max(1, micro_batches)
+    if np.ndim(seq_tokens) == 0:
+        return [(float(seq_tokens) / mb, None)] * mb
+    shapes = []
+    for part in np.array_split(np.asarray(seq_tokens, dtype=float), mb):
+        tokens = float(part.sum())
+        if tokens > 0:
+            shapes.append((tokens, float(np.dot(part, part)) / tokens))
+    return shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,16 +116,20 @@ class StepCost:
             fixed += 2 * m.num_layers * c.allreduce_latency_s
         return gemm + attn + act / bw + fixed
 
-    def reference_s(self, tokens: float, micro_batches: int = 1) -> float:
-        """One log-prob forward over `tokens` on one FSDP rank, in `micro_batches` micro-batches."""
-        mb = max(1, micro_batches)
-        return mb * self._roof.fsdp_micro_batch_s(tokens / mb, train=False)
+    def reference_s(self, seq_tokens: SeqTokens, micro_batches: int = 1) -> float:
+        """One log-prob forward on one FSDP rank in `micro_batches` micro-batches, over the
+        rank's sequences (`seq_tokens`: one length per sample) or a token total (see
+        `micro_batch_shapes`)."""
+        return sum(self._roof.fsdp_micro_batch_s(tokens, train=False, seq_tokens=seq)
+                   for tokens, seq in micro_batch_shapes(seq_tokens, micro_batches))
 
-    def training_s(self, tokens: float, micro_batches: int = 1, updates: int = 1) -> float:
-        """Forward, recompute, backward over `tokens` on one FSDP rank in `micro_batches`
-        micro-batches, plus `updates` optimizer steps (verl: one per PPO mini-batch)."""
-        mb = max(1, micro_batches)
-        return mb * self._roof.fsdp_micro_batch_s(tokens / mb, train=True) + updates * self._roof.optimizer_step_s()
+    def training_s(self, seq_tokens: SeqTokens, micro_batches: int = 1, updates: int = 1) -> float:
+        """Forward, recompute, backward on one FSDP rank in `micro_batches` micro-batches over
+        the rank's sequences or a token total (as `reference_s`), plus `updates` optimizer
+        steps (verl: one per PPO mini-batch)."""
+        passes = sum(self._roof.fsdp_micro_batch_s(tokens, train=True, seq_tokens=seq)
+                     for tokens, seq in micro_batch_shapes(seq_tokens, micro_batches))
+        return passes + updates * self._roof.optimizer_step_s()
 
     def weights_bytes(self) -> float:
         """Rollout weights per TP rank: every parameter (an MoE keeps all experts resident)."""

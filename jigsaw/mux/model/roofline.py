@@ -17,6 +17,12 @@ The model, per unit of work (one prefilled, generated, referenced or trained tok
   * MoE: FLOPs by the active parameters, memory (weights, KV pool, FSDP state, gathers) by
     the total; a rollout forward over r rows reads the experts it touches, an expected
     1-(1-k/E)^r of them (few at small-batch decode, all at a large batch);
+  * attention is quadratic in the sequence: a causal sequence of L tokens costs
+    4·layers·heads·head_dim·L²/2 FLOPs per forward, so a training or reference micro-batch
+    costs 4·layers·heads·head_dim·ΣL²/2 over its ΣL tokens, i.e. per token
+    4·layers·heads·head_dim·seq/2 with seq = ΣL²/ΣL (its token-weighted mean length).  The
+    simulator passes seq per micro-batch (`fsdp_micro_batch_s`); the prior's grids, which
+    know no samples, use `train_seq_tokens`;
   * memory: the rollout KV pool is mem·capacity − weights/tp − reserve; a pool below the
     representative working set shrinks the running batch (more steps, less weight-read
     amortisation); training/reference shrink the micro-batch (η and amortisation fall);
@@ -131,22 +137,26 @@ class Roofline:
         return _Work(per_row, fixed / rows, sm_demand, c.gemm_eff)
 
     def _fsdp(self, mem_frac: float, *, train: bool, micro_tokens: float | None = None,
-              optimizer: bool = True) -> _Work | None:
+              optimizer: bool = True, seq_tokens: float | None = None) -> _Work | None:
         """Training (fwd + recompute + bwd + Adam) or reference (fwd) under FSDP, per token.
 
         `micro_tokens` fixes the micro-batch (default: the largest that fits `mem_frac`);
-        `optimizer=False` leaves out the Adam update, amortised otherwise over a step."""
+        `optimizer=False` leaves out the Adam update, amortised otherwise over a step;
+        `seq_tokens` is the micro-batch's ΣL²/ΣL (default `train_seq_tokens`), what its
+        attention costs per token (module docstring)."""
         m, c, f = self.model, self.cfg, self.cfg.fsdp_degree
         tokens = micro_tokens or self._micro_batch_tokens(mem_frac, train=train)
         if tokens is None:
             return None
         passes, collectives = (c.train_forward_passes, 3.0) if train else (1.0, 1.0)
+        seq = c.train_seq_tokens if seq_tokens is None else seq_tokens
         sat = c.bw_sat_sm_frac
         kernels = [
             # FLOPs by the active parameters; an MoE micro-batch (thousands of rows) touches
             # every expert, and FSDP gathers and copies them all, so bytes go by the total.
             _Kernel(2 * passes * m.flop_params, passes * m.weight_bytes / tokens, sat),
-            _Kernel(passes * 4 * m.num_layers * m.num_heads * m.head_dim * c.train_seq_tokens / 2, 0.0, sat),
+            # Causal: a token attends to half its sequence on average.
+            _Kernel(passes * 4 * m.num_layers * m.num_heads * m.head_dim * seq / 2, 0.0, sat),
             _Kernel(0.0, passes * (self._activation_bytes(1) + m.vocab * 4 * c.logits_passes), sat),
             # FSDP copies each gathered weight out of, and each gradient into, flat buffers.
             _Kernel(0.0, c.fsdp_copy_passes * collectives * m.weight_bytes / tokens, sat),
@@ -181,10 +191,12 @@ class Roofline:
         tokens = min(c.train_micro_batch_tokens if train else c.ref_micro_batch_tokens, budget / act_per_token)
         return tokens if tokens >= c.train_min_micro_batch_tokens else None
 
-    def fsdp_micro_batch_s(self, micro_tokens: float, *, train: bool) -> float:
-        """Exclusive seconds of one micro-batch of `micro_tokens` on one FSDP rank (no optimizer)."""
-        work = self._fsdp(self.cfg_top_mem, train=train, micro_tokens=max(1.0, micro_tokens), optimizer=False)
-        return self.parts(work, 1.0).total_s * max(1.0, micro_tokens)
+    def fsdp_micro_batch_s(self, micro_tokens: float, *, train: bool, seq_tokens: float | None = None) -> float:
+        """Exclusive seconds of one micro-batch of `micro_tokens` on one FSDP rank (no optimizer);
+        `seq_tokens`: its sequences' ΣL²/ΣL (default `train_seq_tokens`)."""
+        tokens = max(1.0, micro_tokens)
+        work = self._fsdp(self.cfg_top_mem, train=train, micro_tokens=tokens, optimizer=False, seq_tokens=seq_tokens)
+        return self.parts(work, 1.0).total_s * tokens
 
     def optimizer_step_s(self) -> float:
         """Exclusive seconds of one Adam update of a rank's parameter shard."""

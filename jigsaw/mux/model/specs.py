@@ -199,7 +199,9 @@ class PriorConfig:
     train_min_micro_batch_tokens: int = 1024
     """Smallest micro-batch worth running; less memory than that is infeasible."""
     train_seq_tokens: int = 2048
-    """Mean training sequence length (prompt + response); sets attention FLOPs."""
+    """Representative training sequence length (prompt + response) where no samples are known:
+    the prior's grids price attention FLOPs with it.  The simulator prices each micro-batch by
+    its own sequences instead (ΣL²/ΣL, `costmodel.micro_batch_shapes`)."""
     train_tokens_per_step: int = 65536
     """Tokens per GPU per optimizer step; amortises the optimizer update."""
     ref_micro_batch_tokens: int = 8192
