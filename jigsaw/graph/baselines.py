@@ -16,6 +16,12 @@
               training requests queue on a shared training pool ordered by the highest
               response ratio 1 + wait / estimated time (non-preemptive)
 
+Memory: each sub-stage's need (SubStage.mem_bytes) decides whether it fits its grant; the grid
+prices the grant from its feasible points (`_need_frac`, SlowdownGrid's feasibility by need).
+Up front, given what every pipeline needs (policy.Needs), `static` refuses a sub-stage larger
+than its share and `muxserve` two rollouts that cannot hold their least need together
+(`refusal`), instead of failing at the first plan that meets them.
+
 Baselines keep a little state between calls (whose turn it is, what was consolidated).
 RollPacker's tail batching is not a node policy: it changes which prompts a pipeline runs
 (`jigsaw sim --tailbatch`), and combines with any of these.
@@ -27,8 +33,10 @@ import math
 from dataclasses import dataclass, field, replace
 
 from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan
-from jigsaw.graph.policy import Placement, View, colocated
+from jigsaw.graph.policy import Needs, PipelineNeeds, Placement, View, colocated
 from jigsaw.graph.substage import SubStage, SubStageKind
+
+GIB = 2**30
 
 # ---------------------------------------------------------------- shared helpers
 
@@ -38,6 +46,17 @@ def _frontier(ps: PipelineState) -> list[SubStage]:
 
 def _device(ps: PipelineState, s: SubStage) -> int | None:
     return ps.devices[s.dp_rank] if s.kind.on_device else None
+
+
+def _need_frac(s: SubStage, cap_bytes: int) -> float:
+    """Its need over the device's memory, for the grid's feasibility by need.  A rollout
+    engine sizes its KV pool from the memory it is given (SGLang's mem_fraction_static), so
+    whatever the grid can price at its grant it runs: it needs nothing more there."""
+    return 0.0 if s.kind.is_rollout else s.mem_bytes / cap_bytes
+
+
+def _rollout_need_bytes(p: PipelineNeeds) -> int:
+    return max((b for k, b in p.mem_bytes.items() if SubStageKind(k).is_rollout), default=0)
 
 
 @dataclass
@@ -50,6 +69,8 @@ class _Builder:
     started: list[str] = field(default_factory=list)
     kinds: dict[str, str] = field(default_factory=dict)
     """Kind of every granted sub-stage (to check two that must share a device)."""
+    needs: dict[str, float] = field(default_factory=dict)
+    """`_need_frac` of every granted sub-stage."""
 
     def __post_init__(self) -> None:
         for ps in self.view.pipelines:
@@ -76,6 +97,7 @@ class _Builder:
 
     def _grant(self, ps: PipelineState, sid: str, d: int) -> None:
         self.kinds[sid] = ps.graph[sid].kind.value
+        self.needs[sid] = _need_frac(ps.graph[sid], self.view.node.mem_bytes)
         self.assignments.append(Assignment(substage=sid, pipeline=ps.graph.pipeline, device=d, sm_frac=1.0,
                                            mem_bytes=self.view.node.mem_bytes, slowdown=1.0))
 
@@ -94,8 +116,9 @@ class _Builder:
             count[a.device] = count.get(a.device, 0) + 1
         half = self.view.node.mem_bytes // 2
         for d in {a.device for a in self.assignments if count[a.device] > 1}:
-            a, b = (self.kinds[x.substage] for x in self.assignments if x.device == d)
-            if self.view.model.shared(a, b, 0.5) is None:
+            x, y = (u.substage for u in self.assignments if u.device == d)
+            a, b = self.kinds[x], self.kinds[y]
+            if self.view.model.shared(a, b, 0.5, need_frac_a=self.needs[x], need_frac_b=self.needs[y]) is None:
                 raise ValueError(f"{a} and {b} of two pipelines must share device {d} (the placement puts both "
                                  "there) and do not fit in half its memory each")
         return tuple(replace(a, mem_bytes=half) if count[a.device] > 1 else a for a in self.assignments)
@@ -178,19 +201,34 @@ class Static:
         assignments = [a for d, us in units.items() for a in self._grants(view, d, us)]
         return Plan(time_s=view.time_s, started=tuple(started), assignments=tuple(assignments))
 
+    def refusal(self, needs: Needs) -> str | None:
+        """Refused before the run where a sub-stage needs more than its share of a device:
+        every stage keeps its share for the whole run, so it would fail at its first plan."""
+        for p in needs.pipelines:
+            for kind, need_bytes in p.mem_bytes.items():
+                if why := self._over_share(f"{kind} of {p.name}", need_bytes, needs.device_mem_bytes):
+                    return why
+        return None
+
+    def _over_share(self, what: str, need_bytes: int, cap_bytes: int) -> str | None:
+        share_bytes = self.share_frac * cap_bytes
+        if need_bytes <= share_bytes:
+            return None
+        return (f"static: {what} needs {need_bytes / GIB:.1f} GiB; its share of a device is "
+                f"{share_bytes / GIB:.1f} GiB ({self.share_frac:.0%} of {cap_bytes / GIB:.1f} GiB)")
+
     def _grants(self, view: View, d: int, units: list[tuple[PipelineState, SubStage]]) -> list[Assignment]:
         """Each unit its fixed share; the slowdown beside the other half's unit, or alone."""
         share, cap = self.share_frac, view.node.mem_bytes
         for _, s in units:
             # A rollout engine sizes its KV pool to its half (what a user of a static split
             # sets: SGLang's mem_fraction_static); the grid prices the smaller pool below.
-            if not s.kind.is_rollout and s.mem_bytes > share * cap:
-                raise ValueError(f"static: {s.id} needs {s.mem_bytes} bytes; its share of device {d} is "
-                                 f"{int(share * cap)}")
+            if not s.kind.is_rollout and (why := self._over_share(f"{s.id} on device {d}", s.mem_bytes, cap)):
+                raise ValueError(why)
         kinds = [s.kind.value for _, s in units]
         if len(units) > 2:
             raise ValueError(f"static: {len(units)} sub-stages on device {d}; a device holds two halves")
-        slow = view.model.actual(*((k, share, share) for k in kinds))
+        slow = view.model.actual(*((k, share, share, _need_frac(s, cap)) for k, (_, s) in zip(kinds, units)))
         if slow is None or not all(math.isfinite(x) for x in slow):
             raise ValueError(f"static: {' and '.join(kinds)} cannot run at {share:.0%} of device {d} "
                              "(the slowdown grid has no feasible point there)")
@@ -209,6 +247,20 @@ class MuxServe:
 
     def placement(self, k: int, gpus: int) -> list[Placement]:
         return colocated(k, gpus)
+
+    def refusal(self, needs: Needs) -> str | None:
+        """Refused before the run where two pipelines' rollouts meet on a device and cannot
+        hold their least need together: the rollouts sharing a GPU that MuxServe is about
+        would never form (and an urgent engine beside the other could not be granted)."""
+        cap = needs.device_mem_bytes
+        for i, a in enumerate(needs.pipelines):
+            for b in needs.pipelines[i + 1:]:
+                need_a, need_b = _rollout_need_bytes(a), _rollout_need_bytes(b)
+                if set(a.rollout_devices) & set(b.rollout_devices) and need_a + need_b > cap:
+                    return (f"muxserve: the rollouts of {a.name} ({need_a / GIB:.1f} GiB) and {b.name} "
+                            f"({need_b / GIB:.1f} GiB) share its devices and do not fit together in one "
+                            f"({cap / GIB:.1f} GiB)")
+        return None
 
     def plan(self, view: View) -> Plan:
         occ: dict[int, list[tuple[PipelineState, str]]] = {}
@@ -275,6 +327,8 @@ class MuxServe:
         if not fits:  # a worker back from a tool beside a gang: the best split the grid allows
             fits = [o for o in view.model.pair_options(ka.kind.value, kb.kind.value)
                     if ka.mem_bytes <= o[1] * cap and kb.mem_bytes <= (1 - o[1]) * cap]
+        if not fits:  # an urgent engine whose need no grid level holds beside its partner's
+            fits = self._by_need(view, ka, kb)
         if not fits:
             raise RuntimeError(f"muxserve: {a} and {b} do not fit together on device {d}")
         sm, mem, sa, sb = min(fits, key=lambda o: max(o[2], o[3]))
@@ -282,6 +336,22 @@ class MuxServe:
                            slowdown=sa),
                 Assignment(substage=b, pipeline=pb.graph.pipeline, device=d, sm_frac=1 - sm,
                            mem_bytes=int((1 - mem) * cap), slowdown=sb)]
+
+    def _by_need(self, view: View, ka: SubStage, kb: SubStage) -> list[tuple[float, float, float, float]]:
+        """The split off the grid's levels where no level holds both (two engines expecting 45%
+        each fit 50/50, which levels 0.2..0.8 lack; an engine that ran into its whole grant):
+        each side its hard need (a rollout's is none: its KV pool follows its grant), what is
+        left in proportion to what each expects to hold, at the static SM split, priced by the
+        grid by need."""
+        cap = view.node.mem_bytes
+        need_a, need_b = _need_frac(ka, cap), _need_frac(kb, cap)
+        left = 1.0 - need_a - need_b
+        if left < 0:
+            return []
+        expect = ka.mem_bytes + kb.mem_bytes
+        mem = need_a + left * (ka.mem_bytes / expect if expect else 0.5)
+        got = view.model.pair(ka.kind.value, kb.kind.value, self.sm_frac, mem, need_frac_a=need_a, need_frac_b=need_b)
+        return [] if got is None else [(self.sm_frac, mem, *got)]
 
 
 @dataclass

@@ -33,21 +33,24 @@ class PairPricing(Protocol):
     mem_levels: tuple[float, ...]
     """Memory shares a sub-stage may hold."""
 
-    def alone(self, kind: str, sm_frac: float, mem_frac: float) -> float:
-        """Slowdown of `kind` alone with this share of the SMs and memory."""
+    def alone(self, kind: str, sm_frac: float, mem_frac: float, *, need_frac: float | None = None) -> float:
+        """Slowdown of `kind` alone with this share of the SMs and memory; with its memory need
+        (over the device's), whether it fits is decided by the need, not by the grid's levels."""
         ...
 
-    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float] | None:
+    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float, *,
+             need_frac_a: float | None = None, need_frac_b: float | None = None) -> tuple[float, float] | None:
         """(s_a, s_b) with B holding the complement (σ = 1.0: both share every SM); None when
-        either side does not fit its memory."""
+        either side does not fit its memory (by its need, where given)."""
         ...
 
     def pair_options(self, kind_a: str, kind_b: str) -> tuple[tuple[float, float, float, float], ...]:
         """Every partitioned point where both fit, as (σ_a, m_a, s_a, s_b)."""
         ...
 
-    def actual(self, *units: tuple[str, float, float]) -> tuple[float, ...] | None:
-        """Slowdowns of what really shares a device: one (kind, σ, m) alone, or two."""
+    def actual(self, *units: tuple) -> tuple[float, ...] | None:
+        """Slowdowns of what really shares a device: one (kind, σ, m) alone, or two; a unit may
+        carry a 4th element, its memory need over the device's (None: unknown)."""
         ...
 
 
@@ -57,7 +60,8 @@ class SlowdownModel(PairPricing, Protocol):
 
     device: DeviceSpec
 
-    def shared(self, kind_a: str, kind_b: str, mem_frac_a: float) -> tuple[float, float] | None:
+    def shared(self, kind_a: str, kind_b: str, mem_frac_a: float, *, need_frac_a: float | None = None,
+               need_frac_b: float | None = None) -> tuple[float, float] | None:
         """(s_a, s_b) sharing every SM unpartitioned (as under MPS), A holding `mem_frac_a`."""
         ...
 

@@ -10,6 +10,14 @@
 `policies.make(name, config)` builds a fresh one: the daemon holds one (`jigsaw daemon
 --policy`), every simulation its own.  Policies may keep state between calls (a baseline's
 turn, jigsaw's caches); the Plan they return depends only on the views they were given.
+
+Before a run, where the node knows what its pipelines need (the simulator, from its cost
+model), it may ask:
+
+    Needs(device memory, per pipeline: devices, bytes per sub-stage kind)
+        ─► refusal(policy, needs) ─► policy.refusal(needs) if it has one ─► None: run it
+                                                                          └► str: why it cannot
+A policy without `refusal` accepts everything (it fails at a plan, if ever, with the reason).
 """
 
 from __future__ import annotations
@@ -45,6 +53,27 @@ class View:
     every sub-stage (view.host_frac; what SchedulerConfig.host_on_device keeps free)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineNeeds:
+    """What one pipeline needs of the devices it is placed on."""
+
+    name: str
+    rollout_devices: tuple[int, ...]
+    train_devices: tuple[int, ...]
+    mem_bytes: Mapping[str, int]
+    """The least memory of one device each sub-stage kind (a SubStageKind value) must hold
+    to run: reference and training their sharded state and micro-batch, a rollout engine its
+    weights, its reserve and the KV of one response at the cap."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Needs:
+    """What a node's pipelines need, known before a run (module docstring)."""
+
+    device_mem_bytes: int
+    pipelines: tuple[PipelineNeeds, ...]
+
+
 class Policy(Protocol):
     """A scheduling policy: the daemon and the simulator call it at every decision point."""
 
@@ -60,6 +89,17 @@ class Policy(Protocol):
     def placement(self, k: int, devices: int) -> list[Placement]:
         """Where k pipelines go on a node of `devices` (the simulator's placement)."""
         ...
+
+    # Optional, not declared here so that a policy without it still is a Policy:
+    #     def refusal(self, needs: Needs) -> str | None
+    # why this policy cannot run pipelines that need `needs` (None: it can); see `refusal`.
+
+
+def refusal(policy: Policy, needs: Needs) -> str | None:
+    """Why `policy` cannot run pipelines with these needs, or None; a policy without a
+    `refusal` method accepts everything."""
+    ask = getattr(policy, "refusal", None)
+    return None if ask is None else ask(needs)
 
 
 def colocated(k: int, devices: int) -> list[Placement]:

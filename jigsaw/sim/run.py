@@ -5,6 +5,9 @@
               ─► placement (policy) ─► Parallelism ─► PipelineRun × K (sim/deploy.py costs)
               ─► (model, PriorConfig) per pipeline ─► mux.model.grids: step costs, and the
                  node grid (the pipelines' own analytic prior, or the mix prior of several)
+              ─► needs(): what each pipeline's sub-stage kinds need of a device (cost model)
+                 ─► policy.refusal(needs): a policy that cannot run them is Infeasible with
+                    its reason before any simulated time passes
               ─► NodeSim(runs, node, grid, policy).run() ─► SimResult (physics: each side
                  of a pair priced by its own model, sim/physics.py)
     lower_bound(config): max( each pipeline alone (its own critical path, step after step),
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field, replace
 
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import make
+from jigsaw.graph.policy import Needs, PipelineNeeds, refusal
+from jigsaw.graph.substage import DEVICE_KINDS, SubStageKind
 from jigsaw.mux.model import grids
 from jigsaw.mux.model.specs import DEVICES, PriorConfig
 from jigsaw.sim import workload
@@ -172,8 +177,25 @@ def prior_config(spec: workload.WorkloadSpec, dep: Parallelism) -> PriorConfig:
                        train_forward_passes=4.0 if spec.gradient_checkpointing else 3.0, offload=dep.offload)
 
 
+def needs(runs: list[PipelineRun], node: NodeSpec) -> Needs:
+    """What each pipeline's sub-stage kinds need of one device, from its deployment's cost model:
+    reference and training their FSDP footprint, a rollout engine its weights, reserve and
+    one response at the cap (SGLang fails a request its pool cannot finish)."""
+    def need_bytes(r: PipelineRun, kind: SubStageKind) -> int:
+        if kind.is_rollout:
+            return r.cost.rollout_mem_bytes(r.spec.lengths.max_tokens)
+        return r.cost.fsdp_mem_bytes(train=kind is SubStageKind.TRAINING)
+
+    return Needs(device_mem_bytes=node.mem_bytes, pipelines=tuple(
+        PipelineNeeds(name=r.name, rollout_devices=r.rollout_devices, train_devices=r.train_devices,
+                      mem_bytes={k.value: need_bytes(r, k) for k in DEVICE_KINDS}) for r in runs))
+
+
 def simulate(config: SimConfig) -> SimResult:
     runs, node, grid, pol = build(config)
+    why = refusal(pol, needs(runs, node))
+    if why is not None:  # before the run: the row says why, no simulated time is spent
+        raise Infeasible(why)
     sim = NodeSim(runs, node, grid, pol, trace=config.trace, next_step=config.sched.next_step)
     sim.run()
     results = tuple(PipelineResult(name=r.name, workload=r.spec.name, steps=len(r.metrics),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jigsaw.sim import workload as wl
-from jigsaw.sim.node import Event, Infeasible, NodeSim, Priority
+from jigsaw.sim.node import Event, NodeSim, Priority
 from jigsaw.sim.run import SimConfig, build, lower_bound, simulate
 from jigsaw.trace import Trace
 
@@ -65,10 +65,7 @@ def test_three_pipelines_never_crowd_a_device_a_tool_wait_holds(policy):
     # A worker back from a tool call resumes on its device at once: a third pipeline must
     # not have taken the place it left.
     mix = ("qwen3-4b-search-r1", "qwen3-4b-aime-multiturn", "qwen3-0.6b-math")
-    if policy == "static":  # pairs on halves of 2 GPUs: training sharded over 2 does not fit in half
-        with pytest.raises(Infeasible, match="static cannot plan at .*training.* cannot run at 50% of device"):
-            simulate(replace(SMALL, workload=mix, policy=policy, steps=2))
-        return
+    # static runs pairs on halves of 2 GPUs: a training sharded over 2 needs 37.9 GiB of its 40 GiB half
     res = simulate(replace(SMALL, workload=mix, policy=policy, steps=2))
     assert not res.violations, res.violations[:3]
     assert all(p.steps == 2 for p in res.pipelines)

@@ -46,7 +46,8 @@ def test_every_substage_holds_half_the_device_even_when_its_partner_is_idle():
 
 def test_a_substage_larger_than_its_half_is_refused_with_the_reason():
     big = chain("A", [("train", K.TRAINING, 1.0, 50)])  # 50 GiB of an 80 GiB device
-    with pytest.raises(ValueError, match="static: A/0/r0/train needs .* bytes; its share of device 0"):
+    with pytest.raises(ValueError, match=r"static: A/0/r0/train on device 0 needs 50\.0 GiB; its share of a device "
+                                         r"is 40\.0 GiB \(50% of 80\.0 GiB\)"):
         Static().plan(_view(states(big)))
 
 

@@ -41,13 +41,17 @@ class PairView:
         self._options: dict[tuple[str, str], tuple] = {}
         self._actual: dict[tuple, tuple[float, ...] | None] = {}
 
-    def alone(self, kind: str, sm_frac: float, mem_frac: float) -> float:
-        return self.ab.alone(kind, sm_frac, mem_frac)
+    def alone(self, kind: str, sm_frac: float, mem_frac: float, *, need_frac: float | None = None) -> float:
+        return self.ab.alone(kind, sm_frac, mem_frac, need_frac=need_frac)
 
-    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float] | None:
-        """(s_a, s_b), B's kind holding the complement (σ = 1.0: both share every SM)."""
+    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float, *,
+             need_frac_a: float | None = None, need_frac_b: float | None = None) -> tuple[float, float] | None:
+        """(s_a, s_b), B's kind holding the complement (σ = 1.0: both share every SM); with the
+        sides' memory needs, feasibility is decided by them (SlowdownGrid.slowdown)."""
         sm_b = 1.0 if sm_frac_a >= 1.0 - LEVEL_TOL else 1.0 - sm_frac_a
-        return pair_slowdowns(self.ab, self.ba, (kind_a, sm_frac_a, mem_frac_a), (kind_b, sm_b, 1.0 - mem_frac_a))
+        unit_a = (kind_a, sm_frac_a, mem_frac_a) + (() if need_frac_a is None else (need_frac_a,))
+        unit_b = (kind_b, sm_b, 1.0 - mem_frac_a) + (() if need_frac_b is None else (need_frac_b,))
+        return pair_slowdowns(self.ab, self.ba, unit_a, unit_b)
 
     def pair_options(self, kind_a: str, kind_b: str) -> tuple[tuple[float, float, float, float], ...]:
         """Every partitioned grid point where both sides fit, as (σ_a, m_a, s_a, s_b)."""
@@ -58,14 +62,16 @@ class PairView:
                 if (pr := self.pair(kind_a, kind_b, sm, mem)) is not None)
         return got
 
-    def actual(self, *units: tuple[str, float, float]) -> tuple[float, ...] | None:
-        """SlowdownGrid.actual of A's unit (and B's, second): one alone, or the pair."""
+    def actual(self, *units: tuple) -> tuple[float, ...] | None:
+        """SlowdownGrid.actual of A's unit (and B's, second): one alone, or the pair; a unit is
+        (kind, σ, m) or (kind, σ, m, need_frac)."""
         if units not in self._actual:
             if len(units) == 1:
                 self._actual[units] = self.ab.actual(*units)
             else:
-                (ka, sa, ma), (kb, _, _) = units
-                self._actual[units] = self.pair(ka, kb, 1.0 if sa >= 1.0 - LEVEL_TOL else sa, ma)
+                (ka, sa, ma, *na), (kb, _, _, *nb) = units
+                self._actual[units] = self.pair(ka, kb, 1.0 if sa >= 1.0 - LEVEL_TOL else sa, ma,
+                                                need_frac_a=na[0] if na else None, need_frac_b=nb[0] if nb else None)
         return self._actual[units]
 
 

@@ -118,8 +118,9 @@ def check_views(ab: SlowdownGrid, ba: SlowdownGrid) -> None:
 
 def pair_slowdowns(ab: SlowdownGrid, ba: SlowdownGrid, unit_a: Unit, unit_b: Unit) -> tuple[float, float] | None:
     """`pair_actual` without the check (the search asks often; check once with `check_views`)."""
-    (ka, sa, ma), (kb, sb, mb) = unit_a, unit_b
-    s_a, s_b = ab.slowdown(ka, kb, sa, ma), ba.slowdown(kb, ka, sb, mb)
+    (ka, sa, ma, *na), (kb, sb, mb, *nb) = unit_a, unit_b  # an optional 4th: the side's memory need
+    s_a = ab.slowdown(ka, kb, sa, ma, need_frac_a=na[0] if na else None)
+    s_b = ba.slowdown(kb, ka, sb, mb, need_frac_a=nb[0] if nb else None)
     return None if math.isinf(s_a) or math.isinf(s_b) else (s_a, s_b)
 
 

@@ -12,6 +12,16 @@ memory level).  For a pair σA < 1 is a green-context partition (kB gets 1-σA) 
 is unpartitioned, MPS-style sharing in which kB also sees every SM.  kB = None is kA alone
 under that budget.  The partner's view of a point is (kB, kA, σB, 1-memA) with
 σB = 1-σA if σA < 1 else 1.0.  Kinds are plain names so `mux/model/` does not depend on `graph/`.
+
+Feasibility, per side of a query:
+    need unknown        any infeasible corner with weight ─► infeasible (the grid's null may be
+                        exactly what the sub-stage needs)
+    need_frac given     need > budget ─► infeasible; else the interpolation among the feasible
+    (its need over the  corners only (`_Table`); behind a partition, where the partner's table
+    device's memory)    has no feasible corner, the slowest partner the grid prices there
+                        (`_beside_any`); still nothing ─► infeasible
+A stored value is answered as stored either way: only nulls and the cells beside them change,
+and the scheduler, which plans at grid points (`pair_options`), sees the same table.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ NORM_TOL = 0.02
 """Allowed distance of the normalisation point (alone, σ=1.0, top memory level) from 1.0."""
 LEVEL_TOL = 1e-9
 """Queries and complements within this of a level are that level (1-0.8 is 0.19999999999999996)."""
+_WEIGHT_TOL = 1e-12
+"""Interpolation weight below which feasible corners carry nothing (floating-point residue)."""
 
 _TOP_KEYS = ("format", "version", "device", "model", "source", "sm_levels", "mem_levels",
              "kinds", "alone", "pairs")
@@ -240,9 +252,22 @@ class _Checker:
 class _Table:
     """Linear interpolation of one table that knows which corners are infeasible.
 
-    Values and a 0/1 infeasibility mask are interpolated together; any infeasible corner
-    with non-zero weight makes the mask positive, so the query is infeasible.  Infeasible
-    values are stored as 0.0 (never used) so NaN cannot leak into a feasible answer.
+    Values and a 0/1 infeasibility mask are interpolated together; the interpolated mask is
+    the weight the infeasible corners carry.  Infeasible values are stored as 0.0 (never
+    used) so NaN cannot leak into a feasible answer.
+
+    Without `fits`, any infeasible corner with non-zero weight makes the query infeasible.
+    With `fits` (the caller knows the sub-stage's need fits its budget) the answer is the
+    interpolation among the feasible corners only, their weights renormalised: value /
+    (1 - mask).  Why this and not a clamp or an extrapolation: a null corner has no number
+    to use; extrapolating below a feasible level would invent one; the memory axis prices
+    what a budget leaves beyond the need (micro-batch, KV pool), so the feasible neighbours
+    are the evidence.  In one dimension it is the value at the nearest feasible level (the
+    one above for a budget over an infeasible lower level, i.e. a clamp up to where the
+    grid ran it; the one below when the partner's complement is what is null there, the
+    pessimistic side).  Where every corner is feasible it is the plain interpolation, and
+    an exact grid point is its stored value (or still infeasible when null): nothing changes
+    where nothing was infeasible.
     """
 
     __slots__ = ("_interp",)
@@ -254,9 +279,23 @@ class _Table:
 
         self._interp = RegularGridInterpolator(axes, stacked, method="linear", bounds_error=True)
 
-    def __call__(self, *point: float) -> float:
+    def __call__(self, *point: float, fits: bool = False) -> float:
         value, infeasible = self._interp(np.array([point]))[0]
-        return math.inf if infeasible > 0.0 else float(value)
+        if infeasible <= 0.0:
+            return float(value)
+        feasible_weight = 1.0 - infeasible
+        if not fits or feasible_weight <= _WEIGHT_TOL:
+            return math.inf
+        return float(value / feasible_weight)
+
+
+def _fits(need_frac: float | None, mem_frac: float) -> bool:
+    """Whether a need (None: unknown, the grid decides) fits a memory budget."""
+    if need_frac is None:
+        return True
+    if math.isnan(need_frac) or need_frac < 0.0:
+        raise ValueError(f"need_frac must be a non-negative fraction, got {need_frac!r}")
+    return need_frac <= mem_frac + LEVEL_TOL
 
 
 def _snap(x: float, levels: tuple[float, ...]) -> float:
@@ -362,21 +401,28 @@ class SlowdownGrid:
 
     # --- queries --------------------------------------------------------------------------
 
-    def alone(self, kind: str, sm_frac: float, mem_frac: float) -> float:
-        """Slowdown of `kind` alone under (sm_frac, mem_frac); math.inf if it does not fit."""
+    def alone(self, kind: str, sm_frac: float, mem_frac: float, *, need_frac: float | None = None) -> float:
+        """Slowdown of `kind` alone under (sm_frac, mem_frac); math.inf if it does not fit.
+
+        `need_frac`: what the sub-stage needs, over the device's memory; when given, it decides
+        feasibility (need ≤ budget) and the grid prices the budget from its feasible points."""
         self._check_kind(kind)
         sm = self._sm(sm_frac, self.sm_levels[0], 1.0)
         mem = self._mem(mem_frac)
-        return math.inf if mem is None else self._alone_tables[kind](sm, mem)
+        if mem is None or not _fits(need_frac, mem_frac):
+            return math.inf
+        return self._alone_tables[kind](sm, mem, fits=need_frac is not None)
 
-    def slowdown(self, kind_a: str, kind_b: str | None, sm_frac_a: float, mem_frac_a: float) -> float:
+    def slowdown(self, kind_a: str, kind_b: str | None, sm_frac_a: float, mem_frac_a: float, *,
+                 need_frac_a: float | None = None) -> float:
         """s(kind_a beside kind_b); kind_b None means alone.  math.inf if infeasible.
 
         Memory above the top level clamps to it, below the lowest level is infeasible.  For a
         pair, σ interpolates only among partitioned levels; σ == 1.0 is the shared row.
+        `need_frac_a` as `alone`'s `need_frac`.
         """
         if kind_b is None:
-            return self.alone(kind_a, sm_frac_a, mem_frac_a)
+            return self.alone(kind_a, sm_frac_a, mem_frac_a, need_frac=need_frac_a)
         self._check_kind(kind_a)
         self._check_kind(kind_b)
         part = self.sm_levels[:-1]
@@ -385,22 +431,27 @@ class SlowdownGrid:
             raise ValueError(f"no partition at sm_frac {sm_frac_a!r}: partitioned levels end at "
                              f"{part[-1]!r} and 1.0 means unpartitioned sharing")
         mem = self._mem(mem_frac_a)
-        if mem is None:
+        if mem is None or not _fits(need_frac_a, mem_frac_a):
             return math.inf
+        fits = need_frac_a is not None
         if sm == 1.0:
-            return self._shared_tables[(kind_a, kind_b)](mem)
-        return self._part_tables[(kind_a, kind_b)](sm, mem)
+            return self._shared_tables[(kind_a, kind_b)](mem, fits=fits)
+        got = self._part_tables[(kind_a, kind_b)](sm, mem, fits=fits)
+        return self._beside_any(kind_a, sm, mem) if fits and math.isinf(got) else got
 
-    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float) -> tuple[float, float] | None:
+    def pair(self, kind_a: str, kind_b: str, sm_frac_a: float, mem_frac_a: float, *,
+             need_frac_a: float | None = None, need_frac_b: float | None = None) -> tuple[float, float] | None:
         """(s_a, s_b) with kind_b holding the complement; None if either side is infeasible."""
-        s_a = self.slowdown(kind_a, kind_b, sm_frac_a, mem_frac_a)
+        s_a = self.slowdown(kind_a, kind_b, sm_frac_a, mem_frac_a, need_frac_a=need_frac_a)
         sm_a = _snap(sm_frac_a, self.sm_levels)
-        s_b = self.slowdown(kind_b, kind_a, 1.0 if sm_a == 1.0 else 1.0 - sm_a, 1.0 - mem_frac_a)
+        s_b = self.slowdown(kind_b, kind_a, 1.0 if sm_a == 1.0 else 1.0 - sm_a, 1.0 - mem_frac_a,
+                            need_frac_a=need_frac_b)
         return None if math.isinf(s_a) or math.isinf(s_b) else (s_a, s_b)
 
-    def shared(self, kind_a: str, kind_b: str, mem_frac_a: float) -> tuple[float, float] | None:
+    def shared(self, kind_a: str, kind_b: str, mem_frac_a: float, *, need_frac_a: float | None = None,
+               need_frac_b: float | None = None) -> tuple[float, float] | None:
         """Unpartitioned (σ = 1.0, MPS-style) pair; see `pair`."""
-        return self.pair(kind_a, kind_b, 1.0, mem_frac_a)
+        return self.pair(kind_a, kind_b, 1.0, mem_frac_a, need_frac_a=need_frac_a, need_frac_b=need_frac_b)
 
     def pair_options(self, kind_a: str, kind_b: str) -> tuple[tuple[float, float, float, float], ...]:
         """Every feasible partitioned grid point as (sm_frac_a, mem_frac_a, s_a, s_b); O(1)."""
@@ -411,9 +462,10 @@ class SlowdownGrid:
             self._check_kind(kind_b)
             raise
 
-    def actual(self, *units: tuple[str, float, float]) -> tuple[float, ...] | None:
+    def actual(self, *units: tuple) -> tuple[float, ...] | None:
         """Slowdowns of what really shares a device, each unit (kind, sm_frac, mem_frac) of its
-        budget: one alone (1.0 on the whole device), or a pair (σ < 1: partitioned; both 1.0:
+        budget, or (kind, sm_frac, mem_frac, need_frac) where its need is known (None: not):
+        one alone (1.0 on the whole device), or a pair (σ < 1: partitioned; both 1.0:
         unpartitioned sharing).  None for an infeasible pair.  Memoised: executors ask for the
         same few points over and over."""
         got = self._actual.get(units)
@@ -421,16 +473,18 @@ class SlowdownGrid:
             got = self._actual[units] = self._occupancy(units)
         return got
 
-    def _occupancy(self, units: tuple[tuple[str, float, float], ...]) -> tuple[float, ...] | None:
+    def _occupancy(self, units: tuple[tuple, ...]) -> tuple[float, ...] | None:
         if len(units) == 1:
-            (kind, sm, mem), = units
-            if sm >= 1.0 - LEVEL_TOL and mem >= self.mem_levels[-1] - LEVEL_TOL:
+            (kind, sm, mem, *need), = units
+            need_frac = need[0] if need else None
+            if sm >= 1.0 - LEVEL_TOL and mem >= self.mem_levels[-1] - LEVEL_TOL and _fits(need_frac, mem):
                 return (1.0,)
-            return (self.alone(kind, min(sm, 1.0), min(mem, self.mem_levels[-1])),)
+            return (self.alone(kind, min(sm, 1.0), mem, need_frac=need_frac),)  # memory clamps in `_mem`
         if len(units) != 2:
             raise ValueError(f"a device holds at most two sub-stages, got {len(units)}")
-        (ka, sa, ma), (kb, _, _) = units
-        pair = self.shared(ka, kb, ma) if sa >= 1.0 - LEVEL_TOL else self.pair(ka, kb, sa, ma)
+        (ka, sa, ma, *na), (kb, _, _, *nb) = units
+        needs = {"need_frac_a": na[0] if na else None, "need_frac_b": nb[0] if nb else None}
+        pair = self.shared(ka, kb, ma, **needs) if sa >= 1.0 - LEVEL_TOL else self.pair(ka, kb, sa, ma, **needs)
         return pair
 
     def max_pack_efficiency(self) -> float:
@@ -438,6 +492,16 @@ class SlowdownGrid:
         return self._max_pack
 
     # --- helpers --------------------------------------------------------------------------
+
+    def _beside_any(self, kind_a: str, sm: float, mem: float) -> float:
+        """A partitioned side whose need fits but whose partner's table has no feasible corner
+        around (sm, mem): the nulls there are the partner not fitting the complement level
+        (two 14B trainings needing 38 GiB each have no 0.4/0.6 split), which the partner's own
+        need decides (see `pair`).  Behind a partition the partner reaches it only through
+        HBM, so it is priced as the slowest partner the grid does price there; math.inf if none."""
+        got = [x for (a, _), table in self._part_tables.items()
+               if a == kind_a and math.isfinite(x := table(sm, mem, fits=True))]
+        return max(got, default=math.inf)
 
     def _check_kind(self, kind: str) -> None:
         if kind not in self._alone:
