@@ -3,7 +3,9 @@
     [lengths] ──► Lengths (validated; derived median) ──┬─ empirical = "x.jsonl" ─► load_trace ─► Trace
                                                         │     replay(trace, step, prompts, group): the
                                                         │     file's exact lengths of that step
-                                                        └─ shape (+ tail_frac Pareto) ─► body quantile Q
+                                                        ├─ shape (+ tail_frac Pareto) ─► body quantile Q
+                                                        └─ classes: per prompt a class, its own
+                                                           two-level lognormal (class_scales, class_turns)
     per prompt: prompt_scale (tokens) ── two-level: factor = prompt_scale / median_tokens
                                      └─ copula:    latent z_p = Φ⁻¹(F(prompt_scale))
     per turn:   u ~ U(0,1) (two-level) or Φ(√ρ z_p + √(1-ρ) e) (copula)
@@ -81,6 +83,30 @@ class Pareto:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PromptClass:
+    """[[lengths.classes]]: one class of prompts (short factual questions, long proofs, ...) with
+    its own two-level lognormal: each prompt of the class draws a difficulty scale around the
+    class's median, each of its responses a length around that scale."""
+
+    weight: float
+    """Share of the step's prompts in the class (the weights of all classes sum to 1)."""
+    median_tokens: float
+    """Median response of the class, tokens (> 0)."""
+    prompt_sigma: float = 0.0
+    """Log-space spread of the class's prompt difficulty (scales) around its median."""
+    response_sigma: float = 0.0
+    """Log-space spread of one prompt's responses around its scale: the class's within-prompt
+    spread."""
+
+    def __post_init__(self) -> None:
+        _need(self.weight >= 0, f"lengths.classes: weight must be >= 0, got {self.weight}")
+        _need(self.median_tokens > 0, f"lengths.classes: median_tokens must be > 0, got {self.median_tokens}")
+        _need(self.prompt_sigma >= 0 and self.response_sigma >= 0,
+              f"lengths.classes: prompt_sigma and response_sigma must be >= 0, got {self.prompt_sigma}, "
+              f"{self.response_sigma}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Lengths:
     """Generated tokens of one turn of one response."""
 
@@ -123,6 +149,14 @@ class Lengths:
     """Body lengths scale by exp(N(0, step_jitter_sigma)), one draw per sample_step call."""
     empirical: str = ""
     """JSONL file replayed exactly (see load_trace); excludes every shape option above."""
+    classes: tuple[PromptClass, ...] = ()
+    """[[lengths.classes]]: prompts of several classes, each with its own median and spreads (in
+    place of median_tokens, prompt_sigma and response_sigma, which are then derived or unused);
+    goes with the default shape, its cap, drift and jitter only."""
+    cap_counts_observations: bool = False
+    """max_tokens bounds the generated tokens plus the observations appended between turns
+    (turns.context_tokens: tool output), as an agent loop's response length does; a trajectory
+    ends where the total reaches it.  False: the cap bounds the generated tokens only."""
 
     def __post_init__(self) -> None:
         _check_scalars(self)
@@ -130,6 +164,9 @@ class Lengths:
         if self.empirical:
             _check_empirical(self)
             _derive(self, "median_tokens", load_trace(self.empirical, self.max_tokens).median_tokens)
+        elif self.classes:
+            _check_classes(self)
+            _derive(self, "median_tokens", float(np.interp(0.5, *_grid(_classes_key(self))[::-1])))
         elif self.shape != "lognormal2":
             # lengths are at least one token, so a Gaussian body's median is too
             _derive(self, "median_tokens", max(1.0, float(body_quantile(self, np.array([0.5]))[0])))
@@ -137,16 +174,16 @@ class Lengths:
     @property
     def legacy(self) -> bool:
         """Sampled by workload.sample_step's original lognormal code (bit-identical streams)."""
-        return (self.shape == "lognormal2" and not self.empirical and self.copula_rho == 0
+        return (self.shape == "lognormal2" and not self.empirical and self.copula_rho == 0 and not self.classes
                 and self.short_frac == 0 and self.cap_spike_frac == 0 and self.tail_frac == 0)
 
 
 def derived_fields(L: Lengths) -> set[str]:
     """Legacy fields this Lengths derives or ignores, so they need no provenance of their own."""
     out = set()
-    if L.empirical or L.shape != "lognormal2":
+    if L.empirical or L.shape != "lognormal2" or L.classes:
         out |= {"median_tokens", "response_sigma"}
-    if L.empirical or L.copula_rho > 0:
+    if L.empirical or L.copula_rho > 0 or L.classes:
         out.add("prompt_sigma")
     return out
 
@@ -196,9 +233,9 @@ def _check_shape(L: Lengths) -> None:
     _need((L.pareto is not None) == wants_pareto,
           "lengths.pareto: a [lengths.pareto] table goes with shape = \"pareto\" or tail_frac > 0")
     _need(L.shape != "pareto" or L.tail_frac == 0, "lengths.tail_frac: a Pareto body has no separate tail")
-    if L.shape == "lognormal2" and not L.empirical:
+    if L.shape == "lognormal2" and not L.empirical and not L.classes:
         _need(L.median_tokens > 0, f"lengths.median_tokens must be > 0, got {L.median_tokens}")
-    elif L.response_sigma and not L.empirical:
+    elif L.response_sigma and not L.empirical and not L.classes:
         raise ValueError(f"lengths.response_sigma is lognormal2's spread; shape {L.shape!r} has its own")
 
 
@@ -208,6 +245,16 @@ def _check_empirical(L: Lengths) -> None:
     if L.shape != "lognormal2":
         shaped.insert(0, "shape")
     _need(not shaped, f"lengths.empirical replays recorded lengths; remove {shaped}")
+
+
+def _check_classes(L: Lengths) -> None:
+    _check_mixture("lengths.classes", tuple(c.weight for c in L.classes))
+    shaped = [k for k in ("tail_frac", "short_frac", "cap_spike_frac", "copula_rho") if getattr(L, k)]
+    if L.shape != "lognormal2":
+        shaped.insert(0, "shape")
+    _need(not shaped, f"lengths.classes carry their own lognormals; remove {shaped}")
+    for key in ("prompt_sigma", "response_sigma"):
+        _need(getattr(L, key) == 0, f"lengths.{key} is set per class with lengths.classes; leave it out")
 
 
 def _derive(L: Lengths, key: str, value: float) -> None:
@@ -266,6 +313,15 @@ def _grid(key: tuple) -> tuple[np.ndarray, np.ndarray]:
     return x, cdf
 
 
+def _classes_key(L: Lengths) -> tuple:
+    """The grid key of what the classes give over all prompts: each class a lognormal whose
+    log-spread adds its prompt and within-prompt spreads."""
+    mix = LognormalMixture(weights=tuple(c.weight for c in L.classes),
+                           medians_tokens=tuple(c.median_tokens for c in L.classes),
+                           sigmas=tuple(math.hypot(c.prompt_sigma, c.response_sigma) for c in L.classes))
+    return ("lognormal_mixture", (), mix, None, None, 0.0)
+
+
 def body_quantile(L: Lengths, u: np.ndarray) -> np.ndarray:
     """Q(u) of the body (no point masses, no cap), tokens, continuous."""
     x, cdf = _grid(_body_key(L))
@@ -287,10 +343,41 @@ def step_factor(L: Lengths, rng: np.random.Generator, step: int) -> float:
 
 def prompt_scales(L: Lengths, rng: np.random.Generator, n: int) -> np.ndarray:
     """(n,) fresh per-prompt scales, tokens.  Two-level: median × exp(N(0, prompt_sigma)), the
-    original draw.  Copula: Q(Φ(z_p)), the length at the prompt's latent quantile."""
+    original draw.  Copula: Q(Φ(z_p)), the length at the prompt's latent quantile.  Classes: a
+    class per prompt by weight, then its median × exp(N(0, its prompt_sigma))."""
     if L.copula_rho > 0:
         return body_quantile(L, _scipy()[0].ndtr(rng.standard_normal(n)))
+    if L.classes:
+        return class_scales(L, rng, n)[0]
     return L.median_tokens * np.exp(rng.normal(0.0, L.prompt_sigma, n))
+
+
+def class_scales(L: Lengths, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scales, class index) of n fresh prompts of a Lengths with classes."""
+    k = rng.choice(len(L.classes), size=n, p=np.array([c.weight for c in L.classes]))
+    median = np.array([c.median_tokens for c in L.classes])[k]
+    sigma = np.array([c.prompt_sigma for c in L.classes])[k]
+    return median * np.exp(sigma * rng.standard_normal(n)), k
+
+
+def class_index(L: Lengths, scales: np.ndarray) -> np.ndarray:
+    """The class each given prompt scale most likely came from (weight × the class's lognormal
+    density): a deferred prompt re-sampled keeps its class's within-prompt spread."""
+    logs = np.log(np.asarray(scales, dtype=float))[:, None]
+    mu = np.log([c.median_tokens for c in L.classes])[None, :]
+    sd = np.maximum([c.prompt_sigma for c in L.classes], _TINY)[None, :]
+    score = np.log(np.maximum([c.weight for c in L.classes], _TINY)) - np.log(sd) - 0.5 * ((logs - mu) / sd) ** 2
+    return np.argmax(score, axis=1)
+
+
+def class_turns(L: Lengths, rng: np.random.Generator, scale: np.ndarray, k: np.ndarray,
+                factor: float) -> np.ndarray:
+    """One length per entry of `scale` (its prompt's scale; `k` the prompt's class), ints in
+    [1, max_tokens]: a lognormal around the scale with the class's within-prompt spread."""
+    sigma = np.array([c.response_sigma for c in L.classes])[k]
+    drawn = np.asarray(scale, dtype=float) * factor * np.exp(sigma * rng.standard_normal(len(k)))
+    out = np.minimum(L.max_tokens, drawn)
+    return np.maximum(1, np.round(out)).astype(int)
 
 
 def draw_turns(L: Lengths, rng: np.random.Generator, scale: np.ndarray, factor: float) -> np.ndarray:

@@ -106,7 +106,9 @@ class NodeSim:
         for run in self.runs:
             self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
                                                     "device": run.spec.device, "devices": list(run.devices),
-                                                    "prior": asdict(run.cost.config)})
+                                                    "prior": asdict(run.cost.config),
+                                                    **({"model_config": run.spec.model_config}
+                                                       if run.spec.model_config else {})})
             self.clients.register(run)
             self._begin_step(run, 0.0)
         self._decide(0.0)

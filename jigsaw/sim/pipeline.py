@@ -38,7 +38,7 @@ from jigsaw.graph.substage import Stage, StepRecord, SubStage, SubStageKind
 from jigsaw.mux.model.costmodel import StepCost
 from jigsaw.sim.request import Request
 from jigsaw.sim.rollout import RolloutWorker
-from jigsaw.sim.workload import WorkloadSpec, prompt_scales, sample_step
+from jigsaw.sim.workload import WorkloadSpec, prompt_scales, reward_wall_s, sample_step
 
 ROLLOUT, REWARD, REFERENCE, TRAINING, WAITING, DONE = "rollout", "reward", "reference", "training", "waiting", "done"
 TAILBATCH_ETA = 1.25
@@ -159,14 +159,15 @@ class PipelineRun:
         self.t_stage = t
         self.records, self.completed, self.started_workers = [], {}, set()
         self.gang = None
-        requests = self._requests()
+        requests, n = self._requests(), len(self.rollout_devices)
+        cores = self.spec.tool.cores
         self.workers = [RolloutWorker(pipeline=self.name, step=self.step, rank=r, cost=self.cost,
                                       mem_bytes=self.rollout_mem, graph_config=self.graph_config,
                                       blocking_tools=self.spec.tool.blocking,
                                       max_new_tokens=self.spec.lengths.max_tokens,
                                       deadline_s=t + self.spec.trajectory_timeout_s if self.spec.trajectory_timeout_s
-                                      else None)
-                        for r in range(len(self.rollout_devices))]
+                                      else None, tool_cores=max(1, cores // n) if cores else 0)
+                        for r in range(n)]
         for r, chunk in enumerate(_split(requests, weights or (1.0,) * len(self.workers))):
             self.workers[r].add(chunk, t)
             self.workers[r].t = t
@@ -175,7 +176,8 @@ class PipelineRun:
         w, step = self.spec, self.step
         if not self.tailbatch:
             batches, kept = self._filter()
-            smp = sample_step(w if batches == 1 else replace(w, prompts=batches * w.prompts), self.rng, step=step)
+            n = batches * (w.gen_prompts or w.prompts)
+            smp = sample_step(w if n == w.prompts else replace(w, prompts=n), self.rng, step=step)
             self._round = {"kind": "plain", "group": w.group, **kept}
         elif len(self.deferred_scales) >= w.prompts:
             scales = np.array(self.deferred_scales[: w.prompts])
@@ -228,17 +230,19 @@ class PipelineRun:
         return abort
 
     def _filter(self) -> tuple[int, dict]:
-        """Dynamic sampling (DAPO): generation batches of `prompts` prompts until `prompts` of
-        them pass the group filter (probability keep_frac each, from the pipeline's own
-        generator, so every policy keeps the same), at most max_gen_batches; the first
-        `prompts` that pass are trained on.  Without it: one batch, every prompt."""
+        """Dynamic sampling (DAPO): generation rounds of `gen_prompts` prompts (default: the
+        training batch) until `prompts` of them pass the group filter (probability keep_frac
+        each, from the pipeline's own generator, so every policy keeps the same), at most
+        max_gen_batches; the first `prompts` that pass are trained on.  Without it: one batch,
+        every prompt."""
         ds, w = self.spec.dynamic_sampling, self.spec
         if ds is None:
             return 1, {}
-        passed = np.flatnonzero(self.rng.random(ds.max_gen_batches * w.prompts) < ds.keep_frac)
-        need = int(passed[w.prompts - 1]) + 1 if len(passed) >= w.prompts else ds.max_gen_batches * w.prompts
-        batches = math.ceil(need / w.prompts)
-        kept = passed[passed < batches * w.prompts][: w.prompts]
+        per = w.gen_prompts or w.prompts
+        passed = np.flatnonzero(self.rng.random(ds.max_gen_batches * per) < ds.keep_frac)
+        need = int(passed[w.prompts - 1]) + 1 if len(passed) >= w.prompts else ds.max_gen_batches * per
+        batches = math.ceil(need / per)
+        kept = passed[passed < batches * per][: w.prompts]
         return batches, {"accepted": {p * w.group + k for p in kept.tolist() for k in range(w.group)}}
 
     def trained_samples(self) -> list[Request]:
@@ -266,8 +270,9 @@ class PipelineRun:
         return self.reward_end_s
 
     def _reward_time_s(self) -> float:
-        """Host reward of the generated samples, one after another (verl's reward manager);
-        one call for the whole batch when the workload says so.  Each already cut at its timeout."""
+        """Host reward of the generated samples on the workload's reward workers (one after
+        another by default, as verl's reward manager); one call for the whole batch when the
+        workload says so.  Each already cut at its timeout."""
         r = self._reward_s
         if len(r) == 1 and self.spec.reward is not None and self.spec.reward.per_batch:
             return float(r[0])
@@ -275,7 +280,7 @@ class PipelineRun:
         # samples trained on (tail batching's accepted ones).
         every = self.spec.dynamic_sampling is not None
         done = [q.rid for q in ([q for wk in self.workers for q in wk.finished] if every else self.trained_samples())]
-        return float(np.sum(r[done])) if done else 0.0
+        return reward_wall_s(self.spec, r[done])
 
     # ------------------------------------------------------------ gangs
 

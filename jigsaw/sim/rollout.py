@@ -20,6 +20,7 @@ Its KV pool (kvpool.py) is bounded by its memory grant, like an engine's.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
@@ -69,8 +70,11 @@ class RolloutWorker(KVPool):
 
     def __init__(self, *, pipeline: str, step: int, rank: int, cost: StepCost, mem_bytes: int,
                  graph_config: GraphConfig = GraphConfig(), prefill_chunk: int = 8192,
-                 blocking_tools: bool = False, max_new_tokens: int = 8192, deadline_s: float | None = None):
+                 blocking_tools: bool = False, max_new_tokens: int = 8192, deadline_s: float | None = None,
+                 tool_cores: int = 0):
         self.pipeline, self.step, self.rank = pipeline, step, rank
+        self.tool_free_s: list[float] = [0.0] * tool_cores
+        """When each of the worker's tool cores is next free (a heap; empty: calls never wait)."""
         self.cost, self.mem_bytes, self.chunk = cost, mem_bytes, prefill_chunk
         self.blocking, self.max_new_tokens = blocking_tools, max_new_tokens
         self.deadline_s = deadline_s
@@ -298,7 +302,7 @@ class RolloutWorker(KVPool):
         if wait > 0 and self.blocking:
             self.barrier.append(r)
         elif wait > 0:
-            r.ready_at = self.t + wait
+            r.ready_at = self._call(wait)
             self.in_tool.append(r)
         elif added:
             self.queue.append(r)
@@ -308,11 +312,20 @@ class RolloutWorker(KVPool):
     def _release_barrier(self) -> None:
         """Blocked tool calls go out together once every unfinished request reached one."""
         if self.barrier and not self.decoding and not self.queue and not self.in_tool:
-            wait = max(float(r.tool_s[r.turn - 1]) for r in self.barrier)
+            back = max(self._call(float(r.tool_s[r.turn - 1])) for r in self.barrier)
             for r in self.barrier:
-                r.ready_at = self.t + wait
+                r.ready_at = back
             self.in_tool.extend(self.barrier)
             self.barrier.clear()
+
+    def _call(self, wait_s: float) -> float:
+        """A tool call made now: when it returns, once a tool core is free for it (calls are
+        made in time order, so the earliest-free core is the one a FIFO queue would give)."""
+        if not self.tool_free_s:
+            return self.t + wait_s
+        end = max(self.t, heapq.heappop(self.tool_free_s)) + wait_s
+        heapq.heappush(self.tool_free_s, end)
+        return end
 
     def _wake_tools(self, t: float) -> None:
         back = [r for r in self.in_tool if r.ready_at <= t]

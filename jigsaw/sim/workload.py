@@ -21,6 +21,7 @@ before.  Every optional field at its default leaves the random stream unchanged.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jigsaw.mux.model.specs import DEVICES, MODELS, OFFLOAD_MODES
+from jigsaw.mux.model.specs import DEVICES, MODELS, OFFLOAD_MODES, model_from_config, register_model
 from jigsaw.sim import lengths
-from jigsaw.sim.lengths import GaussianMixture, Lengths, LognormalMixture, Pareto
+from jigsaw.sim.lengths import GaussianMixture, Lengths, LognormalMixture, Pareto, PromptClass
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,6 +63,15 @@ class Tool:
     max_calls + 1 turns.  Needs a tool (latency_s > 0).  An empirical replay keeps its recorded turns."""
     timeout_s: float = 0.0
     """A call longer than this is cut at it (0 = none): the tail of the call time."""
+    tail_frac: float = 0.0
+    """Share of calls in a slow tail (a sandbox that hangs, a crawler that retries), in [0, 1):
+    rare calls that last minutes, then cut at timeout_s when one is set."""
+    tail_latency_s: float = 0.0
+    """Median wall time of a tail call (the same log-space spread, latency_sigma); > latency_s."""
+    cores: int = 0
+    """Host cores the pipeline's tool calls run on, one call per core at a time (a sandbox per
+    trajectory), split evenly over its DP rollout workers, at least one each; a call waits for a
+    free core.  0: every call runs at once."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +86,10 @@ class Reward:
     """A call longer than this takes timeout_s and its sample scores as failed (0 = none)."""
     per_batch: bool = False
     """One call scores the whole batch (e.g. a remote judge) instead of one call per sample."""
+    workers: int = 1
+    """Reward calls running at once: 1, one after another (verl's reward manager); N, a pool of
+    N (e.g. one per DP rank); 0, every trajectory's at once (a sandbox each, as a test suite run
+    per agent trajectory)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,7 +112,7 @@ class WorkloadSpec:
     description: str
     """One line for tables and --help."""
     model: str
-    """Model id in jigsaw.mux.model.specs.MODELS."""
+    """Model id in jigsaw.mux.model.specs.MODELS, or the name of the model [model_config] describes."""
     device: str
     """Device id in jigsaw.mux.model.specs.DEVICES ('h100', 'a100')."""
     gpus: int
@@ -142,8 +156,20 @@ class WorkloadSpec:
     """Wall-clock limit of one trajectory, seconds (0 = none); the pipeline enforces it."""
     ppo_epochs: int = 1
     """Passes over each step's batch in training (verl `ppo_epochs`)."""
+    start_step: int = 0
+    """The run's step the simulation's first step is (e.g. 40 to see steps 40-49 of a drifting
+    run): length drift, step jitter and an empirical trace's steps count from it."""
     dynamic_sampling: DynamicSampling | None = None
     """[dynamic_sampling]: DAPO-style group filtering; None = every group is trained on."""
+    gen_prompts: int = 0
+    """Prompts generated per round where that differs from the training batch `prompts` (verl
+    DAPO's `data.gen_batch_size`): rounds of gen_prompts until `prompts` pass the filter.  0: the
+    training batch.  Needs [dynamic_sampling]."""
+    model_config: dict | None = None
+    """[model_config]: a model jigsaw does not ship, by its HF config.json keys (num_hidden_layers,
+    hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size,
+    tie_word_embeddings; MoE: num_experts, num_experts_per_tok, moe_intermediate_size) and,
+    from its model card, params (else derived from the shapes); known as `model` from then on."""
     provenance: dict[str, str] = field(default_factory=dict)
     """Source of every parameter: 'parameter.path' -> paper table / figure / trace."""
 
@@ -157,8 +183,13 @@ class WorkloadSpec:
 
 def _check(w: WorkloadSpec) -> None:
     where = f"workload {w.name!r}"
+    if w.model_config is not None:
+        if not isinstance(w.model_config, dict):
+            raise ValueError(f"{where}: [model_config] must be a table of config.json keys, got {w.model_config!r}")
+        register_model(w.model, model_from_config(w.model_config, f"{where}: [model_config]"))
     if w.model not in MODELS:
-        raise ValueError(f"{where}: model {w.model!r} unknown; known: {sorted(MODELS)}")
+        raise ValueError(f"{where}: model {w.model!r} unknown (describe it in a [model_config] table); "
+                         f"known: {sorted(MODELS)}")
     if w.device not in DEVICES:
         raise ValueError(f"{where}: device {w.device!r} unknown; known: {sorted(DEVICES)}")
     if w.gpus < 1 or w.rollout_tp < 1 or w.gpus % w.rollout_tp:
@@ -192,14 +223,27 @@ def _new_field_checks(w: WorkloadSpec) -> Iterator[tuple[bool, str]]:
     yield w.offload in OFFLOAD_MODES, f"offload must be one of {OFFLOAD_MODES}, got {w.offload!r}"
     yield w.trajectory_timeout_s >= 0, f"trajectory_timeout_s must be >= 0, got {w.trajectory_timeout_s}"
     yield _is_int(w.ppo_epochs) and w.ppo_epochs >= 1, f"ppo_epochs must be an int >= 1, got {w.ppo_epochs!r}"
+    yield _is_int(w.start_step) and w.start_step >= 0, f"start_step must be an int >= 0, got {w.start_step!r}"
+    yield from _tool_checks(t)
     if r is not None:
         yield r.median_s > 0, f"reward.median_s must be > 0, got {r.median_s}"
         yield r.sigma >= 0, f"reward.sigma must be >= 0, got {r.sigma}"
         yield r.timeout_s >= 0, f"reward.timeout_s must be >= 0, got {r.timeout_s}"
+        yield _is_int(r.workers) and r.workers >= 0, f"reward.workers must be an int >= 0, got {r.workers!r}"
+    yield _is_int(w.gen_prompts) and w.gen_prompts >= 0, f"gen_prompts must be an int >= 0, got {w.gen_prompts!r}"
+    yield not w.gen_prompts or d is not None, "gen_prompts needs [dynamic_sampling] (what filters its surplus)"
     if d is not None:
         yield 0 < d.keep_frac <= 1, f"dynamic_sampling.keep_frac must be in (0, 1], got {d.keep_frac}"
         yield _is_int(d.max_gen_batches) and d.max_gen_batches >= 1, \
             f"dynamic_sampling.max_gen_batches must be an int >= 1, got {d.max_gen_batches!r}"
+
+
+def _tool_checks(t: Tool) -> Iterator[tuple[bool, str]]:
+    yield 0 <= t.tail_frac < 1, f"tool.tail_frac must be in [0, 1), got {t.tail_frac}"
+    yield not t.tail_frac or t.tail_latency_s > t.latency_s > 0, \
+        f"tool.tail_latency_s ({t.tail_latency_s}) must exceed tool.latency_s ({t.latency_s}) > 0 with a tail"
+    yield _is_int(t.cores) and t.cores >= 0, f"tool.cores must be an int >= 0, got {t.cores!r}"
+    yield t.latency_s > 0 or not t.cores, "tool.cores needs a tool (tool.latency_s > 0)"
 
 
 # Parameters that predate optional fields: each always needs a source (as before), except the
@@ -281,7 +325,12 @@ def _build(cls: type, table: dict, where: str) -> object:
 
 
 def _lengths(table: dict, base: Path | None) -> Lengths:
-    sub = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(table).items()}
+    sub = {k: tuple(v) if isinstance(v, list) and k != "classes" else v for k, v in dict(table).items()}
+    if "classes" in sub:
+        if not isinstance(sub["classes"], list) or not sub["classes"]:
+            raise ValueError(f"[[lengths.classes]]: expected a non-empty array of tables, got {sub['classes']!r}")
+        sub["classes"] = tuple(_build(PromptClass, c, f"[[lengths.classes]] {i + 1}")
+                               for i, c in enumerate(sub["classes"]))
     for key, cls in (("lognormal_mixture", LognormalMixture), ("gaussian_mixture", GaussianMixture),
                      ("pareto", Pareto)):
         if key in sub:
@@ -388,18 +437,24 @@ def sample_step(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.ndar
     (lengths.replay: steps cycle when the simulation outlasts the file).  With prompt_scale (a
     deferred prompt re-sampled by tail batching) it draws a lognormal with median at the given
     scale, i.e. around the prompt's recorded mean, with the trace's pooled within-prompt spread."""
-    L = w.lengths
+    L, step = w.lengths, step + w.start_step
     if L.empirical and prompt_scale is None:
         b = lengths.replay(lengths.load_trace(L.empirical, L.max_tokens), step, w.prompts, w.group)
         return _finish(w, rng, b.prompt_tokens, b.turn_tokens.__getitem__, b.prompt_scale)
     factor = lengths.step_factor(L, rng, step)
-    if prompt_scale is None:
+    classes = None
+    if L.classes:
+        prompt_scale, classes = (lengths.class_scales(L, rng, w.prompts) if prompt_scale is None
+                                 else (prompt_scale, lengths.class_index(L, prompt_scale)))
+    elif prompt_scale is None:
         prompt_scale = lengths.prompt_scales(L, rng, w.prompts)
     n = len(prompt_scale) * w.group
     prompts = np.maximum(1, np.round(w.prompt_tokens * np.exp(rng.normal(0.0, w.prompt_sigma, n)))).astype(int)
     turns = rng.choice(len(w.turns.probs), size=n, p=np.asarray(w.turns.probs)) + 1
     if w.tool.max_calls:
         turns = np.minimum(turns, w.tool.max_calls + 1)
+    if classes is not None:
+        return _finish(w, rng, prompts, _class_turns(w, rng, prompt_scale, classes, turns, factor), prompt_scale)
     draw = _lognormal_turns if L.legacy or L.empirical else _shaped_turns
     return _finish(w, rng, prompts, draw(w, rng, prompt_scale, turns, factor), prompt_scale)
 
@@ -427,6 +482,15 @@ def _shaped_turns(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.nd
     return lambda i: _within_cap(parts[i], w.lengths.max_tokens)
 
 
+def _class_turns(w: WorkloadSpec, rng: np.random.Generator, prompt_scale: np.ndarray, classes: np.ndarray,
+                 turns: np.ndarray, factor: float) -> Callable[[int], np.ndarray]:
+    """Prompt classes: every turn of the step in one draw, each with its prompt's class spread."""
+    per_turn = np.repeat(np.arange(len(prompt_scale) * w.group) // w.group, turns)
+    drawn = lengths.class_turns(w.lengths, rng, np.asarray(prompt_scale)[per_turn], classes[per_turn], factor)
+    parts = np.split(drawn, np.cumsum(turns)[:-1])
+    return lambda i: _within_cap(parts[i], w.lengths.max_tokens)
+
+
 def _finish(w: WorkloadSpec, rng: np.random.Generator, prompts: np.ndarray, turn: Callable[[int], np.ndarray],
             prompt_scale: np.ndarray) -> StepSamples:
     turn_tokens, ctx, tool = [], [], []
@@ -436,6 +500,9 @@ def _finish(w: WorkloadSpec, rng: np.random.Generator, prompts: np.ndarray, turn
         ctx.append(np.round(w.turns.context_tokens * np.exp(rng.normal(0.0, w.turns.context_sigma, k - 1)))
                    .astype(int))
         tool.append(_tool_s(w.tool, rng, k - 1))
+        if w.lengths.cap_counts_observations:
+            turn_tokens[-1], ctx[-1], tool[-1] = _within_cap_with_observations(
+                turn_tokens[-1], ctx[-1], tool[-1], w.lengths.max_tokens)
     reward_s, timed_out = _reward_s(w, rng, len(prompts))
     return StepSamples(prompt_tokens=prompts, turn_tokens=turn_tokens, context_tokens=ctx, tool_s=tool,
                        prompt_scale=prompt_scale, reward_s=reward_s, reward_timed_out=timed_out)
@@ -443,6 +510,9 @@ def _finish(w: WorkloadSpec, rng: np.random.Generator, prompts: np.ndarray, turn
 
 def _tool_s(t: Tool, rng: np.random.Generator, calls: int) -> np.ndarray:
     s = t.latency_s * np.exp(rng.normal(0.0, t.latency_sigma, calls)) if t.latency_s else np.zeros(calls)
+    if t.tail_frac:  # drawn only with a tail: the stream of every other workload stays as it was
+        slow = rng.random(calls) < t.tail_frac
+        s = np.where(slow, s * (t.tail_latency_s / t.latency_s), s)
     return np.minimum(s, t.timeout_s) if t.timeout_s else s
 
 
@@ -455,6 +525,40 @@ def _reward_s(w: WorkloadSpec, rng: np.random.Generator, n: int) -> tuple[np.nda
     if not r.timeout_s:
         return s, np.zeros(len(s), dtype=bool)
     return np.minimum(s, r.timeout_s), s > r.timeout_s
+
+
+def reward_wall_s(w: WorkloadSpec, call_s: np.ndarray) -> float:
+    """Wall time of a step's reward calls (each already cut at its timeout) on the workload's
+    reward workers, calls taken in order by the first free worker."""
+    workers = w.reward.workers if w.reward is not None else 1
+    if len(call_s) == 0:
+        return 0.0
+    if workers == 1:
+        return float(np.sum(call_s))
+    if workers == 0 or workers >= len(call_s):
+        return float(np.max(call_s))
+    free = [0.0] * workers
+    for c in call_s:
+        heapq.heappush(free, heapq.heappop(free) + float(c))
+    return max(free)
+
+
+def _within_cap_with_observations(turns: np.ndarray, ctx: np.ndarray, tool: np.ndarray,
+                                  cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cap bounds generated and observation tokens together (turn 0, observation 0, turn 1,
+    ...): the turn that reaches it is cut; an observation that reaches it ends the trajectory
+    at the turn before (its tool call and the turns after it never happen)."""
+    spent = 0
+    for j, t in enumerate(turns):
+        if spent + t >= cap:
+            out = turns[:j + 1].copy()
+            out[-1] = max(1, cap - spent)
+            return out, ctx[:j], tool[:j]
+        spent += int(t)
+        if j < len(ctx) and spent + int(ctx[j]) >= cap:
+            return turns[:j + 1], ctx[:j], tool[:j]
+        spent += int(ctx[j]) if j < len(ctx) else 0
+    return turns, ctx, tool
 
 
 def _within_cap(turns: np.ndarray, cap: int) -> np.ndarray:

@@ -243,3 +243,45 @@ def test_a_mixed_pair_is_planned_with_its_own_models_not_the_mix(policy):
             checked += 1
             off_mix += grid.pair(ka, kb, a.sm_frac, mem) != pytest.approx(exact, rel=1e-6)
     assert checked > 0 and off_mix > 0, (checked, off_mix)
+
+
+def test_a_generation_round_larger_than_the_training_batch_is_generated_and_filtered(tmp_path):
+    section = "[dynamic_sampling]\nkeep_frac = 0.8\nmax_gen_batches = 3\n"
+    prov = {"dynamic_sampling.keep_frac": "test", "dynamic_sampling.max_gen_batches": "test"}
+    from jigsaw.sim.node import NodeSim
+
+    generated = {}
+    for gen in (0, 100):
+        path = _with_provenance(_variant(tmp_path, "qwen3-0.6b-gsm8k", f"dapo{gen}", {"gen_prompts": gen}, section),
+                                prov)
+        runs, node, grid, pol = build(SimConfig(workload=(path,), policy="serial", gpus=4, steps=1, trace=False))
+        NodeSim(runs, node, grid, pol, trace=False).run()
+        assert runs[0].metrics[0].samples == 64 * 4  # the training batch, whatever was generated
+        generated[gen] = sum(len(wk.finished) for wk in runs[0].workers)
+    # 80% of 64 prompts is short of 64: two rounds of the batch; 80% of 100 is enough: one round of 100
+    assert generated == {0: 2 * 64 * 4, 100: 100 * 4}
+
+
+def test_reward_workers_run_calls_side_by_side(tmp_path):
+    reward = "[reward]\nmedian_s = 0.2\nsigma = 0.5\nworkers = {}\n"
+    prov = {"reward.median_s": "test", "reward.sigma": "test", "reward.workers": "test"}
+    times = {n: _stage_s(_with_provenance(_variant(tmp_path, "qwen3-0.6b-gsm8k", f"rw{n}", {}, reward.format(n)),
+                                          prov), "reward") for n in (1, 8, 0)}
+    # per step: 256 calls one after another; a pool of 8; all at once (the slowest call)
+    assert times[1] > 6 * times[8] > 6 * times[0] and times[0] < 2 * 0.2 * 2 * 5
+
+
+def test_reward_wall_time_is_the_pool_schedule():
+    spec = wl.get("qwen3-0.6b-gsm8k")
+    pool = lambda n: replace(spec, reward=wl.Reward(median_s=1.0, workers=n),  # noqa: E731
+                             provenance={**spec.provenance, "reward.median_s": "t", "reward.workers": "t"})
+    calls = [3.0, 1.0, 2.0, 2.0]
+    assert [wl.reward_wall_s(pool(n), calls) for n in (1, 2, 0, 9)] == [8.0, 5.0, 3.0, 3.0]
+
+
+def test_tool_cores_slow_an_agent_rollout_that_outnumbers_them(tmp_path):
+    text = wl.shipped()["qwen3-4b-search-r1"].read_text().replace("blocking = true", "blocking = true\ncores = 4")
+    path = tmp_path / "few-cores.toml"
+    path.write_text(text.replace("[provenance]", '[provenance]\n"tool.cores" = "test"', 1))
+    # 256 trajectories' batched search calls on one core per worker instead of all at once
+    assert _stage_s(str(path), "rollout") > 1.5 * _stage_s("qwen3-4b-search-r1", "rollout")

@@ -11,7 +11,7 @@ Plain data and their provenance; nothing here times anything (roofline.py does).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from jigsaw.mux.model.slowdown import DeviceInfo
 
@@ -171,6 +171,55 @@ MODELS = {
     "llama-3.1-70b": ModelSpec(params=70.6e9, num_layers=80, hidden_size=8192, intermediate_size=28672,
                                num_heads=64, num_kv_heads=8, head_dim=128, vocab=128256, tie_word_embeddings=False),
 }
+
+
+def model_from_config(cfg: dict, where: str = "model") -> ModelSpec:
+    """A decoder from its HF `config.json` keys (dense, or MoE with `num_experts`), the way a
+    user describes a model jigsaw does not ship.  `params` (and an MoE's `active_params`) from the
+    model card when given, else derived from the shapes."""
+    known = {"num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size", "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "shared_expert_intermediate_size", "params", "active_params"}
+    try:
+        heads = cfg["num_attention_heads"]
+        spec = ModelSpec(params=float(cfg.get("params", 0.0)), num_layers=cfg["num_hidden_layers"],
+                         hidden_size=cfg["hidden_size"], intermediate_size=cfg.get("intermediate_size", 0),
+                         num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads", heads),
+                         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
+                         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                         num_experts=cfg.get("num_experts", 0), experts_per_token=cfg.get("num_experts_per_tok", 0),
+                         moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
+                         shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0),
+                         active_params=float(cfg.get("active_params", 0.0)))
+    except KeyError as exc:
+        raise ValueError(f"{where}: lacks {exc.args[0]!r} (HF config.json names; known: {sorted(known)})") from None
+    _check_shape(spec, where)
+    if not spec.params:
+        spec = replace(spec, params=spec.derived_params())
+    if spec.num_experts and not spec.active_params:
+        spec = replace(spec, active_params=spec.derived_active_params())
+    return spec
+
+
+def _check_shape(spec: ModelSpec, where: str) -> None:
+    counts = {k: getattr(spec, k) for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                                            "vocab")}
+    bad = [k for k, v in counts.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+    if bad or spec.num_heads % spec.num_kv_heads:
+        raise ValueError(f"{where}: {bad or ['num_key_value_heads']} must be positive integers, the query "
+                         f"heads a multiple of the KV heads; got {counts}")
+    if not spec.num_experts and spec.intermediate_size < 1:
+        raise ValueError(f"{where}: a dense model needs intermediate_size")
+    if spec.num_experts and not (0 < spec.experts_per_token <= spec.num_experts and spec.moe_intermediate_size > 0):
+        raise ValueError(f"{where}: an MoE needs 0 < num_experts_per_tok <= num_experts and moe_intermediate_size")
+
+
+def register_model(name: str, spec: ModelSpec) -> None:
+    """Make `name` known to everything that looks a model up by name (costs, priors, grids); a
+    name jigsaw ships, or registered before, must keep its shape."""
+    if MODELS.get(name, spec) != spec:
+        raise ValueError(f"model {name!r} is already known with another shape; give yours another name")
+    MODELS[name] = spec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

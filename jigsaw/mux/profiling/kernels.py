@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from jigsaw.mux.model.specs import MODELS, ModelSpec, PriorConfig
+from jigsaw.mux.model.specs import MODELS, ModelSpec, PriorConfig, model_from_config
 
 KINDS = ("rollout_prefill", "rollout_decode", "rollout_tail", "reference", "training")
 
@@ -35,16 +35,8 @@ def model_spec(model: str) -> tuple[str, ModelSpec]:
     if not path.is_file():
         raise ValueError(f"unknown model {model!r}: not one of {sorted(MODELS)} and not a config.json file")
     cfg = json.loads(path.read_text())
-    try:
-        heads = cfg["num_attention_heads"]
-        spec = ModelSpec(params=float(cfg.get("num_parameters", 0.0)), num_layers=cfg["num_hidden_layers"],
-                         hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-                         num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads", heads),
-                         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
-                         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
-    except KeyError as exc:
-        raise ValueError(f"{path}: config.json lacks {exc.args[0]!r}") from None
-    return path.parent.name or path.stem, spec
+    return path.parent.name or path.stem, model_from_config({**cfg, "params": cfg.get("num_parameters", 0.0)},
+                                                            str(path))
 
 
 @dataclass(frozen=True, slots=True)
