@@ -20,7 +20,7 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q -c "$repo/constraints.txt" "$repo"
 . "$work/venv/bin/activate"
 cd "$work"
-for module in torch transformers reasoning_gym psutil matplotlib pynvml cuda; do
+for module in torch transformers reasoning_gym psutil matplotlib pynvml cuda pyarrow; do
     python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is not None)" \
         || fail "pip install . installed $module"
 done

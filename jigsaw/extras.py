@@ -5,6 +5,7 @@
     pip install 'jigsaw[gpu]'       + green contexts, NVML, `jigsaw doctor`, `jigsaw profile --device cuda`
     pip install 'jigsaw[timeline]'  + `jigsaw timeline` as PNG or HTML
     pip install 'jigsaw[verl]'      + the verl integration
+    pip install 'jigsaw[logs]'      + parquet logs for `jigsaw sim --lengths-from`
 
     require("cpu", "jigsaw demo") ─► None, or MissingExtra("jigsaw demo needs torch, psutil, which are not
                                       installed: pip install 'jigsaw[cpu]'")
@@ -23,6 +24,7 @@ MODULES = {
     "gpu": ("torch", "cuda.bindings", "pynvml"),
     "timeline": ("matplotlib",),
     "verl": ("verl", "torch", "transformers", "psutil"),
+    "logs": ("pyarrow",),
 }
 """Extra -> the modules jigsaw imports from it."""
 DISTRIBUTIONS = {"reasoning_gym": "reasoning-gym", "cuda.bindings": "cuda-python", "pynvml": "nvidia-ml-py"}

@@ -75,6 +75,9 @@ class Args:
     recipe: Annotated[RecipeConfig, tyro.conf.OmitArgPrefixes] = RecipeConfig()
     result: Path | None = None
     """Write the per-step results here (JSON)."""
+    lengths_out: Path | None = None
+    """Write every sample's prompt and response tokens here (JSONL: step, prompt_id, prompt_len,
+    response_len), what `jigsaw sim --lengths-from` builds a workload's lengths from."""
 
 
 def main(argv=None) -> int:
@@ -89,6 +92,12 @@ def main(argv=None) -> int:
     doc = run(args.recipe)
     if args.result:
         args.result.write_text(json.dumps(doc, indent=1))
+    if args.lengths_out:
+        with open(args.lengths_out, "w") as f:
+            for s in doc["steps"]:
+                for i, (prompt, response) in enumerate(s["lengths"]):
+                    f.write(json.dumps({"step": s["step"], "prompt_id": i // args.recipe.group,
+                                        "prompt_len": prompt, "response_len": response}) + "\n")
     return 0
 
 
@@ -156,7 +165,9 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
     client.step_end(step, tokens=tokens, samples=len(samples))
     end = time.time()
     return {"step": step, "latency_s": end - start, "tokens": tokens, "reward_mean": metrics["reward_mean"],
-            "loss": metrics["loss"], "start_s": start, "end_s": end}
+            "loss": metrics["loss"], "start_s": start, "end_s": end,
+            # an answer that ends at once still generated its end-of-sequence token
+            "lengths": [(len(s.prompt_ids), max(1, len(s.output_ids))) for s in samples]}
 
 
 def _caps(cfg, step: int, n: int) -> list[int]:

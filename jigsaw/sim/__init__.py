@@ -2,6 +2,7 @@
 
     workload.py  TOML workload specs with provenance ─► samples of every step
     lengths.py   response-length shapes and empirical (JSONL) lengths
+    lengthlog.py a user's logged lengths (JSONL, parquet, verl's dump) ─► an empirical workload
     deploy.py    per-pipeline TP / FSDP / offload; several engines on one scheduling device
     request.py   one sample: its sequence so far and what it still has to generate
     kvpool.py    the KV pool of an engine, bounded by its memory grant (admission,
