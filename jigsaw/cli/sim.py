@@ -4,10 +4,14 @@
         ─► lower bound (each pipeline alone; resource bound)
         ─► one simulate() per policy, same samples ─► table: tokens/s, ×serial, gap to bound,
            mean step latency per pipeline ─► trace of jigsaw (or the one policy) to --out
+    --lengths-from LOG: the first workload's lengths from a user's log (sim/lengthlog.py),
+        written as a workload TOML and its trace to --lengths-out, then simulated like any other
     --replay TRACE --policy all
-        ─► sub-stage graphs rebuilt from the trace ─► each policy re-packs them (graph executor)
+        ─► sub-stage graphs rebuilt from the trace ─► each policy re-packs them (graph executor,
+           no fallback) ─► its row, or "refused" and why; exit 1 if any policy was refused
         ─► a daemon's trace: its inputs fed to the simulator's node state, every plan re-made
            and compared with the recorded one
+    a policy that did not run (infeasible, refused) is one kind of row in either table (_unrun)
 
 No torch is imported: the simulator runs on any CPU.
 """
@@ -44,6 +48,16 @@ class Args:
     profile: Path | None = None
     """Slowdown grid for --replay, a file or a name; if unset, the analytic prior of the trace's
     model and device."""
+    lengths_from: Path | None = None
+    """Logged response lengths (JSONL or parquet with step, prompt and response tokens; verl's
+    rollout dump directory with --lengths-tokenizer): the first --workload replays them, with
+    the log's prompts and group.  The workload is written to --lengths-out to be used again."""
+    lengths_tokenizer: Path | None = None
+    """The model's tokenizer (a local directory) to count a verl rollout dump's texts in tokens."""
+    lengths_group: int | None = None
+    """Responses per prompt of a log that names no prompt (default: one)."""
+    lengths_out: Path = Path("lengths-workload.toml")
+    """Where --lengths-from writes the workload (TOML) and its length trace (the .jsonl beside it)."""
 
 
 def run(args: Args) -> int:
@@ -57,9 +71,12 @@ def run(args: Args) -> int:
             console.print(f"{name:36s} {wl.get(name).description}")
         return 0
     policies = _policies(args.sim.policy)
+    if args.lengths_from is not None:
+        args = replace(args, sim=_from_log(args, console))
     if args.replay is not None:
-        console.print(_replay(args.replay, args.profile, policies, args.sim))
-        return 0
+        table, refused = _replay(args.replay, args.profile, policies, args.sim)
+        console.print(table)
+        return 1 if refused else 0
     from jigsaw.sim.node import Infeasible
 
     results, infeasible = {}, {}
@@ -143,14 +160,33 @@ def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str]):
         gap = f"{r.makespan_s / bound.makespan_s - 1:+.1%}" if bound else "—"
         t.add_row(name, f"{r.tokens_per_s:,.0f}", ratio, f"{r.makespan_s:,.1f}", gap,
                   *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines])
-    for name in infeasible:
-        t.add_row(name, "infeasible", *[""] * (3 + len(names)))
-    notes = [_same_work(results)] + [f"infeasible: {why}" for why in infeasible.values()]
+    notes = [_same_work(results)] + [_unrun(t, name, "infeasible", why) for name, why in infeasible.items()]
     if bound:
         notes.append(f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
                      f"resource {bound.resource_s:,.1f} s)")
     t.caption = "\n".join(notes) or None
     return t
+
+
+def _from_log(args: Args, console) -> SimConfig:
+    """The simulation with its first workload's lengths, prompts and group from a log."""
+    from jigsaw.sim import lengthlog
+    from jigsaw.sim.run import expand
+
+    log = lengthlog.read(args.lengths_from, tokenizer=args.lengths_tokenizer, group=args.lengths_group)
+    base, *rest = expand(args.sim.workload)
+    path = lengthlog.workload_from_log(base, log, args.lengths_out)
+    for line in lengthlog.summary(log):
+        console.print(line, highlight=False)
+    console.print(f"wrote {path} ({base} with these lengths) and {path.with_suffix('.jsonl')}", highlight=False)
+    return replace(args.sim, workload=(str(path), *rest))
+
+
+def _unrun(t, name: str, word: str, why: str) -> str:
+    """A policy that did not run, as every table shows one: a row saying `word` where its
+    numbers would be; the caption line (returned) says why."""
+    t.add_row(name, word, *[""] * (len(t.columns) - 2))
+    return f"{word}: {why}"
 
 
 def _same_work(results: dict) -> str:
@@ -164,11 +200,12 @@ def _same_work(results: dict) -> str:
 
 
 def _replay(path: Path, profile: Path | None, policies: list[str], config: SimConfig):
+    """The replay table, and whether any policy was refused."""
     from rich.table import Table
 
     from jigsaw.graph.policies import make
     from jigsaw.mux.model.slowdown import load_grid
-    from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay, replay_decisions
+    from jigsaw.sim.replay import Refused, grid_of, recorded, recorded_makespan_s, replay, replay_decisions
     from jigsaw.trace import Trace
 
     trace = Trace.read(path)
@@ -186,9 +223,14 @@ def _replay(path: Path, profile: Path | None, policies: list[str], config: SimCo
               caption=caption)
     for col in ("policy", "makespan s", "tokens/s", *[f"done s {ps.graph.pipeline}" for ps in rec.pipelines]):
         t.add_column(col, justify="left" if col == "policy" else "right")
+    refused = []
     for name in policies:
         ex = replay(rec, make(name, config.sched), grid, config.sched)
+        if isinstance(ex, Refused):  # its row says so; no other scheduler's makespan stands in
+            refused.append(_unrun(t, name, "refused", str(ex)))
+            continue
         finish = dict(ex.finish_s)
         t.add_row(name, f"{ex.makespan_s:,.1f}", f"{tokens / ex.makespan_s:,.0f}" if ex.makespan_s else "—",
                   *[f"{finish[ps.graph.pipeline]:,.1f}" for ps in rec.pipelines])
-    return t
+    t.caption = "\n".join([caption, *refused])
+    return t, bool(refused)

@@ -266,7 +266,10 @@ class NodeState:
         plan = self._plan(now_s)
         if self.liveness and not self._admits(plan) and self._stalled() is not None:
             # even its urgent request was not started (a plan of sub-stages nobody asked for)
-            return self._fallback(now_s, host, f"policy {self.policy.name} started nothing while nothing runs")
+            why = f"policy {self.policy.name} started nothing while nothing runs"
+            if not self.fallback:  # a replay reports the policy's own failure, nobody else's plan
+                raise RuntimeError(why)
+            return self._fallback(now_s, host, why)
         return self._apply(plan, now_s).absorb(host)
 
     def due(self, now_s: float) -> bool:

@@ -8,7 +8,11 @@
                     from the grid for what really shares its device; a lockstep gang at the
                     gang's rate
             advance to the next completion ─► the node state is told it finished
-    ─► Execution(makespan, finish times, intervals, plans)
+    ─► Execution(makespan, finish times, intervals, plans, the fallback's plans)
+    a policy that raises, whose plan cannot take effect, leaves an urgent piece waiting or
+    starts nothing ─► PolicyFailed carrying Refused(policy, time, first line of why)
+        (`fallback` on: where the policy raised, the node state's fallback decides instead,
+        as a live node's does, and Execution.fallbacks says so)
 
 It is a simulator at sub-stage granularity: what-if questions on recorded or predicted
 graphs (`jigsaw sim --replay`, the scheduler's tests, `bench/`).  The node simulator
@@ -17,6 +21,7 @@ graphs (`jigsaw sim --replay`, the scheduler's tests, `bench/`).  The node simul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +29,7 @@ from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.state import EPS_S, gang_rate
 from jigsaw.graph.substage import SubStageKind
+from jigsaw.mux.model.slowdown import SlowdownGrid
 from jigsaw.node.effects import Decision, Held, layout
 from jigsaw.node.ledger import LivePipeline
 from jigsaw.node.state import NodeState
@@ -51,35 +57,66 @@ class Execution:
     """Completion time of each pipeline."""
     intervals: tuple[Interval, ...]
     plans: tuple[Plan, ...]
+    fallbacks: tuple[str, ...] = ()
+    """Why the node state's fallback decided instead of the policy, once per such plan (a
+    makespan with any is not the policy's alone); always empty with `fallback` off."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Refused:
+    """A policy that could not run the pipelines, and why: what stands where its makespan
+    would (`jigsaw.sim.replay.replay` returns it; never a makespan another scheduler made)."""
+
+    policy: str
+    time_s: float
+    """Simulated time of the plan that failed."""
+    reason: str
+    """The first line of the error (a traceback's detail is not a reason)."""
+
+    def __str__(self) -> str:
+        return f"{self.policy} failed at t={self.time_s:.3f} s: {self.reason}"
+
+
+class PolicyFailed(RuntimeError):
+    """The policy could not run the pipelines: its plan raised, could not take effect, left
+    an urgent rollout piece waiting, or started nothing while work was left."""
+
+    def __init__(self, refused: Refused):
+        super().__init__(str(refused))
+        self.refused = refused
 
 
 def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             config: SchedulerConfig = SchedulerConfig(), policy: Policy | None = None,
-            max_plans: int = 1_000_000, continuous: bool = False) -> Execution:
+            max_plans: int = 1_000_000, continuous: bool = False, fallback: bool = True) -> Execution:
     """Run every pipeline's graph to completion; `policy` defaults to jigsaw with `config`.
-    With `continuous`, a plan that does not start an urgent rollout piece is an error."""
-    state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False)
+    With `continuous`, a plan that does not start an urgent rollout piece is an error.
+    `fallback` off: a policy that raises is a PolicyFailed, not a plan of the node state's
+    fallback (what measuring the policy needs); on, the node goes on as a live one does."""
+    state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False, fallback=fallback)
     for ps in pipelines:
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
         state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1)
-    run = _Run(state, model, config.balance, continuous)
+    run = _Run(state, model, config.balance, continuous, fallback)
     while not run.done():
         if len(run.plans) >= max_plans:
-            raise RuntimeError(f"no completion after {max_plans} plans")
+            raise run.failed(f"no completion after {max_plans} plans")
         run.step()
     run.close()
     finish = tuple((name, run.finish_s.get(name, 0.0)) for name in state.pipelines)
     return Execution(makespan_s=max((f for _, f in finish), default=0.0), finish_s=finish,
                      intervals=tuple(sorted(run.intervals, key=lambda iv: (iv.start_s, iv.substage))),
-                     plans=tuple(run.plans))
+                     plans=tuple(run.plans), fallbacks=tuple(run.fallbacks))
 
 
 class _Run:
     """The executor's clock, the work left of running replicas, and what it recorded."""
 
-    def __init__(self, state: NodeState, model, balanced: bool, continuous: bool):
+    def __init__(self, state: NodeState, model, balanced: bool, continuous: bool, fallback: bool):
         self.state, self.model, self.balanced, self.continuous = state, model, balanced, continuous
+        self.fallback = fallback
+        self.fallbacks: list[str] = []
         self.t = 0.0
         self.left: dict[tuple[str, str], float] = {}
         """Exclusive seconds left of each running replica (what really happens)."""
@@ -92,16 +129,13 @@ class _Run:
     def done(self) -> bool:
         return all(len(p.finished) >= len(p.static) for p in self.state.pipelines.values())
 
+    def failed(self, reason: str) -> PolicyFailed:
+        first = (reason.strip().splitlines() or [""])[0]
+        return PolicyFailed(Refused(policy=self.state.policy.name, time_s=self.t, reason=first))
+
     def step(self) -> None:
         self._ask()
-        d = self.state.decide(self.t)
-        if d is None:
-            raise RuntimeError(f"schedule stuck at t={self.t}: nothing waits or runs and work is left")
-        missed = [sid for p in self.state.pipelines.values() for sid, w in p.waiting.items() if w.urgent]
-        if self.continuous and missed:
-            raise RuntimeError(f"plan at t={self.t} does not continue rollout piece(s) {missed[:3]}")
-        if d.notes:
-            raise RuntimeError(f"plan at t={self.t} cannot take effect: {d.notes[0]}")
+        d = self._decide()
         self.plans.append(d.plan)
         for adm in d.admitted:
             p = self.state.pipelines[adm.held.pipeline]
@@ -114,11 +148,31 @@ class _Run:
                 self._end_chain(self.state.pipelines[m.pipeline], m.source)
         units = self._units(d)
         if not units:
-            raise RuntimeError(f"schedule stuck at t={self.t}: nothing runs and work is left")
+            raise self.failed("the schedule is stuck: nothing runs and work is left")
         dt = min(left / rate for left, rate, _, _ in units)
         self._record(d, self.t + dt)
         self.t += dt
         self._advance(units, dt)
+
+    def _decide(self) -> Decision:
+        """The node state's decision now, one the policy made and the node can enact; else a
+        PolicyFailed saying why."""
+        try:
+            d = self.state.decide(self.t)
+        except Exception as exc:  # noqa: BLE001 - whatever the policy raised is why it failed
+            raise self.failed(f"{type(exc).__name__}: {exc}") from exc
+        if d is None:
+            raise self.failed("the schedule is stuck: nothing waits or runs and work is left")
+        if d.fallback:
+            if not self.fallback:  # the node state's liveness guard falls back on its own
+                raise self.failed(d.fallback)
+            self.fallbacks.append(f"t={self.t:.6f}: {d.fallback}")
+        missed = [sid for p in self.state.pipelines.values() for sid, w in p.waiting.items() if w.urgent]
+        if self.continuous and missed:
+            raise self.failed(f"the plan does not continue rollout piece(s) {missed[:3]}")
+        if d.notes:
+            raise self.failed(f"the plan cannot take effect: {d.notes[0]}")
+        return d
 
     def _end_chain(self, p: LivePipeline, source: str) -> None:
         """A merged-away worker's later rollout pieces of the step left with its requests (their
@@ -172,12 +226,24 @@ class _Run:
         is not trusted: this is the effect side)."""
         out = {}
         for dev, group in layout(d.holders).items():
-            got = self.model.actual(*[(h.kind.value, h.budget.sm_frac, h.budget.mem_frac) for h in group])
-            if got is None:
-                raise RuntimeError(f"plan at t={self.t} co-locates {[h.sid for h in group]} on device {dev}, "
-                                   "which the slowdown grid says does not fit")
+            got = self.model.actual(*[self._unit(h) for h in group])
+            if got is None or not all(math.isfinite(x) for x in got):  # a holder alone says inf
+                raise self.failed(f"the plan gives {[h.sid for h in group]} budgets on device {dev} that the "
+                                  "slowdown grid says do not fit")
             out.update({(h.pipeline, h.sid): s for h, s in zip(group, got)})
         return out
+
+    def _unit(self, h: Held) -> tuple:
+        """A holder as the grid prices it, (kind, σ, m, need over the device's memory), as the
+        node simulator's physics does and the baselines plan: whether it fits is its need's
+        to say, not the grid's nearest memory level (a training of 47% runs in half a device
+        whose 40% level cannot hold it).  A rollout engine's pool follows its grant, so it
+        needs nothing of it: its recorded footprint is what it held, not what it must."""
+        unit = (h.kind.value, h.budget.sm_frac, h.budget.mem_frac)
+        if not isinstance(self.model, SlowdownGrid):  # a pair view takes no need
+            return unit
+        need_bytes = 0 if h.kind.is_rollout else self.state.pipelines[h.pipeline].static[h.sid].mem_bytes
+        return (*unit, need_bytes / self.state.node.mem_bytes)
 
     def _advance(self, units, dt: float) -> None:
         for left, rate, name, hs in units:

@@ -3,7 +3,9 @@
     re-pack:   Trace ─► per sub-stage: grant/release intervals on devices (exclusive time =
                Σ interval / slowdown), host intervals, memory held ─► SubStage
                └─► assemble_step_graph per (pipeline, step) ─► steps chained ─► PipelineState
-                   ─► jigsaw.sim.execute.execute(any policy) ─► Execution
+                   ─► jigsaw.sim.execute.execute(any policy, no fallback) ─► Execution, or
+                      Refused(policy, time, why) where the policy failed (never a row another
+                      scheduler computed)
     decisions: a daemon's trace ─► the requests it took (node/inputs.py reads them back:
                Admit, Done, Progress, …; registrations, drops, operator migrations) fed in
                order through the daemon's own Inbox to a fresh NodeState with the recorded
@@ -15,7 +17,9 @@ What re-packs is the recorded work at sub-stage granularity: the same sub-stages
 their exclusive durations, re-packed by another policy (no forward-step re-simulation,
 so rollout regimes and tails are as recorded).  The placement is the recorded one:
 policies that split the node into pools (rollmux, hrrs) keep their ordering rules but
-not their pools, and a consolidated tail keeps its worker's later pieces.  A decision
+not their pools, and a consolidated tail keeps its worker's later pieces.  A piece needs
+the memory it reported: a stage its largest, a rollout engine, whose pool follows its
+grant, its smallest (`_footprints`).  A policy that fails is Refused, with why.  A decision
 replay runs the daemon's own code path (view, policy, applier) on the daemon's own inputs,
 so it must reproduce every plan exactly.
 """
@@ -29,8 +33,9 @@ from dataclasses import dataclass, replace
 from jigsaw.graph.builder import assemble_step_graph
 from jigsaw.graph.ids import SubStageId
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
+from jigsaw.graph.policy import Needs, PipelineNeeds, refusal
 from jigsaw.graph.substage import SubStage, SubStageKind
-from jigsaw.sim.execute import Execution, execute
+from jigsaw.sim.execute import Execution, PolicyFailed, Refused, execute
 from jigsaw.trace import Trace, TraceEvent
 
 
@@ -78,17 +83,29 @@ def recorded(trace: Trace, first_step: int = 0, factors: Mapping[str, float] | N
 def _pieces(trace: Trace, factors: Mapping[str, float]) -> tuple[list[SubStage], dict[str, float]]:
     """SubStages with exclusive durations from grant/release pairs and host events."""
     times, first = held_times(trace, factors)
-    mem: dict[str, int] = defaultdict(int)
-    for e in trace.events:
-        if e.event == "grant":
-            # The footprint, not the budget (a sub-stage alone is granted the whole device).
-            mem[e.substage] = max(mem[e.substage], int(e.data.get("need_bytes", e.mem_bytes)))
+    mem = _footprints(trace)
     out = []
     for sid, t in times.items():
         name, step, rank, kind = _parse_id(sid)
         out.append(SubStage(id=sid, pipeline=name, step=step, kind=kind, dp_rank=rank,
                             duration_s=t.exclusive_s, mem_bytes=mem.get(sid, 0)))
     return _one_per_replica(out), first
+
+
+def _footprints(trace: Trace) -> dict[str, int]:
+    """Per sub-stage, the memory it needs to run: the footprint its grants reported, not the
+    budget (a sub-stage alone is granted the whole device).  A training or reference stage
+    needs its largest.  A rollout engine's KV pool follows its grant, so what it reported
+    under a whole device is that device again (76 of 80 GiB for a long-CoT tail that ran on
+    at 32): it needs its smallest, which it did run with and which holds its longest
+    response; under a smaller budget the grid's memory axis prices the smaller batch."""
+    mem: dict[str, int] = {}
+    for e in trace.events:
+        if e.event == "grant":
+            need, was = int(e.data.get("need_bytes", e.mem_bytes)), mem.get(e.substage)
+            pick = min if SubStageId.parse(e.substage).kind.is_rollout else max
+            mem[e.substage] = need if was is None else pick(was, need)
+    return mem
 
 
 @dataclass(slots=True)
@@ -162,7 +179,7 @@ def grid_of(rec: Recorded):
     and deployment (pipeline events of the trace)."""
     from jigsaw.mux.model.grids import node_grid
     from jigsaw.mux.model.prior import analytic_prior
-    from jigsaw.mux.model.specs import DEVICES, PriorConfig
+    from jigsaw.mux.model.specs import DEVICES, PriorConfig, model_from_config, register_model
 
     if rec.node is not None:
         return node_grid(rec.node.get("profile"))
@@ -172,6 +189,8 @@ def grid_of(rec: Recorded):
         raise ValueError(f"the trace does not say the pipelines' {', '.join(missing)}: pass a profiled grid")
     if first["device"] not in DEVICES:
         raise ValueError(f"unknown device {first['device']!r} in the trace; known: {sorted(DEVICES)}")
+    if "model_config" in first:  # a model the workload described by its shape
+        register_model(first["model"], model_from_config(first["model_config"], "the trace's model_config"))
     return analytic_prior(DEVICES[first["device"]], first["model"], PriorConfig(**first["prior"]))
 
 
@@ -180,10 +199,32 @@ def recorded_makespan_s(trace: Trace) -> float:
     return max((e.t_s for e in trace.events if e.event == "step"), default=0.0)
 
 
-def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig()) -> Execution:
-    """Run the recorded pipelines' work to completion under `policy`."""
+def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig()) -> Execution | Refused:
+    """Run the recorded pipelines' work to completion under `policy` alone: the node state's
+    fallback is off, so a policy that fails is Refused, never a row the fallback computed."""
     node = NodeSpec(num_devices=rec.num_devices, mem_bytes=grid.device.mem_bytes)
-    return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True)
+    why = refusal(policy, needs(rec, node.mem_bytes))
+    if why is not None:  # what the simulator says before a run it would refuse
+        return Refused(policy=policy.name, time_s=0.0, reason=why)
+    try:
+        return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True, fallback=False)
+    except PolicyFailed as exc:
+        return exc.refused
+
+
+def needs(rec: Recorded, device_mem_bytes: int) -> Needs:
+    """What the recorded pipelines needed of one device: each reference and training stage
+    the largest footprint it ran with (`_footprints`), the simulator's refusal asked of a
+    recording.  A rollout engine's footprint is whatever its grant let its KV pool fill, not
+    a need: rollouts are left out, as the planning leaves them (baselines._need_frac)."""
+    out = []
+    for ps in rec.pipelines:
+        by_kind: dict[str, int] = {}
+        for s in (s for s in ps.graph.substages if s.kind.on_device and not s.kind.is_rollout):
+            by_kind[s.kind.value] = max(by_kind.get(s.kind.value, 0), s.mem_bytes)
+        out.append(PipelineNeeds(name=ps.graph.pipeline, rollout_devices=tuple(ps.devices),
+                                 train_devices=tuple(ps.devices), mem_bytes=by_kind))
+    return Needs(device_mem_bytes=device_mem_bytes, pipelines=tuple(out))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

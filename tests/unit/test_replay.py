@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from jigsaw.graph.policies import make
-from jigsaw.sim.replay import grid_of, recorded, recorded_makespan_s, replay
+from jigsaw.sim.execute import Execution
+from jigsaw.sim.replay import Recorded, grid_of, recorded, recorded_makespan_s
+from jigsaw.sim.replay import replay as replay_or_refuse
 from jigsaw.sim.run import SimConfig, simulate
 from jigsaw.trace import Trace, TraceEvent
 
 CFG = SimConfig(workload=("qwen3-4b-gsm8k-multiturn", "qwen3-0.6b-gsm8k"), gpus=4, steps=2, seed=3)
+GIB = 1 << 30
+
+
+def replay(rec: Recorded, policy, grid) -> Execution:
+    """The policy's own run of the recorded work (these policies are not refused)."""
+    got = replay_or_refuse(rec, policy, grid)
+    assert isinstance(got, Execution), str(got)
+    return got
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +128,78 @@ def test_a_worker_whose_requests_moved_runs_no_more_of_that_rollout():
     assert chained and not chained & set(ran)
     every = {s.id for g in graphs.values() for s in g}
     assert set(ran) | chained == every
+
+
+def test_a_rollout_piece_needs_its_smallest_reported_footprint_a_stage_its_largest():
+    """A rollout engine's pool follows its grant: what it reported under a whole device is
+    that device again, not a need (a long-CoT tail reported 76 GiB there and ran on at 32)."""
+    roll, train = "a/0/r0/rollout_tail/0", "a/0/r0/training/0"
+
+    def grant(t: float, sid: str, need_gib: float) -> TraceEvent:
+        return TraceEvent(t_s=t, event="grant", pipeline="a", substage=sid, device=0, sm_frac=1.0,
+                          mem_bytes=80 * GIB, slowdown=1.0, data={"need_bytes": int(need_gib * GIB)})
+
+    rec = recorded(Trace([grant(0.0, roll, 76), grant(1.0, roll, 32), grant(2.0, roll, 40),
+                          grant(3.0, train, 30), grant(4.0, train, 38),
+                          TraceEvent(t_s=5.0, event="release", pipeline="a", device=0)]))
+    mem = {s.id: s.mem_bytes for s in rec.pipelines[0].graph}
+    assert mem == {roll: 32 * GIB, train: 38 * GIB}
+
+
+def test_muxserve_replays_the_long_cot_pair_whose_tails_continue_beside_each_other():
+    """Replayed with its tails' peak footprints, a tail that continued its worker's rollout
+    (76 GiB, recorded alone on a whole device) could not join the other pipeline's tail on
+    its device, and muxserve raised; with the footprints the engines ran with, it fits."""
+    cfg = SimConfig(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy="jigsaw")
+    rec = recorded(simulate(cfg).trace)
+    assert replay(rec, make("muxserve"), grid_of(rec)).makespan_s > 0
+
+
+def _training_needs_half():
+    """The synthetic grid, with training unable to hold 20% or 40% of a device (null there,
+    alone and beside anything, and so its partners at 80% and 60% beside it)."""
+    from factories import synthetic_grid
+
+    from jigsaw.mux.model.slowdown import SlowdownGrid
+
+    d = synthetic_grid().to_dict()
+    for row in d["alone"]["training"]:
+        row[0] = row[1] = None
+    for other in d["kinds"]:
+        for row in d["pairs"]["training"][other]:
+            row[0] = row[1] = None
+        for row in d["pairs"][other]["training"]:
+            row[2] = row[3] = None
+    return SlowdownGrid.from_dict(d)
+
+
+class HalfEach:
+    """Every sub-stage half a device's SMs and memory (what a static split grants)."""
+
+    name, separable = "half-each", False
+
+    def plan(self, view):
+        from jigsaw.graph.plan import Assignment, Plan
+
+        out = []
+        for ps in view.pipelines:
+            for s in [ps.graph[sid] for sid in ps.running] + list(ps.graph.frontier(ps.done, ps.running)):
+                out.append(Assignment(substage=s.id, pipeline=ps.graph.pipeline, device=ps.devices[s.dp_rank],
+                                      sm_frac=0.5, mem_bytes=view.node.mem_bytes // 2, slowdown=1.0))
+        return Plan(time_s=view.time_s, started=tuple(a.substage for a in out), assignments=tuple(out))
+
+
+def test_a_stage_runs_in_a_budget_its_need_fits_though_the_grids_lower_level_cannot_hold_it():
+    """The executor prices what runs by need, as the node simulator's physics does: a 38 GiB
+    training in half an 80 GiB device runs (at the 60% level's pace), though the grid's
+    40% level is null and, without its need, half the device would be infeasible."""
+    from factories import NODE, chain, states
+
+    from jigsaw.graph.substage import SubStageKind as K
+    from jigsaw.sim.execute import execute
+
+    grid = _training_needs_half()
+    assert grid.actual(("training", 0.5, 0.5)) == (math.inf,)
+    ex = execute(states(chain("A", [("train", K.TRAINING, 5.0, 38)])), NODE, grid, policy=HalfEach(),
+                 fallback=False)
+    assert ex.makespan_s == pytest.approx(5.0 * grid.alone("training", 0.5, 0.6))
