@@ -178,3 +178,54 @@ def test_the_start_step_is_where_drift_and_an_empirical_trace_count_from():
 def test_a_negative_start_step_is_refused():
     with pytest.raises(ValueError, match="start_step must be an int >= 0"):
         make(start_step=-1)
+
+
+# ---------------------------------------------------------------- a model jigsaw does not ship
+
+QWEN25_32B = {"num_hidden_layers": 64, "hidden_size": 5120, "intermediate_size": 27648, "num_attention_heads": 40,
+              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 152064, "tie_word_embeddings": False}
+
+
+def test_a_model_given_by_its_config_is_priced_by_its_shape(tmp_path):
+    from jigsaw.mux.model.specs import MODELS
+
+    spec = make(model="test-qwen2.5-32b", model_config=QWEN25_32B)
+    shape = MODELS["test-qwen2.5-32b"]
+    assert spec.model == "test-qwen2.5-32b" and abs(shape.params / 32.5e9 - 1) < 0.03  # the model card: 32.5B
+    assert shape.kv_bytes_per_token == 2 * 64 * 8 * 128 * 2
+    from jigsaw.mux.model.specs import PriorConfig
+
+    cost = StepCost(H100, "test-qwen2.5-32b", PriorConfig(fsdp_degree=16, rollout_tp=4))
+    assert cost.decode_s(64, 64 * 2000) > StepCost(H100, "qwen3-4b").decode_s(64, 64 * 2000)
+    shipped = wl.get("qwen2.5-32b-dapo")
+    assert MODELS[shipped.model].params == 32.5e9  # the card's count where the workload gives it
+
+
+def test_a_model_config_that_contradicts_a_known_model_or_lacks_a_shape_is_refused():
+    with pytest.raises(ValueError, match="'qwen3-4b' is already known with another shape"):
+        make(model="qwen3-4b", model_config=QWEN25_32B)
+    with pytest.raises(ValueError, match=r"\[model_config\]: lacks 'vocab_size'"):
+        make(model="test-broken", model_config={k: v for k, v in QWEN25_32B.items() if k != "vocab_size"})
+    with pytest.raises(ValueError, match="unknown .*describe it in a \\[model_config\\] table"):
+        make(model="test-nobody")
+
+
+def test_a_trace_of_a_described_model_replays_in_a_process_that_never_loaded_its_workload(tmp_path):
+    import subprocess
+    import sys
+
+    from jigsaw.sim.run import SimConfig, simulate
+
+    raw = tomllib.loads(Path(wl.shipped()["qwen2.5-32b-dapo"]).read_text())
+    raw.update(model="test-own-32b", prompts=8, gen_prompts=12, gpus=8)
+    path = tmp_path / "own.toml"
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(raw))
+    res = simulate(SimConfig(workload=(str(path),), policy="jigsaw", steps=1))
+    res.trace.write(tmp_path / "t.jsonl")
+    code = ("from jigsaw.sim.replay import grid_of, recorded, replay; from jigsaw.trace import Trace; "
+            "from jigsaw.graph.policies import make; rec = recorded(Trace.read('t.jsonl')); "
+            "print(replay(rec, make('serial'), grid_of(rec)).makespan_s > 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
