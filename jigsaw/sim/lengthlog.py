@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jigsaw.sim import workload as wl
+from jigsaw.sim.lengths import json_object
 
 COLUMNS = {
     "step": ("step", "global_step", "global_steps", "training_step", "iteration"),
@@ -119,15 +120,8 @@ def workload_from_log(base: str, log: Log, out: str | Path) -> Path:
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     with open(path) as f:
         for n, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-            yield n, rec
+            if text.strip():
+                yield n, json_object(f"{path}:{n}", text)
 
 
 def _parquet(path: Path) -> list[dict]:

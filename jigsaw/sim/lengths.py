@@ -472,14 +472,20 @@ def _load_trace(path: str, _size: int, _mtime: int, max_tokens: int) -> Trace:
     return Trace(path=path, steps=steps, median_tokens=float(np.median(totals)))
 
 
-def _parse(path: str, lineno: int, text: str, max_tokens: int) -> Record:
-    where = f"{path}:{lineno}"
+def json_object(where: str, text: str) -> dict:
+    """One JSONL line as an object, or an error naming where it is (file:line)."""
     try:
         rec = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
     if not isinstance(rec, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def _parse(path: str, lineno: int, text: str, max_tokens: int) -> Record:
+    where = f"{path}:{lineno}"
+    rec = json_object(where, text)
     step = _int(where, rec, "step", low=0)
     prompt_len = _int(where, rec, "prompt_len", low=1)
     if "turn_lens" in rec:
