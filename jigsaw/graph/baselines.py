@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan
 from jigsaw.graph.policy import Needs, PipelineNeeds, Placement, View, colocated
-from jigsaw.graph.substage import SubStage, SubStageKind
+from jigsaw.graph.substage import SubStage, SubStageKind, grant_need_bytes
 
 GIB = 2**30
 
@@ -49,10 +49,8 @@ def _device(ps: PipelineState, s: SubStage) -> int | None:
 
 
 def _need_frac(s: SubStage, cap_bytes: int) -> float:
-    """Its need over the device's memory, for the grid's feasibility by need.  A rollout
-    engine sizes its KV pool from the memory it is given (SGLang's mem_fraction_static), so
-    whatever the grid can price at its grant it runs: it needs nothing more there."""
-    return 0.0 if s.kind.is_rollout else s.mem_bytes / cap_bytes
+    """Its need over the device's memory, for the grid's feasibility by need."""
+    return grant_need_bytes(s.kind, s.mem_bytes) / cap_bytes
 
 
 def _rollout_need_bytes(p: PipelineNeeds) -> int:

@@ -131,6 +131,13 @@ class StepRecord:
         return self.t_end_s - self.t_start_s
 
 
+def grant_need_bytes(kind: SubStageKind, mem_bytes: int) -> int:
+    """What a sub-stage of `mem_bytes` footprint must be granted to run at all: its footprint,
+    but a rollout engine nothing, since it sizes its KV pool from the memory it is given
+    (SGLang's mem_fraction_static): what it reported holding is what its grant let it fill."""
+    return 0 if kind.is_rollout else mem_bytes
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SubStage:
     """A node of the sub-stage graph: one regime of one stage on one DP worker."""

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.state import EPS_S, gang_rate
-from jigsaw.graph.substage import SubStageKind
-from jigsaw.mux.model.slowdown import SlowdownGrid
+from jigsaw.graph.substage import SubStageKind, grant_need_bytes
 from jigsaw.node.effects import Decision, Held, layout
 from jigsaw.node.ledger import LivePipeline
 from jigsaw.node.state import NodeState
@@ -98,7 +97,8 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
         state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1)
-    run = _Run(state, model, config.balance, continuous, fallback)
+    footprints = {(ps.graph.pipeline, s.id): s.mem_bytes for ps in pipelines for s in ps.graph.substages}
+    run = _Run(state, model, config.balance, continuous, fallback, footprints)
     while not run.done():
         if len(run.plans) >= max_plans:
             raise run.failed(f"no completion after {max_plans} plans")
@@ -113,10 +113,13 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
 class _Run:
     """The executor's clock, the work left of running replicas, and what it recorded."""
 
-    def __init__(self, state: NodeState, model, balanced: bool, continuous: bool, fallback: bool):
+    def __init__(self, state: NodeState, model, balanced: bool, continuous: bool, fallback: bool,
+                 footprint_bytes: dict[tuple[str, str], int]):
         self.state, self.model, self.balanced, self.continuous = state, model, balanced, continuous
         self.fallback = fallback
         self.fallbacks: list[str] = []
+        self.footprint_bytes = footprint_bytes
+        """Each sub-stage's memory footprint, from the graphs it was given (what acting needs)."""
         self.t = 0.0
         self.left: dict[tuple[str, str], float] = {}
         """Exclusive seconds left of each running replica (what really happens)."""
@@ -237,13 +240,9 @@ class _Run:
         """A holder as the grid prices it, (kind, σ, m, need over the device's memory), as the
         node simulator's physics does and the baselines plan: whether it fits is its need's
         to say, not the grid's nearest memory level (a training of 47% runs in half a device
-        whose 40% level cannot hold it).  A rollout engine's pool follows its grant, so it
-        needs nothing of it: its recorded footprint is what it held, not what it must."""
-        unit = (h.kind.value, h.budget.sm_frac, h.budget.mem_frac)
-        if not isinstance(self.model, SlowdownGrid):  # a pair view takes no need
-            return unit
-        need_bytes = 0 if h.kind.is_rollout else self.state.pipelines[h.pipeline].static[h.sid].mem_bytes
-        return (*unit, need_bytes / self.state.node.mem_bytes)
+        whose 40% level cannot hold it)."""
+        need = grant_need_bytes(h.kind, self.footprint_bytes[(h.pipeline, h.sid)])
+        return h.kind.value, h.budget.sm_frac, h.budget.mem_frac, need / self.state.node.mem_bytes
 
     def _advance(self, units, dt: float) -> None:
         for left, rate, name, hs in units:
