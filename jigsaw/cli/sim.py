@@ -55,7 +55,7 @@ class Args:
     lengths_tokenizer: Path | None = None
     """The model's tokenizer (a local directory) to count a verl rollout dump's texts in tokens."""
     lengths_group: int | None = None
-    """Responses per prompt of a log that names no prompt (default: one)."""
+    """Responses per prompt of a log that names no prompt; unset: one."""
     lengths_out: Path = Path("lengths-workload.toml")
     """Where --lengths-from writes the workload (TOML) and its length trace (the .jsonl beside it)."""
 
