@@ -37,6 +37,7 @@ def _replayed(spec: wl.WorkloadSpec, steps: int) -> list[list[int]]:
 
 def test_a_logged_table_becomes_a_workload_that_replays_it_exactly(tmp_path):
     rows = _log()
+    rows[5]["response_length"] = 12_000  # past qwen3-4b-gsm8k's 8192 cap: the workload's cap must hold it
     log = lengthlog.read(_jsonl(tmp_path / "run.jsonl", rows))
     assert (log.steps, log.prompts, log.group) == (3, 4, 2)
     path = lengthlog.workload_from_log("qwen3-4b-gsm8k", log, tmp_path / "mine")
