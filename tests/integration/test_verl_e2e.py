@@ -27,7 +27,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -120,16 +119,19 @@ class PeakMemory(threading.Thread):
 class Drain(threading.Thread):
     """`Migrate` verl-s1's rank-1 rollout to rank 0 (what `jigsaw daemon migrate` sends) part-way
     through, until its log says a replica handed requests over with tokens generated.  The pace
-    is the job's own: the order goes at `frac` of the rank-1 rollouts of its earlier steps (step
-    1 runs whole), so it lands mid-generation however loaded the machine is; an order that
-    moved requests with no tokens yet goes later the next step, one that came as the rollout
-    ended, earlier.  Orders and refusals are kept, to tell what happened."""
+    is the job's own: the order goes at `frac` of the last whole rank-1 rollout (grant to
+    release; step 1 runs whole), so it lands mid-generation however loaded the machine is; an
+    order that moved requests with no tokens yet goes later the next step, one that came as the
+    rollout ended (refused: nothing to migrate, or moved nothing), earlier.  Orders and
+    refusals are kept, to tell what happened."""
 
     def __init__(self, node: Node, log: Path):
         super().__init__(daemon=True)
         self.node, self.log, self.stop = node, log, threading.Event()
         self.orders: list[tuple[int, float, str]] = []
         self.refused: list[str] = []
+        self.moved_at: set[int] = set()
+        """Steps whose rank-1 rollout lost requests to an order: not a whole rollout's pace."""
 
     def run(self) -> None:
         frac, tried = 0.5, set()
@@ -142,9 +144,11 @@ class Drain(threading.Thread):
             owner = owner_file(self.node.ep, "verl-s1").read_text()  # as `jigsaw daemon migrate` finds it
             order = pr.Migrate(pipeline="verl-s1", source_rank=1, target_rank=0, owner=owner, req=9)
             reply = ask(self.node.ep, order, 2.0)
-            if not isinstance(reply, pr.Migrated):
+            if not isinstance(reply, pr.Migrated):  # the rollout ended before the order: earlier
                 self.refused.append(repr(reply))
+                frac = max(0.1, frac - 0.2)
                 continue
+            self.moved_at.add(step)
             self.orders.append((step, frac, reply.source))
             moved = self._said_after(before)
             if any(c > 0 for cs in moved for c in cs):
@@ -152,26 +156,30 @@ class Drain(threading.Thread):
             frac = min(0.9, frac + 0.2) if moved else max(0.1, frac - 0.2)
 
     def _due(self, frac: float, tried: set[int]) -> int | None:
-        """The step whose rank-1 rollout has run `frac` of its earlier steps' (median), if any."""
+        """The running step whose rank-1 rollout has run `frac` of the last whole one (first
+        grant to last release, a later step begun), if any."""
         ev = self.node.events()
         t0 = next((e["data"]["clock_t0_s"] for e in ev if e["event"] == "node"), None)
-        spans: dict[int, list[float]] = {}
-        running: set[str] = set()
+        span: dict[int, list[float]] = {}
+        open_: dict[int, set[str]] = {}
         for e in ev:
             if e["pipeline"] != "verl-s1" or not (m := RANK1_ROLLOUT.match(e["substage"])):
                 continue
-            span = spans.setdefault(int(m[1]), [e["t_s"], e["t_s"]])
-            span[1] = e["t_s"]
+            step = int(m[1])
             if e["event"] == "grant":
-                running.add(e["substage"])
-            elif e["event"] in ("release", "migration"):
-                running.discard(e["substage"])
-        whole = [b - a for s, (a, b) in spans.items() if s not in tried and s < max(spans, default=0)]
-        step = max(spans, default=0)
-        if t0 is None or not whole or step in tried or not any(f"/{step}/r1/" in sid for sid in running):
+                span.setdefault(step, [e["t_s"], e["t_s"]])
+                open_.setdefault(step, set()).add(e["substage"])
+            elif e["event"] in ("release", "migration") and step in span:
+                span[step][1] = e["t_s"]
+                open_[step].discard(e["substage"])
+        paces = [b - a for s, (a, b) in sorted(span.items())
+                 if not open_[s] and s < max(span) and s not in self.moved_at]
+        running = [s for s in span if open_[s] and s not in tried]
+        if t0 is None or not paces or not running:
             return None
-        ran_s = time.monotonic() - t0 - spans[step][0]
-        return step if ran_s >= frac * statistics.median(whole) else None
+        step = max(running)
+        ran_s = time.monotonic() - t0 - span[step][0]
+        return step if ran_s >= frac * paces[-1] else None
 
     def _moved(self) -> list[list[int]]:
         return [[int(c) for c in cs.split()] for *_, cs in MOVED.findall(self.log.read_text(errors="replace"))]
@@ -310,6 +318,7 @@ def test_verl_worker_processes_ran_on_their_granted_cores(pair):
 
 def test_requests_moved_mid_generation_and_every_response_is_token_identical(pair, unmigrated):
     log = pair["logs"][0]
+    print(f"orders (step, frac, source): {pair['orders']}; refused: {pair['refused']}")
     assert pair["orders"] and any(e["event"] == "migration" for e in pair["events"]), pair["refused"][-5:]
     handed = [(int(src), int(n), int(dst), [int(c) for c in carried.split()])
               for src, n, dst, carried in MOVED.findall(log)]
