@@ -132,6 +132,37 @@ def test_grid_points_return_stored_values_exactly(shipped):
         assert nulls_next_to_values > 0  # the exactness claim covers points beside nulls
 
 
+def _interpolated(table, point, fits: bool) -> float:
+    """The table's answer by its interpolator alone (what a grid node must equal)."""
+    value, infeasible = table._interp(np.array([point]))[0]
+    if infeasible <= 0.0:
+        return float(value)
+    return math.inf if not fits or 1.0 - infeasible <= 1e-12 else float(value / (1.0 - infeasible))
+
+
+class _NoInterpolation:
+    def __call__(self, *_):
+        raise AssertionError("a grid node was interpolated")
+
+
+def test_grid_nodes_are_read_not_interpolated_and_give_the_interpolators_number(shipped):
+    """Cold decisions query hundreds of grid nodes: each must be a table read (the
+    interpolator costs ~0.1 ms a call) and equal what interpolation gives, bit for bit."""
+    tables = [*shipped._alone_tables.values(), *shipped._shared_tables.values(), *shipped._part_tables.values()]
+    nodes = 0
+    for table in tables:
+        axes = [sorted(level for level in axis) for axis in table._nodes]
+        want = {(pt, fits): _interpolated(table, pt, fits) for pt in itertools.product(*axes) for fits in (False, True)}
+        interp, table._interp = table._interp, _NoInterpolation()
+        try:
+            for (pt, fits), v in want.items():
+                assert table(*pt, fits=fits) == v, (pt, fits)
+                nodes += 1
+        finally:
+            table._interp = interp
+    assert nodes > 100
+
+
 def test_toy_grid_points_beside_nulls(toy):
     assert toy.alone("a", 0.5, 0.2) == math.inf
     assert toy.alone("a", 0.5, 0.4) == _alone_value("a", 1, 1)

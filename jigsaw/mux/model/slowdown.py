@@ -268,9 +268,13 @@ class _Table:
     pessimistic side).  Where every corner is feasible it is the plain interpolation, and
     an exact grid point is its stored value (or still infeasible when null): nothing changes
     where nothing was infeasible.
+
+    A point on grid nodes (every budget the scheduler grants: callers snap to levels) is read
+    from the table: linear weights there are exactly 1 and 0, so the answer is the same number
+    the interpolation gives, without its ~0.1 ms per call (cold decisions make hundreds).
     """
 
-    __slots__ = ("_interp",)
+    __slots__ = ("_interp", "_nodes", "_at")
 
     def __init__(self, axes: tuple[tuple[float, ...], ...], values: np.ndarray):
         mask = np.isnan(values)
@@ -278,8 +282,14 @@ class _Table:
         from scipy.interpolate import RegularGridInterpolator  # here: keeps `jigsaw --help` light
 
         self._interp = RegularGridInterpolator(axes, stacked, method="linear", bounds_error=True)
+        self._nodes = tuple({float(level): i for i, level in enumerate(axis)} for axis in axes)
+        self._at = {idx: (math.inf if np.isnan(v) else float(v)) for idx, v in np.ndenumerate(values)}
 
     def __call__(self, *point: float, fits: bool = False) -> float:
+        try:
+            return self._at[tuple(nodes[x] for nodes, x in zip(self._nodes, point, strict=True))]
+        except KeyError:
+            pass
         value, infeasible = self._interp(np.array([point]))[0]
         if infeasible <= 0.0:
             return float(value)
