@@ -231,25 +231,28 @@ MEM_GIB = {K.ROLLOUT_PREFILL: (10, 30), K.ROLLOUT_DECODE: (10, 30), K.ROLLOUT_TA
            K.REFERENCE: (10, 40), K.TRAINING: (30, 55), K.TOOL: (0, 0)}
 
 
-def grpo(rng: random.Random, name: str, ranks: int, pieces: Sequence[K] | int, step: int = 0) -> SubStageGraph:
+def grpo(rng: random.Random, name: str, ranks: int, pieces: Sequence[K] | int, step: int = 0, *,
+         roll_s: tuple[float, float] = (1, 10), ref_s: tuple[float, float] = (1, 8),
+         train_s: tuple[float, float] = (1, 8)) -> SubStageGraph:
     """One GRPO step: a rollout chain per worker (`pieces` kinds, or that many drawn: a
     prefill first, then any rollout kind or tool wait), then reference and training in
-    lockstep on every worker."""
+    lockstep on every worker.  Durations are drawn uniformly from `roll_s` (each rollout
+    piece), `ref_s` and `train_s`."""
     nodes, deps, sinks = [], {}, []
     for r in range(ranks):
         kinds = pieces if not isinstance(pieces, int) else \
             [ROLLOUT[0]] + [rng.choice(ROLLOUT) for _ in range(pieces - 1)]
         prev = None
         for i, kind in enumerate(kinds):
-            s = sub(name, f"roll{i}", kind, round(rng.uniform(1, 10), 2), rank=r, step=step,
+            s = sub(name, f"roll{i}", kind, round(rng.uniform(*roll_s), 2), rank=r, step=step,
                     mem_gib=rng.uniform(*MEM_GIB[kind]))
             nodes.append(s)
             deps[s.id] = (prev,) if prev else ()
             prev = s.id
         sinks.append(prev)
     layer = sinks
-    for kind in (K.REFERENCE, K.TRAINING):
-        dur, mem = round(rng.uniform(1, 8), 2), rng.uniform(*MEM_GIB[kind])
+    for kind, span in ((K.REFERENCE, ref_s), (K.TRAINING, train_s)):
+        dur, mem = round(rng.uniform(*span), 2), rng.uniform(*MEM_GIB[kind])
         nxt = []
         for r in range(ranks):
             s = sub(name, kind.value, kind, dur, rank=r, step=step, mem_gib=mem)
@@ -288,9 +291,59 @@ def _two_steps(rng):
     return [PipelineState(graph=a, devices=(0,)), PipelineState(graph=b, devices=(0,))], 1
 
 
+# Unlike pipelines (issue 32): one train-heavy (short rollout, long reference and training),
+# one tail-heavy (long rollout ending in a tail, short reference and training).
+_TRAIN_HEAVY = {"roll_s": (1, 4), "ref_s": (3, 6), "train_s": (8, 15)}
+_TAIL_HEAVY = {"roll_s": (4, 12), "ref_s": (1, 2), "train_s": (1, 3)}
+_TAIL_CHAIN = [K.ROLLOUT_PREFILL, K.ROLLOUT_DECODE, K.ROLLOUT_TAIL]
+
+
+def _unlike_one_gpu(rng):
+    a = grpo(rng, "A", 1, 2, **_TRAIN_HEAVY)
+    b = grpo(rng, "B", 1, _TAIL_CHAIN, **_TAIL_HEAVY)
+    return [PipelineState(graph=a, devices=(0,)), PipelineState(graph=b, devices=(0,))], 1
+
+
+def _unlike_gangs(rng):
+    a = grpo(rng, "A", 2, 2, **_TRAIN_HEAVY)
+    b = grpo(rng, "B", 2, _TAIL_CHAIN[1:], **_TAIL_HEAVY)
+    return [PipelineState(graph=a, devices=(0, 1)), PipelineState(graph=b, devices=(0, 1))], 2
+
+
+def _unlike_mixed(rng):
+    """Mixed DP: which of the two is the wide one is drawn."""
+    wide, narrow = ("A", "B") if rng.random() < 0.5 else ("B", "A")
+    shape = {"A": _TRAIN_HEAVY, "B": _TAIL_HEAVY}
+    chain = {"A": 2, "B": _TAIL_CHAIN[1:]}
+    w = grpo(rng, wide, 2, chain[wide], **shape[wide])
+    n = grpo(rng, narrow, 1, chain[narrow], **shape[narrow])
+    return [PipelineState(graph=w, devices=(0, 1)), PipelineState(graph=n, devices=(rng.randint(0, 1),))], 2
+
+
+def _unequal_steps(rng):
+    """Very different step times: two short steps beside one long tail-heavy step."""
+    short = {"roll_s": (1, 3), "ref_s": (1, 2), "train_s": (2, 4)}
+    a = grpo(rng, "A", 1, 2, **short).then(grpo(rng, "A", 1, 2, step=1, **short))
+    b = grpo(rng, "B", 1, _TAIL_CHAIN, roll_s=(6, 16), ref_s=(2, 5), train_s=(4, 10))
+    return [PipelineState(graph=a, devices=(0,)), PipelineState(graph=b, devices=(0,))], 1
+
+
+def _three(rng):
+    """Three pipelines on one device: train-heavy, tail-heavy and a plain one."""
+    a = grpo(rng, "A", 1, 1, **_TRAIN_HEAVY)
+    b = grpo(rng, "B", 1, _TAIL_CHAIN[1:], **_TAIL_HEAVY)
+    c = grpo(rng, "C", 1, 1)
+    return [PipelineState(graph=g, devices=(0,)) for g in (a, b, c)], 1
+
+
 FAMILIES = {"one-gpu": _one_gpu, "multi-turn": _multi_turn, "gangs": _gangs, "mixed-dp": _mixed,
-            "two-steps": _two_steps}
-"""Small GRPO-shaped instance families: two pipelines of different shapes on 1–2 devices."""
+            "two-steps": _two_steps, "unlike-1gpu": _unlike_one_gpu, "unlike-gangs": _unlike_gangs,
+            "unlike-mixed": _unlike_mixed, "unequal-steps": _unequal_steps, "three": _three}
+"""Small GRPO-shaped instance families: two (or three) pipelines of different shapes on 1–2
+devices; the `unlike-*`, `unequal-steps` and `three` ones are issue 32's, a pipeline whose
+training must hide under another's rollout."""
+ORIGINAL_FAMILIES = ("one-gpu", "multi-turn", "gangs", "mixed-dp", "two-steps")
+"""The families the look-ahead's defaults were chosen on (issue 14)."""
 
 
 def instances(family: str, count: int, seed: int = 0) -> list[tuple[list[PipelineState], NodeSpec]]:

@@ -46,6 +46,11 @@ class SchedulerConfig:
     partner suffers now (at 0.5 and W = 2 it defers the Fig. 10 decodes that should join
     the training); 0.0 is the paper's critical path.  0.3 is the best weight at W = 2 on
     bench/scheduler_quality.py's instances (0.25: 2.7%, 0.3: 2.6%, 0.5: 2.9% mean gap)."""
+    end_game_tasks: int = 12
+    """When at most this many device tasks are left, each option of a choice is valued by
+    playing the rest of the run out with the look-ahead itself (the makespan it reaches),
+    not by the window's leaf: the end game where a long training must hide under another
+    pipeline's rollout is decided on the whole remaining schedule.  0: off."""
     merge: bool = True
     """Consider migrating long-tail rollout requests between DP workers."""
     balance: bool = True

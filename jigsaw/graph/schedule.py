@@ -56,8 +56,9 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model: Slowdown
     ctx = act.Context(model, config, node, cache, pipelines, pairs, host_frac)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
+    end_game = 0 < _device_tasks_left(P, S) <= config.end_game_tasks
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:
-        _, option = search(P, S, ctx, config.window, dec)
+        _, option = play_out(P, S, ctx, config.window, dec) if end_game else search(P, S, ctx, config.window, dec)
         act.apply(P, S, ctx, dec[0], option)
     return _plan(P, S, ctx, before)
 
@@ -73,13 +74,52 @@ def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
         options = act.local_split(P, S, ctx, item, options)
     best_cost, best_opt = None, options[0]
     for opt in options:
-        branch = S.copy()
-        act.apply(P, branch, ctx, item, opt)
-        nxt = act.settle(P, branch, ctx, advance_time=True) if depth > 1 else None
-        c = search(P, branch, ctx, depth - 1, nxt, False)[0] if nxt is not None else act.score(P, branch, ctx)
+        c = _window_value(P, S, ctx, depth, item, opt)
         if best_cost is None or _better(c, best_cost):
             best_cost, best_opt = c, opt
     return best_cost, best_opt
+
+
+def play_out(P: Problem, S: State, ctx: act.Context, depth: int, dec) -> tuple[tuple[float, ...], tuple]:
+    """Best option of `dec` by the makespan reached when the rest of the run is decided by
+    `search` (the window's choice at every later decision); the window's own value breaks ties.
+
+    Options are played in the window's order, and a play is dropped once the lower bound of
+    where it stands cannot beat the best makespan found: that prunes, never changes, the answer
+    (a dropped play could at best tie)."""
+    item, options = dec
+    ranked = sorted(((_window_value(P, S, ctx, depth, item, o), k) for k, o in enumerate(options)))
+    best_cost, best_opt = None, options[0]
+    for first, k in ranked:
+        branch = _after(P, S, ctx, item, options[k])
+        cut = best_cost[0] if best_cost is not None else None
+        while (nxt := act.settle(P, branch, ctx, advance_time=True)) is not None:
+            if cut is not None and ctx.bound_weight > 0.0 and \
+                    act.lower_bound(P, branch, ctx.min_slowdown, ctx.pack) > cut * (1 + _TIE):
+                break
+            act.apply(P, branch, ctx, nxt[0], search(P, branch, ctx, depth, nxt)[1])
+        else:
+            c = (max(branch.end_s), *first)
+            if best_cost is None or _better(c, best_cost):
+                best_cost, best_opt = c, options[k]
+    return best_cost, best_opt
+
+
+def _after(P: Problem, S: State, ctx: act.Context, item, option) -> State:
+    branch = S.copy()
+    act.apply(P, branch, ctx, item, option)
+    return branch
+
+
+def _window_value(P: Problem, S: State, ctx: act.Context, depth: int, item, option) -> tuple[float, ...]:
+    """What `search` values `option` at: its window below, or its leaf."""
+    branch = _after(P, S, ctx, item, option)
+    nxt = act.settle(P, branch, ctx, advance_time=True) if depth > 1 else None
+    return search(P, branch, ctx, depth - 1, nxt, False)[0] if nxt is not None else act.score(P, branch, ctx)
+
+
+def _device_tasks_left(P: Problem, S: State) -> int:
+    return sum(1 for i, s in enumerate(S.status) if s != st.DONE and P.tasks[i].devices)
 
 
 def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
