@@ -54,6 +54,7 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     others = [p for p in policies if p != "jigsaw"]
     for p in others:
         t.add_column(f"jigsaw / {p}", justify="right")
+    t.add_column("× best baseline", justify="right")
     t.add_column("jigsaw tok/s", justify="right")
     t.add_column("gap to bound", justify="right")
     t.add_column("latency × alone", justify="right")
@@ -61,18 +62,29 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
         t.add_column(col, justify="right")
     notes = []
     for r in rows:
-        t.add_row(r.label, *[_ratio(r, p) for p in others],
+        t.add_row(r.label, *[_ratio(r, p) for p in others], _best(r, others),
                   f"{r.tokens_per_s['jigsaw']:,.0f}", f"{r.makespan_s['jigsaw'] / r.bound.makespan_s - 1:+.0%}",
                   f"{r.latency_x['jigsaw']:.2f}", *_where(r.where))
         notes += [f"n/a: {p} on {r.label}: {why}" for p, why in (r.infeasible or {}).items()]
     ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows if p in r.tokens_per_s] for p in others}
     t.caption = "\n".join(notes) or None
     t.add_section()
-    t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], "",
+    best = [r.tokens_per_s["jigsaw"] / max(r.tokens_per_s[p] for p in others if p in r.tokens_per_s) for r in rows]
+    t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], f"{statistics.fmean(best):.2f}", "",
               f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
               f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")
-    t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], "", "", "")
+    t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], f"{max(best):.2f}", "", "", "")
+    t.add_row("min", *[f"{min(v):.2f}" for v in ratios.values()], f"{min(best):.2f}", "", "", "")
     return t
+
+
+def _best(r: Row, others: list[str]) -> str:
+    """jigsaw over the fastest baseline that ran this mix, and which one it is."""
+    ran = [p for p in others if p in r.tokens_per_s]
+    if not ran:
+        return "n/a"
+    p = max(ran, key=lambda q: r.tokens_per_s[q])
+    return f"{r.tokens_per_s['jigsaw'] / r.tokens_per_s[p]:.2f} ({p})"
 
 
 def _ratio(r: Row, p: str) -> str:

@@ -305,8 +305,8 @@ def _unlike_one_gpu(rng):
 
 
 def _unlike_gangs(rng):
-    a = grpo(rng, "A", 2, 2, **_TRAIN_HEAVY)
-    b = grpo(rng, "B", 2, _TAIL_CHAIN[1:], **_TAIL_HEAVY)
+    a = grpo(rng, "A", 2, 1, **_TRAIN_HEAVY)
+    b = grpo(rng, "B", 2, _TAIL_CHAIN[2:], **_TAIL_HEAVY)
     return [PipelineState(graph=a, devices=(0, 1)), PipelineState(graph=b, devices=(0, 1))], 2
 
 
@@ -331,7 +331,7 @@ def _unequal_steps(rng):
 def _three(rng):
     """Three pipelines on one device: train-heavy, tail-heavy and a plain one."""
     a = grpo(rng, "A", 1, 1, **_TRAIN_HEAVY)
-    b = grpo(rng, "B", 1, _TAIL_CHAIN[1:], **_TAIL_HEAVY)
+    b = grpo(rng, "B", 1, _TAIL_CHAIN[2:], **_TAIL_HEAVY)
     c = grpo(rng, "C", 1, 1)
     return [PipelineState(graph=g, devices=(0,)) for g in (a, b, c)], 1
 

@@ -8,13 +8,18 @@
         │                             run forward to the next choice (forced moves and
         │                             completions included) and recurse, W choices deep;
         │                             score the leaf by the critical path  C = max_p Σ T
+        │  or, with ≤ end_game_tasks device tasks left:
+        best = play_out(state, W)     each option played to the end by `search` at every
+        │                             later choice; the makespan reached decides
         apply(best first option)      commit only what happens now (receding horizon)
       ▼
     Plan: assignments per device (SM share, memory, slowdown, micro-batch), migrations,
           routing weights, predicted cost
 
 W = 1 is the greedy variant: each choice minimises the critical path right after it,
-blind to a co-location it forecloses a few moves later (paper Fig. 11).  No I/O, no
+blind to a co-location it forecloses a few moves later (paper Fig. 11).  The window is as
+blind to the end game: which pipeline's training can still hide under the other's rollout,
+and which must run last, alone (issue 32); playing the few last tasks out sees it.  No I/O, no
 clock: the same inputs always give the same Plan, so the runtime and the simulator
 share it.
 """

@@ -56,10 +56,11 @@ class ScriptedNode(ThreadNode):
             self.settled(name)
 
 
-SCENARIO = SchedulerConfig(window=3, bound_weight=0.0)
-"""The paper's look-ahead (W = 3, critical-path leaf), whose decision in this scenario turns on
-the next step; the default (W = 2, bound blended in) picks 25% whether it sees past the
-barrier or not."""
+SCENARIO = SchedulerConfig(window=3, bound_weight=0.0, end_game_tasks=0)
+"""The paper's look-ahead (W = 3, critical-path leaf, no end game), whose decision in this
+scenario turns on the next step; the default (W = 2, bound blended in) picks 25% whether it
+sees past the barrier or not, and played out to the end it holds A's training until B's
+decode ends (which this scripted clock never reaches)."""
 
 
 def _training_share(tmp, next_step: bool) -> tuple[float, ScriptedNode]:

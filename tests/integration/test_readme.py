@@ -25,10 +25,12 @@ def test_readme_example_runs(monkeypatch, tmp_path):
     printed = out.getvalue()
     shown = re.search(r"It prints \(a test checks it, line for line\):\n\n```\n(.*?)```", text, flags=re.S)
     assert shown and printed == shown.group(1)  # the README shows what the example prints today
-    spans = {int(w): float(s) for w, s in re.findall(r"W=(\d): both steps done in ([\d.]+) s", printed)}
+    spans = {(int(w), int(e)): float(s)
+             for w, e, s in re.findall(r"W=(\d), end game +(\d+): both steps done in ([\d.]+) s", printed)}
     serial = float(re.search(r"serial: ([\d.]+) s", printed).group(1))
-    assert set(spans) == {1, 2, 3}
-    assert spans[3] <= spans[1] < serial and spans[2] < spans[1]
+    assert set(spans) == {(w, e) for w in (1, 2, 3) for e in (0, 12)}
+    assert spans[3, 0] <= spans[1, 0] < serial and spans[2, 0] < spans[1, 0]
+    assert all(spans[w, 12] < spans[w, 0] for w in (1, 2, 3))  # the end game pays here
     assert re.search(r"GPU0 A/3/r0/\S+\s+\d+% SMs", printed)
 
 
