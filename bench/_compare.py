@@ -69,7 +69,7 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows if p in r.tokens_per_s] for p in others}
     t.caption = "\n".join(notes) or None
     t.add_section()
-    best = [r.tokens_per_s["jigsaw"] / max(r.tokens_per_s[p] for p in others if p in r.tokens_per_s) for r in rows]
+    best = [b[1] for r in rows if (b := _best_baseline(r, others)) is not None]
     t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], f"{statistics.fmean(best):.2f}", "",
               f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
               f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")
@@ -78,13 +78,18 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     return t
 
 
-def _best(r: Row, others: list[str]) -> str:
-    """jigsaw over the fastest baseline that ran this mix, and which one it is."""
+def _best_baseline(r: Row, others: list[str]) -> tuple[str, float] | None:
+    """The fastest baseline that ran this mix, and jigsaw's tokens/s over its."""
     ran = [p for p in others if p in r.tokens_per_s]
     if not ran:
-        return "n/a"
+        return None
     p = max(ran, key=lambda q: r.tokens_per_s[q])
-    return f"{r.tokens_per_s['jigsaw'] / r.tokens_per_s[p]:.2f} ({p})"
+    return p, r.tokens_per_s["jigsaw"] / r.tokens_per_s[p]
+
+
+def _best(r: Row, others: list[str]) -> str:
+    b = _best_baseline(r, others)
+    return "n/a" if b is None else f"{b[1]:.2f} ({b[0]})"
 
 
 def _ratio(r: Row, p: str) -> str:

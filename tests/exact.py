@@ -342,8 +342,6 @@ FAMILIES = {"one-gpu": _one_gpu, "multi-turn": _multi_turn, "gangs": _gangs, "mi
 """Small GRPO-shaped instance families: two (or three) pipelines of different shapes on 1–2
 devices; the `unlike-*`, `unequal-steps` and `three` ones are issue 32's, a pipeline whose
 training must hide under another's rollout."""
-ORIGINAL_FAMILIES = ("one-gpu", "multi-turn", "gangs", "mixed-dp", "two-steps")
-"""The families the look-ahead's defaults were chosen on (issue 14)."""
 
 
 def instances(family: str, count: int, seed: int = 0) -> list[tuple[list[PipelineState], NodeSpec]]:
