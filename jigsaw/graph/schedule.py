@@ -99,6 +99,7 @@ def play_out(P: Problem, S: State, ctx: act.Context, depth: int, dec) -> tuple[t
         branch = _after(P, S, ctx, item, options[k])
         cut = best_cost[0] if best_cost is not None else None
         while (nxt := act.settle(P, branch, ctx, advance_time=True)) is not None:
+            # the call's packing (the bound's input) exists only where the leaf blends the bound
             if cut is not None and ctx.bound_weight > 0.0 and \
                     act.lower_bound(P, branch, ctx.min_slowdown, ctx.pack) > cut * (1 + _TIE):
                 break
