@@ -48,6 +48,9 @@ SEQUENTIAL = ("serial", "serial-live")
 """Modes that run one pipeline to the end, then the next."""
 DEFAULT_MODES = ("serial", "naive-fair", "static", "jigsaw")
 VERL_MODES = ("serial", "naive", "static", "static-live", "jigsaw")
+GPU_MODES = ("serial", "naive", "static", "jigsaw")
+GPU_PROFILE = "h100/qwen3-0.6b"
+"""The GPU recipe's grid unless --profile names one (a measured one, where there is)."""
 """--framework verl: verl's jobs have no thread knob (no naive-fair); naive is the user's
 default (both jobs at once, nothing else), and static-live is a baseline policy run live."""
 """naive is opt-in: oversubscribed, its tokens/s swings by 2× from run to run (551 to 1,746 over
@@ -88,7 +91,12 @@ class DemoConfig:
     framework: str = "jigsaw"
     """jigsaw: the GRPO recipe on jigsaw's own engines.  verl: unmodified verl 0.9.1 GRPO jobs
     (`python -m verl.trainer.main_ppo`, 2 rollout replicas each; needs the [verl] extra), modes
-    serial, naive, static, static-live and jigsaw unless --modes says otherwise."""
+    serial, naive, static, static-live and jigsaw unless --modes says otherwise.  gpu: the GPU
+    recipe (jigsaw.recipes.gpu_grpo) on GPU 0: naive is both at once (concurrent under MPS,
+    time-sliced without), static caps each pipeline at an equal MPS thread percentage, jigsaw's
+    daemon hands out green-context partitions; modes serial, naive, static and jigsaw."""
+    recipe_args: tuple[str, ...] = ()
+    """More flags for every pipeline of the recipe (the GPU recipe's --layers, --device, --model ...)."""
     devices: int | None = None
     """Devices of the demo's daemons (CPU partitions of this machine's cores).  None: one for
     the recipe; for verl, one per rollout replica (2), as verl's GPUs are, each a core with
@@ -133,8 +141,8 @@ class Run:
 
 def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
     """Every mode `cfg.repeats` times, interleaved; `say` gets a progress line per run."""
-    if cfg.framework == "verl" and cfg.modes == DEFAULT_MODES:
-        cfg = replace(cfg, modes=VERL_MODES)
+    if cfg.framework in ("verl", "gpu") and cfg.modes == DEFAULT_MODES:
+        cfg = replace(cfg, modes=VERL_MODES if cfg.framework == "verl" else GPU_MODES)
     _check_config(cfg)
     cfg = replace(cfg, out_dir=cfg.out_dir.resolve())  # the pipelines run from the package root
     (cfg.out_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -156,10 +164,10 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
 
 
 def _check_config(cfg: DemoConfig) -> None:
-    if cfg.framework not in ("jigsaw", "verl"):
-        raise ValueError(f"--framework {cfg.framework!r}: jigsaw or verl")
-    if cfg.framework == "verl" and "naive-fair" in cfg.modes:
-        raise ValueError("naive-fair sets the recipe's threads; a verl job has no such knob (use naive)")
+    if cfg.framework not in ("jigsaw", "verl", "gpu"):
+        raise ValueError(f"--framework {cfg.framework!r}: jigsaw, verl or gpu")
+    if cfg.framework != "jigsaw" and "naive-fair" in cfg.modes:
+        raise ValueError(f"naive-fair sets the recipe's threads; a {cfg.framework} job has no such knob (use naive)")
     if bad := set(cfg.modes) - set(MODES):
         raise ValueError(f"unknown demo modes {sorted(bad)}; use {', '.join(MODES)}")
     if not 0 <= cfg.warmup_steps < cfg.steps:
@@ -180,9 +188,11 @@ def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None 
         from jigsaw.recipes.verl_jobs import verl_pipeline_cmd
 
         return verl_pipeline_cmd(cfg, seed, result)
-    return [sys.executable, "-m", "jigsaw.recipes.grpo", "--seed", str(seed), "--steps", str(cfg.steps),
-            "--prompts", str(cfg.prompts), "--group", str(cfg.group), "--max-new-tokens", str(cfg.max_new_tokens),
-            "--long-tail" if cfg.long_tail else "--no-long-tail", "--result", str(result),
+    common = ["--seed", str(seed), "--steps", str(cfg.steps), "--prompts", str(cfg.prompts), "--group",
+              str(cfg.group), "--max-new-tokens", str(cfg.max_new_tokens), "--result", str(result), *cfg.recipe_args]
+    if cfg.framework == "gpu":
+        return [sys.executable, "-m", "jigsaw.recipes.gpu_grpo", *common]
+    return [sys.executable, "-m", "jigsaw.recipes.grpo", *common, "--long-tail" if cfg.long_tail else "--no-long-tail",
             *(["--threads", str(threads)] if threads else [])]
 
 
@@ -205,6 +215,8 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
         elif mode in ("naive", "naive-fair"):
             threads = max(1, len(os.sched_getaffinity(0)) // len(cfg.seeds)) if mode == "naive-fair" else None
             run.wait([run.pipeline(s, r, threads) for s, r in zip(cfg.seeds, results)], mode)
+        elif mode == "static" and cfg.framework == "gpu":
+            run.wait([run.pipeline(s, r, env=mps_share(len(cfg.seeds))) for s, r in zip(cfg.seeds, results)], mode)
         elif mode == "static":
             shares = static_cores(tuple(sorted(os.sched_getaffinity(0))), len(cfg.seeds))
             run.wait([run.pipeline(s, r, pin=c) for s, r, c in zip(cfg.seeds, results, shares)], mode)
@@ -223,8 +235,9 @@ class _Launcher:
     log_path: Path
 
     def pipeline(self, seed: int, result: Path, threads: int | None = None, wrap=(),
-                 pin: tuple[int, ...] | None = None) -> subprocess.Popen:
-        return subprocess.Popen([*wrap, *_pipeline_cmd(self.cfg, seed, result, threads)], env=self.env, cwd=ROOT,
+                 pin: tuple[int, ...] | None = None, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen([*wrap, *_pipeline_cmd(self.cfg, seed, result, threads)],
+                                env={**self.env, **(env or {})}, cwd=ROOT,
                                 stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pinned(pin) if pin else None)
 
     def wait(self, procs: list[subprocess.Popen], mode: str) -> None:
@@ -244,6 +257,13 @@ def static_cores(cores: tuple[int, ...], k: int) -> list[tuple[int, ...]]:
     return [cores[bounds[i]:bounds[i + 1]] for i in range(k)]
 
 
+def mps_share(k: int) -> dict[str, str]:
+    """The environment that caps a process at 1/k of the SMs under MPS (ignored without MPS)."""
+    from jigsaw.mux.partition.mps import THREAD_PCT_ENV
+
+    return {THREAD_PCT_ENV: str(100 // k)}
+
+
 def pinned(cores: tuple[int, ...]):
     """A preexec_fn putting the child (and all it starts) on `cores`; its threads follow them."""
     return lambda: os.sched_setaffinity(0, cores)
@@ -253,6 +273,8 @@ def daemon_layout(cfg: DemoConfig) -> tuple[int, Path]:
     """(devices, grid file) of the demo's daemons."""
     from jigsaw.integrations.verl.job import JobConfig
 
+    if cfg.framework == "gpu":
+        return cfg.devices or 1, profiles.resolve(cfg.profile or GPU_PROFILE)
     per_replica = cfg.framework == "verl" and cfg.devices is None
     devices = JobConfig().replicas if per_replica else (cfg.devices or 1)
     default = profiles.CPU_PER_CORE if len(os.sched_getaffinity(0)) // devices == 1 else profiles.CPU_DEFAULT
@@ -270,7 +292,8 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
 
     with open(cfg.out_dir / "daemon.log", "w") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
-                                   "--devices", str(devices), "--policy", DAEMON_POLICY[mode], "--partitioner", "cpu",
+                                   "--devices", str(devices), "--policy", DAEMON_POLICY[mode],
+                                   "--partitioner", "green" if cfg.framework == "gpu" else "cpu",
                                    "--trace", str(trace)],
                                   env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)

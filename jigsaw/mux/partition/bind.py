@@ -8,6 +8,7 @@
                     pair(budget)[side], or the whole device ─► Binding.partition.stream; work
                     launched on that stream (and CUDA graphs captured for that budget,
                     cudagraphs.py, replayed by Binding.budget) runs on those SMs only
+    on_stream(stream)     the body's kernels on a grant's green stream (ordered with the caller's)
     follow_threads(cap)   an engine's intra-op threads = the cores it may use (at most cap),
                           called before each forward or micro-batch: a bind from another
                           process changes a worker's cores, the worker follows at its next op
@@ -19,10 +20,11 @@ belong to one process, so a green binding only ever concerns the calling process
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +77,17 @@ class Binder:
         return Binding(partition, cores=cores)
 
     def _green_side(self, g: Green):
-        from jigsaw.mux.partition.green import GreenPartitions
+        from jigsaw.mux.partition import fake_gpu
 
         key = (self.device, tuple(g.levels))
         parts = self._green.get(key)
         if parts is None:
-            parts = self._green[key] = GreenPartitions(self.device, g.levels)
+            if fake_gpu.resource() is not None:
+                parts = self._green[key] = fake_gpu.FakeGreenPartitions(g.levels)
+            else:
+                from jigsaw.mux.partition.green import GreenPartitions
+
+                parts = self._green[key] = GreenPartitions(self.device, g.levels)
         side = parts.full if g.budget >= 1.0 else parts.pair(g.budget)[g.side]
         if g.budget < 1.0 and side.num_sms != g.num_sms:
             log.warning("budget %g side %d: the daemon planned %d SMs, this driver gave %d", g.budget, g.side,
@@ -91,6 +98,32 @@ class Binder:
         parts, self._green = self._green, {}
         for p in parts.values():
             p.close()
+
+
+@contextlib.contextmanager
+def on_stream(stream: Any) -> Iterator[None]:
+    """Launch the body's kernels on `stream`, a grant's (Binding.stream); None: the current stream.
+
+    The one place work is put on a green partition.  Green streams are non-blocking, so the
+    stream first waits for the caller's current stream (inputs made there) and the current
+    stream then waits for it (outputs read there): a forward or micro-batch is ordered with
+    what the caller does before and after it, whichever side of which split it ran on.  A fake
+    GPU's stream (fake_gpu.py) records the launch instead."""
+    if stream is None:
+        yield
+        return
+    launching = getattr(stream, "launching", None)
+    if launching is not None:
+        with launching():
+            yield
+        return
+    import torch
+
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)
 
 
 def pin(pid: int, cores: Sequence[int], rounds: int = 5) -> None:
@@ -149,4 +182,4 @@ def _cpu_list(text: str) -> tuple[int, ...]:
     return tuple(cores)
 
 
-__all__ = ["Binder", "Binding", "affinity", "follow_threads", "pin"]
+__all__ = ["Binder", "Binding", "affinity", "follow_threads", "on_stream", "pin"]

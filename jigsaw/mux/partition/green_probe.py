@@ -190,7 +190,10 @@ def probe_resource(device: int = 0) -> SmResource:
     """The SMs of `device` and their partition granularity, from the driver alone: no torch,
     no context (what the daemon needs to compute partition descriptors)."""
     _check_index(device)
-    return _driver_facts(device)[4]
+    from jigsaw.mux.partition import fake_gpu
+
+    fake = fake_gpu.resource()  # a fake GPU, named as such, stands in where none is (CI, --dry-run)
+    return fake if fake is not None else _driver_facts(device)[4]
 
 
 def _check_index(device: object) -> None:

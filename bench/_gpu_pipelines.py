@@ -1,0 +1,82 @@
+"""gpu_check's `pipelines` step: two GRPO-shaped pipelines on the one GPU, several ways.
+
+    jigsaw.recipes.demo.run_demo(framework="gpu"): the GPU recipe (jigsaw.recipes.gpu_grpo),
+    two seeds, every mode interleaved per repeat, tokens/s over the measured steps
+        without MPS   naive                         both at once: time-sliced
+        under MPS     serial, naive, static, jigsaw  static: each capped at 50% of the SMs by MPS;
+                                                     jigsaw: the daemon (policy jigsaw, green
+                                                     partitioner) grants green-context sides
+    ─► rows: per (MPS, mode) the median tokens/s, its range, and the ratio to serial and to static
+       paired by repeat (same repeat, same MPS state)
+
+--dry-run: the same, on the CPU with the tiny model and a FAKE GPU (jigsaw.mux.partition.fake_gpu,
+132 SMs) behind the daemon's green partitioner; no MPS.  The numbers then say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+GPU_RECIPE = ("--layers", "8", "--prompt-tokens", "64")
+DRY_RECIPE = ("--device", "cpu", "--model", "tiny", "--layers", "2", "--prompt-tokens", "8")
+
+
+def run(ctx) -> tuple[str, list[dict], str]:
+    from jigsaw.mux.partition import fake_gpu, mps
+    from jigsaw.recipes.demo import DemoConfig
+
+    out = Path(ctx.out) / "pipelines"
+    grid = Path(ctx.out) / "h200-qwen3-0.6b.json"  # the profile step's measurement, when it ran
+    dry = ctx.dry_run
+    base = DemoConfig(framework="gpu", steps=3 if dry else 4, warmup_steps=1, repeats=1 if dry else 2,
+                      prompts=4 if dry else 16, group=2 if dry else 4, max_new_tokens=16 if dry else 128,
+                      recipe_args=DRY_RECIPE if ctx.dry_run else GPU_RECIPE,
+                      profile=str(grid) if grid.exists() and not dry else None)
+    rows, notes = [], [f"grid: {base.profile or 'h100/qwen3-0.6b (prior)'}"]
+    if dry:
+        os.environ[fake_gpu.ENV_SMS] = "132"
+        os.environ[fake_gpu.ENV_LOG] = str(out / "fake_gpu_launches.jsonl")
+        every = replace(base, modes=("serial", "naive", "static", "jigsaw"), out_dir=out / "fake")
+        rows += _modes(ctx, every, "fake GPU")
+        return "ok", rows, "; ".join(notes + ["DRY RUN: CPU, tiny model, fake GPU: no GPU figure"])
+    rows += _modes(ctx, replace(base, modes=("naive",), out_dir=out / "no-mps"), "off")
+    started = mps.ensure_mps(start=True)
+    notes.append(f"MPS: {started.state} ({started.reason})")
+    try:
+        label = "on" if started.running else f"off ({started.state})"
+        rows += _modes(ctx, replace(base, modes=("serial", "naive", "static", "jigsaw"), out_dir=out / "mps"), label)
+    finally:
+        if started.started:
+            _stop_mps()
+    return "ok", rows, "; ".join(notes)
+
+
+def _modes(ctx, cfg, mps_label: str) -> list[dict]:
+    from jigsaw.recipes.demo import run_demo
+
+    runs = run_demo(cfg, say=ctx.say)
+    by = {}
+    for r in runs:
+        by.setdefault(r.mode, {})[r.repeat] = r
+    rows = []
+    for mode, reps in by.items():
+        rate = [reps[k].tokens_per_s for k in sorted(reps)]
+        row = {"mps": mps_label, "mode": mode, "tokens_per_s": round(statistics.median(rate), 1),
+               "range": f"{min(rate):.0f}–{max(rate):.0f}", "tokens": sorted({r.tokens for r in reps.values()}),
+               "fell_open": sum(r.fell_open for r in reps.values())}
+        for ref in ("serial", "static"):
+            if ref in by and ref != mode:
+                ratios = [reps[k].tokens_per_s / by[ref][k].tokens_per_s for k in reps if k in by[ref]]
+                row[f"x_{ref}"] = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
+        rows.append(row)
+    return rows
+
+
+def _stop_mps() -> None:
+    from jigsaw.mux.partition.mps import CONTROL_BIN
+
+    subprocess.run([CONTROL_BIN], input="quit\n", text=True, capture_output=True, timeout=30, check=False)

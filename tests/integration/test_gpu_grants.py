@@ -1,0 +1,115 @@
+"""Grants take effect on a GPU: checked on a FAKE GPU (jigsaw.mux.partition.fake_gpu), named as such.
+
+Two GPU-recipe pipelines (jigsaw.recipes.gpu_grpo, the tiny model on the CPU) run under a real
+daemon whose green partitioner splits a fake 132-SM device; every forward and micro-batch the
+recipe launches goes through bind.on_stream, which on the fake device logs the side it ran on.
+The daemon's trace says which partition each pipeline held when.  A launch must have run on a
+partition its pipeline held then, or one it held until a heartbeat before (a re-bind arrives with
+the next heartbeat reply; the recipe follows it at the next forward).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jigsaw.mux.partition import fake_gpu
+from jigsaw.mux.partition.fake_gpu import FakeGreenPartitions
+from jigsaw.mux.partition.smsplit import PARTITION_LEVELS
+
+SLACK_S = 0.5
+"""How long after a grant is replaced a launch may still run on it (a heartbeat reply's way)."""
+NUM_SMS = 132
+
+
+def _ids(partition: dict) -> tuple[int, int]:
+    """[first, last + 1) SM ids of a trace grant's green partition on the fake device."""
+    parts = FakeGreenPartitions(PARTITION_LEVELS, fake_gpu.SmResource(num_sms=NUM_SMS, min_partition_sms=8,
+                                                                     alignment_sms=8))
+    side = parts.full if partition["budget"] >= 1.0 else parts.pair(partition["budget"])[partition["side"]]
+    return side.stream.first_sm, side.stream.first_sm + side.num_sms
+
+
+def _held(trace: list[dict], clock_t0_s: float) -> dict[str, list[tuple[float, float, tuple[int, int]]]]:
+    """pipeline -> [(from, until, SM ids)] of every green grant, on time.monotonic()."""
+    held: dict[str, list[tuple[float, float, tuple[int, int]]]] = {}
+    open_: dict[str, tuple[float, tuple[int, int], str]] = {}
+    for ev in trace:
+        t, sid = ev["t_s"] + clock_t0_s, ev["substage"]
+        if sid in open_ and ev["event"] in ("grant", "release"):
+            start, ids, pipe = open_.pop(sid)
+            held.setdefault(pipe, []).append((start, t, ids))
+        if ev["event"] == "grant" and (ev["data"].get("partition") or {}).get("kind") == "green":
+            open_[sid] = (t, _ids(ev["data"]["partition"]), ev["pipeline"])
+    for start, ids, pipe in open_.values():
+        held.setdefault(pipe, []).append((start, float("inf"), ids))
+    return held
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from jigsaw.recipes.demo import DemoConfig, run_demo
+
+    out = tmp_path_factory.mktemp("gpu-grants")
+    log = out / "launches.jsonl"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(fake_gpu.ENV_SMS, str(NUM_SMS))
+        mp.setenv(fake_gpu.ENV_LOG, str(log))
+        tiny = ("--device", "cpu", "--model", "tiny", "--layers", "2", "--prompt-tokens", "8")
+        run_demo(DemoConfig(framework="gpu", modes=("jigsaw",), repeats=1, steps=2, warmup_steps=1, prompts=4,
+                            group=2, max_new_tokens=16, out_dir=out, recipe_args=tiny), say=lambda _: None)
+    trace = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
+    return trace, fake_gpu.read_log(log)
+
+
+@pytest.mark.timeout(240)
+def test_every_launch_ran_on_a_partition_its_pipeline_held(run):
+    trace, launches = run
+    node = next(ev for ev in trace if ev["event"] == "node")
+    held = _held(trace, node["data"]["clock_t0_s"])
+    pipelines = {ev["pipeline"] for ev in trace if ev["event"] == "pipeline"}
+    assert {ln["pipeline"] for ln in launches} == pipelines, "a pipeline launched nothing on its partitions"
+    assert any(ln["budget"] < 1.0 for ln in launches), "no launch ran on a partition smaller than the device"
+    wrong = [ln for ln in launches
+             if not any(start <= ln["t_s"] <= until + SLACK_S and tuple(ln["sm_ids"]) == ids
+                        for start, until, ids in held.get(ln["pipeline"], ()))]
+    assert not wrong, f"{len(wrong)} of {len(launches)} launches ran outside their grants, first: {wrong[0]}"
+
+
+@pytest.mark.timeout(240)
+def test_two_pipelines_held_disjoint_sms_whenever_both_held_a_partition(run):
+    trace, _ = run
+    node = next(ev for ev in trace if ev["event"] == "node")
+    held = _held(trace, node["data"]["clock_t0_s"])
+    (a, spans_a), (b, spans_b) = sorted(held.items())
+    for sa, ua, (lo_a, hi_a) in spans_a:
+        for sb, ub, (lo_b, hi_b) in spans_b:
+            both = min(ua, ub) - max(sa, sb)
+            if both > SLACK_S:  # a partner is granted before the other's shrink lands: a heartbeat's overlap
+                assert hi_a <= lo_b or hi_b <= lo_a, f"{a} [{lo_a}, {hi_a}), {b} [{lo_b}, {hi_b}) for {both:.2f} s"
+
+
+def test_the_fake_gpu_is_off_unless_named(monkeypatch):
+    monkeypatch.delenv(fake_gpu.ENV_SMS, raising=False)
+    assert fake_gpu.resource() is None
+    monkeypatch.setenv(fake_gpu.ENV_SMS, "12")
+    with pytest.raises(ValueError, match="SM count"):
+        fake_gpu.resource()
+
+
+def test_opposite_sides_of_one_split_are_disjoint_in_two_processes(tmp_path):
+    """What two workers of two pipelines do: open the same split, take the sides their grants name."""
+    import subprocess
+    import sys
+
+    code = ("import json,sys; from jigsaw.mux.partition.fake_gpu import FakeGreenPartitions as F;"
+            "s=F((0.25, 0.5, 0.75)).pair(float(sys.argv[1]))[int(sys.argv[2])].stream;"
+            "print(json.dumps([s.first_sm, s.first_sm + s.num_sms]))")
+    env = {**__import__("os").environ, fake_gpu.ENV_SMS: str(NUM_SMS)}
+    for frac in (0.25, 0.5, 0.75):
+        got = [json.loads(subprocess.run([sys.executable, "-c", code, str(frac), str(side)], env=env, check=True,
+                                         capture_output=True, text=True, timeout=60).stdout) for side in (0, 1)]
+        (lo_a, hi_a), (lo_b, hi_b) = got
+        assert hi_a <= lo_b or hi_b <= lo_a, f"σ={frac}: sides {got} overlap"
+        assert (hi_a - lo_a) + (hi_b - lo_b) <= NUM_SMS
