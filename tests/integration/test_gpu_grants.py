@@ -47,25 +47,34 @@ def _held(trace: list[dict], clock_t0_s: float) -> dict[str, list[tuple[float, f
     return held
 
 
+MODES = ("jigsaw", "static-live")
+"""The daemon's own choice of budgets, and half the device each (sides 0 and 1 of one split)."""
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def runs(tmp_path_factory) -> dict[str, tuple[list[dict], list[dict]]]:
+    """mode -> (the daemon's trace, the fake GPU's launches)."""
     from jigsaw.recipes.demo import DemoConfig, run_demo
 
     out = tmp_path_factory.mktemp("gpu-grants")
-    log = out / "launches.jsonl"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(fake_gpu.ENV_SMS, str(NUM_SMS))
-        mp.setenv(fake_gpu.ENV_LOG, str(log))
-        tiny = ("--device", "cpu", "--model", "tiny", "--layers", "2", "--prompt-tokens", "8")
-        run_demo(DemoConfig(framework="gpu", modes=("jigsaw",), repeats=1, steps=2, warmup_steps=1, prompts=4,
-                            group=2, max_new_tokens=16, out_dir=out, recipe_args=tiny), say=lambda _: None)
-    trace = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
-    return trace, fake_gpu.read_log(log)
+    got = {}
+    for mode in MODES:
+        log = out / f"{mode}-launches.jsonl"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(fake_gpu.ENV_SMS, str(NUM_SMS))
+            mp.setenv(fake_gpu.ENV_LOG, str(log))
+            tiny = ("--device", "cpu", "--model", "tiny", "--layers", "2", "--prompt-tokens", "8")
+            run_demo(DemoConfig(framework="gpu", modes=(mode,), repeats=1, steps=2, warmup_steps=1, prompts=4,
+                                group=2, max_new_tokens=16, out_dir=out, recipe_args=tiny), say=lambda _: None)
+        trace = [json.loads(line) for line in (out / f"{mode}-trace.jsonl").read_text().splitlines()]
+        got[mode] = (trace, fake_gpu.read_log(log))
+    return got
 
 
 @pytest.mark.timeout(240)
-def test_every_launch_ran_on_a_partition_its_pipeline_held(run):
-    trace, launches = run
+@pytest.mark.parametrize("mode", MODES)
+def test_every_launch_ran_on_a_partition_its_pipeline_held(runs, mode):
+    trace, launches = runs[mode]
     node = next(ev for ev in trace if ev["event"] == "node")
     held = _held(trace, node["data"]["clock_t0_s"])
     pipelines = {ev["pipeline"] for ev in trace if ev["event"] == "pipeline"}
@@ -78,8 +87,9 @@ def test_every_launch_ran_on_a_partition_its_pipeline_held(run):
 
 
 @pytest.mark.timeout(240)
-def test_two_pipelines_held_disjoint_sms_whenever_both_held_a_partition(run):
-    trace, _ = run
+@pytest.mark.parametrize("mode", MODES)
+def test_two_pipelines_held_disjoint_sms_whenever_both_held_a_partition(runs, mode):
+    trace, _ = runs[mode]
     node = next(ev for ev in trace if ev["event"] == "node")
     held = _held(trace, node["data"]["clock_t0_s"])
     (a, spans_a), (b, spans_b) = sorted(held.items())
