@@ -16,8 +16,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +31,7 @@ def run(ctx) -> tuple[str, list[dict], str]:
     from jigsaw.mux.partition import fake_gpu, mps
     from jigsaw.recipes.demo import DemoConfig
 
-    out = Path(ctx.out) / "pipelines"
+    out = Path(tempfile.mkdtemp(prefix="gpu-check-pipelines-"))  # logs and traces: more files than $OUT returns
     grid = Path(ctx.out) / "h200-qwen3-0.6b.json"  # the profile step's measurement, when it ran
     dry = ctx.dry_run
     base = DemoConfig(framework="gpu", steps=3 if dry else 4, warmup_steps=1, repeats=1 if dry else 2,
@@ -52,6 +54,9 @@ def run(ctx) -> tuple[str, list[dict], str]:
     finally:
         if started.started:
             _stop_mps()
+        for trace in (out / "mps").glob("jigsaw-trace*.jsonl"):
+            shutil.copyfile(trace, Path(ctx.out) / f"pipelines-{trace.name}")  # the last repeat's, for a timeline
+            break
     return "ok", rows, "; ".join(notes)
 
 

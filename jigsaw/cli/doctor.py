@@ -7,6 +7,8 @@
     SM-id kernel (jigsaw.mux.partition.smid: build jigsaw/csrc/smid.cu, run one census grid)
     confinement: per budget of GreenPartitions(--fracs), both streams of the pair at once;
                  each side's SM ids <= its num_sms and disjoint ─► OK/FAIL per budget
+    two-process (--two-process): the same per budget, side 0 and side 1 held by two processes
+                 (smid.two_process_census), and whether their grids ran at the same time (MPS)
         ─► one Check per line ("<name>  ok|unavailable|warn|fail: <why>"), or --json
 
 Doctor reports; it does not fail: exit 0 whatever it finds, unless --strict, where a GPU
@@ -50,6 +52,10 @@ class Args:
     """Print the report as one JSON object instead of lines."""
     start_mps: bool = False
     """Start the MPS control daemon (active thread percentage left unset) if none is running."""
+    two_process: bool = False
+    """Also run the confinement check across two processes, each holding one side of every budget
+    pair (as two pipelines' workers do), and time whether their kernels overlap (they do only under
+    MPS); if unset, only the single-process check runs."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,6 +110,8 @@ def diagnose(args: Args) -> list[Check]:
         ("smid", True, lambda: check_smid(args.device)),
         ("confinement", True, lambda: check_confinement(args.device, args.fracs)),
     ]
+    if args.two_process:
+        steps.append(("two-process", True, lambda: check_two_process(args.device, args.fracs)))
     return [_guarded(name, gpu, fn) for name, gpu, fn in steps]
 
 
@@ -374,3 +382,31 @@ def check_confinement(device: int, fracs: tuple[float, ...]) -> Check:
                      {"frac": b.frac, "ok": b.ok, "shared_sms": sorted(b.overlap),
                       "sides": [{"frac": s.frac, "num_sms": s.num_sms, "sm_ids": sorted(s.sm_ids)} for s in b.sides]}
                      for b in report.budgets]})
+
+
+def check_two_process(device: int, fracs: tuple[float, ...]) -> Check:
+    from jigsaw.mux.partition import mps, smid
+
+    try:
+        smid.require_cuda(device)
+        green_probe = importlib.import_module("jigsaw.mux.partition.green_probe")
+    except (smid.SmIdError, ImportError) as exc:
+        return Check(name="two-process", status="unavailable", detail=str(exc))
+    try:
+        green_probe.probe(device)  # in this process: the workers would fail the same way, less clearly
+    except green_probe.GreenContextError as exc:
+        return Check(name="two-process", status="unavailable", detail=str(exc))
+    report = smid.two_process_census(fracs, device)
+    mps_state = mps.status().state
+    passed = sum(b.ok for b in report.budgets)
+    timing = "ran at the same time" if report.concurrent else "did not all run at the same time"
+    return Check(name="two-process", status="ok" if report.ok else "fail",
+                 items=tuple(f"budget {b.frac:g}: {b.describe()}" for b in report.budgets),
+                 detail=(f"{passed}/{len(report.budgets)} budget pairs stayed on their own SMs with the sides in two "
+                         f"processes; their kernels {timing} (MPS {mps_state})"),
+                 data={"device_sms": report.device_sms, "mps": mps_state, "budgets": [
+                     {"frac": b.frac, "ok": b.ok, "shared_sms": sorted(b.census.overlap),
+                      "num_sms": [s.num_sms for s in b.census.sides],
+                      "sm_ids": [sorted(s.sm_ids) for s in b.census.sides],
+                      "alone_s": list(b.alone_s), "together_s": b.together_s, "serial_frac": b.serial_frac,
+                      "concurrent": b.concurrent} for b in report.budgets]})

@@ -97,6 +97,15 @@ def test_doctor_json_parses_with_every_check(capsys):
     assert report["checks"]["python"]["status"] == "ok"
 
 
+@cpu_only
+def test_doctor_two_process_check_says_why_it_is_unavailable_without_cuda(capsys):
+    assert main(["doctor", "--two-process", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert tuple(report["checks"]) == (*CHECKS, "two-process")  # added last, only when asked for
+    check = report["checks"]["two-process"]
+    assert check["status"] == "unavailable" and check["gpu"] is True and "CPU build" in check["detail"]
+
+
 @pytest.mark.parametrize("argv", [["doctor", "--device", "-1"], ["doctor", "--fracs", "1.5"]])
 def test_doctor_rejects_bad_arguments_with_exit_2(argv, capsys):
     assert main(argv) == 2
@@ -209,6 +218,26 @@ def test_confinement_launches_both_sides_before_reading_and_judges_each_budget(m
     assert all(s.within for s in shared.sides) and shared.overlap == {7} and not shared.ok
     assert not spilled.overlap and not spilled.sides[0].within and not spilled.ok and "FAIL" in spilled.describe()
     assert not report.ok and report.device_sms == 16
+
+
+def _runs(frac, num_sms, ids, alone_s, together):
+    """What one census worker reports for a budget: runs are (start_s, end_s, gpu_s)."""
+    return {"frac": frac, "num_sms": num_sms, "sm_ids": sorted(ids), "alone": [(0.0, alone_s, alone_s)],
+            "together": [together]}
+
+
+def test_two_process_judge_checks_ids_and_tells_concurrent_from_time_sliced():
+    # side 0 alone 10 ms, side 1 alone 20 ms; together: 20 ms when they overlap, 30 ms one after the other
+    concurrent = smid.judge_two_process(_runs(0.25, 4, range(4), 0.010, (100.0, 100.010, 0.010)),
+                                        _runs(0.25, 12, range(4, 16), 0.020, (100.0, 100.020, 0.020)))
+    assert concurrent.ok and concurrent.concurrent and concurrent.serial_frac == pytest.approx(0.0)
+    assert concurrent.census.sides[1].frac == 0.75 and concurrent.together_s == pytest.approx(0.020)
+    sliced = smid.judge_two_process(_runs(0.25, 4, range(4), 0.010, (100.0, 100.010, 0.010)),
+                                    _runs(0.25, 12, range(3, 15), 0.020, (100.0, 100.030, 0.030)))
+    assert not sliced.concurrent and sliced.serial_frac == pytest.approx(1.0)
+    assert not sliced.ok and sliced.census.overlap == {3} and "one after the other" in sliced.describe()
+    with pytest.raises(ValueError, match="different budgets"):
+        smid.judge_two_process(_runs(0.25, 4, range(4), 0.01, (0, 1, 1)), _runs(0.5, 4, range(4), 0.01, (0, 1, 1)))
 
 
 # ------------------------------------------------------------------ MPS
@@ -481,6 +510,17 @@ def test_confinement_holds_for_every_budget():
         pytest.skip(f"no green contexts here: {exc}")
     with green.GreenPartitions(device=0, fracs=(0.25, 0.5, 0.75)) as parts:
         report = smid.confinement(parts, (0.25, 0.5, 0.75))
+    assert report.ok, [b.describe() for b in report.budgets]
+
+
+@pytest.mark.gpu
+def test_two_process_census_keeps_each_process_on_its_side():
+    green_probe = pytest.importorskip("jigsaw.mux.partition.green_probe")
+    try:
+        green_probe.probe(0)
+    except green_probe.GreenContextError as exc:
+        pytest.skip(f"no green contexts here: {exc}")
+    report = smid.two_process_census((0.25, 0.5), 0, repeats=1)
     assert report.ok, [b.describe() for b in report.budgets]
 
 

@@ -68,7 +68,7 @@ class FakeSide:
 
 
 class FakeGreenPartitions:
-    """GreenPartitions' API (pair, full, by_budget, close) over the fake device."""
+    """GreenPartitions' API (pair, full, by_budget, close, a context manager) over the fake device."""
 
     def __init__(self, levels: Sequence[float], res: SmResource | None = None):
         self.resource = res or resource()
@@ -88,8 +88,17 @@ class FakeGreenPartitions:
         second = FakeSide(round(1.0 - key, 12), n1, FakeStream(round(1.0 - key, 12), 1, n1, n0))
         return (first, second) if level <= 0.5 else (second, first)
 
+    def by_budget(self) -> dict[float, FakeSide]:
+        return {level: self.pair(level)[0] for level in self.fracs} | {1.0: self.full}
+
     def close(self) -> None:
         pass
+
+    def __enter__(self) -> FakeGreenPartitions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def record(entry: dict) -> None:
