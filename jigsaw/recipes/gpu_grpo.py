@@ -125,7 +125,8 @@ def build_model(cfg: GpuRecipeConfig):
     config = Qwen3Config(**shape, num_hidden_layers=cfg.layers,
                          max_position_embeddings=cfg.prompt_tokens + cfg.max_new_tokens + 8)
     dtype = torch.bfloat16 if cfg.device.startswith("cuda") else torch.float32
-    return Qwen3ForCausalLM(config).to(device=cfg.device, dtype=dtype)
+    with torch.device(cfg.device):  # initialised where it runs: seconds less per process start on a GPU
+        return Qwen3ForCausalLM(config).to(dtype=dtype)
 
 
 def _step(cfg: GpuRecipeConfig, step: int, client, model, opt, params: int) -> dict:

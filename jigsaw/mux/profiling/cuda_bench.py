@@ -92,9 +92,11 @@ class CudaBench:
         """Run each (kernel, stream) in its own thread until a shared deadline; s per token."""
         torch = self.torch
         for k, s in jobs:  # warm-up (allocator, cuBLAS heuristics) outside the window
+            s.wait_stream(torch.cuda.current_stream(self.dev))  # green streams are non-blocking
             with torch.cuda.stream(s):
                 k.step()
-        torch.cuda.synchronize(self.dev)
+        for _, s in jobs:  # each stream: a green context's work is not the primary context's to wait for
+            s.synchronize()
         stop = threading.Event()
         out: list[float] = [0.0] * len(jobs)
         start = threading.Barrier(len(jobs))

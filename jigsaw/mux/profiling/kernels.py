@@ -85,8 +85,10 @@ def _decoder(spec: ModelSpec, layers: int, device: str, dtype):
             q, k, v = self.qkv(self.norm1(x)).split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(b, t, nq, d).transpose(1, 2)
             k, v = (z.view(b, t, nkv, d).transpose(1, 2) for z in (k, v))
-            if kv is not None:  # decode: attend over the cached context plus the new token
-                k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
+            if kv is not None:  # decode: the new token's K/V go into the cache's last slot, in place
+                kv[0][:, :, -1:].copy_(k)  # (a cat would allocate the whole cache again every step, and
+                kv[1][:, :, -1:].copy_(v)  # two streams allocating that much at once thrash the allocator)
+                k, v = kv
             att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=kv is None, enable_gqa=True)
             x = x + self.o(att.transpose(1, 2).reshape(b, t, nq * d))
             g, u = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
@@ -117,7 +119,7 @@ def _decode(model, spec, batch: int, context: int, device, dtype, kind: str) -> 
     import torch
 
     x = torch.randn(batch, 1, spec.hidden_size, device=device, dtype=dtype)
-    shape = (batch, spec.num_kv_heads, context, spec.head_dim)
+    shape = (batch, spec.num_kv_heads, context + 1, spec.head_dim)  # the context, and a slot for the new token
     kvs = [(torch.randn(shape, device=device, dtype=dtype), torch.randn(shape, device=device, dtype=dtype))
            for _ in model]
 
