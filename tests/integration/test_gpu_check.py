@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
-import gpu_check  # noqa: E402  (bench/ is not a package)
+import _gpu_check_models as gmodels  # noqa: E402  (bench/ is not a package)
+import _gpu_check_steps as gsteps  # noqa: E402
+import gpu_check  # noqa: E402
 
 
 class BrokenCensus:
@@ -44,11 +46,11 @@ def test_dry_run_runs_every_step_and_reports_disjoint_sides(tmp_path):
         allowed = {"ok", "unavailable"} if name == "pipelines" and pipelines_absent else {"ok"}
         assert step["status"] in allowed, (name, step["note"], step["error"])
     rows = steps["smid2"]["rows"]
-    assert [r["sigma"] for r in rows] == list(gpu_check.LEVELS)
+    assert [r["sigma"] for r in rows] == list(gsteps.LEVELS)
     for r in rows:  # each side on exactly its SMs, none shared
         assert r["ok"] and r["shared_sms"] == 0, r
         assert (r["side0_ids"], r["side1_ids"]) == (r["side0_sms"], r["side1_sms"]), r
-        assert r["side0_sms"] + r["side1_sms"] <= gpu_check.FAKE_NUM_SMS
+        assert r["side0_sms"] + r["side1_sms"] <= gsteps.FAKE_NUM_SMS
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert all(f"## {name}: " in markdown for name in gpu_check.STEP_NAMES)
     assert "| mode | sigma |" in markdown
@@ -56,14 +58,14 @@ def test_dry_run_runs_every_step_and_reports_disjoint_sides(tmp_path):
 
 def test_two_process_comparison_fails_when_the_two_sides_share_sms():
     fast = {"repeats": 1, "spin_ns": 100_000, "timeout_s": 60.0}
-    shared = smid.two_process_census(gpu_check.LEVELS, census=functools.partial(gpu_check.FakeCensus, overlap_sms=4),
+    shared = smid.two_process_census(gsteps.LEVELS, census=functools.partial(gsteps.FakeCensus, overlap_sms=4),
                                      **fast)
-    assert not shared.ok and len(shared.budgets) == len(gpu_check.LEVELS)
+    assert not shared.ok and len(shared.budgets) == len(gsteps.LEVELS)
     for b in shared.budgets:
         assert len(b.census.overlap) == 4 and not b.ok, b.describe()
         assert all(s.within for s in b.census.sides)  # the counts fit: only the overlap gives it away
         assert "FAIL" in b.describe() and "4 shared" in b.describe()
-    honest = smid.two_process_census(gpu_check.LEVELS, census=gpu_check.FakeCensus, **fast)
+    honest = smid.two_process_census(gsteps.LEVELS, census=gsteps.FakeCensus, **fast)
     assert honest.ok and all(not b.census.overlap for b in honest.budgets)
 
 
@@ -86,7 +88,7 @@ def test_a_grid_compared_with_itself_differs_nowhere():
     from jigsaw.profiles import SHIPPED_DIR
 
     prior = SlowdownGrid.load(SHIPPED_DIR / "h100" / "qwen3-0.6b.prior.json")
-    rows = gpu_check.compare_grids(prior, prior)
+    rows = gmodels.compare_grids(prior, prior)
     assert [r["kind"] for r in rows] == list(prior.kinds)
     points = len(prior.kinds) * len(prior.sm_levels) * len(prior.mem_levels)
     for r in rows:

@@ -42,6 +42,8 @@ NOT_RUN = {
     "jigsaw profile --device cpu":
         "measures this machine for minutes; tests/unit/test_profiler.py measures a small grid",
     "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/unit/test_profiler.py, gpu-marked)",
+    "python bench/gpu_check.py --dry-run": "run from the clone, not outside it (tests/integration/test_gpu_check.py)",
+    "python bench/gpu_check.py --out results/": "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
     "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
         "needs GPUs and MPS (tests/unit/test_green.py, gpu-marked)",
