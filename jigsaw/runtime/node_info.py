@@ -1,12 +1,13 @@
 """What an on-demand daemon runs with on this node: devices, slowdown grid, partitioner.
 
     probe()  ─► Probe: GPU names from NVML (pynvml, imported only here; no driver or no [gpu] extra: none),
-                       this process's cores
+                       this process's cores, the MPS daemon's state (on a GPU node)
     choose(probe, model) ─► Choice   (pure: a test feeds it "2 × NVIDIA H100 80GB HBM3")
         no GPU      ─► 1 device, grid cpu/tiny-qwen3 (the user's measured one shadows the
                        shipped one by name), partitioner cpu over this process's cores
         H100 / A100 ─► one device per GPU, the <sku>/<model> prior, partitioner advisory
         another SKU ─► the same with the h100 prior, and a warning that says so
+        no MPS      ─► a warning: pipelines' processes on one GPU are time-sliced
     Choice.summary ─► the one line `jigsaw run` prints and writes to the daemon's log
 
 `jigsaw run --profile/--devices` override what is chosen; `jigsaw daemon` itself never
@@ -36,6 +37,8 @@ class Probe:
     """Cores this process may run on."""
     no_gpu: str = ""
     """Why no GPU was seen (NVML's error), when `gpus` is empty."""
+    mps: str = ""
+    """The MPS control daemon's state on a GPU node (jigsaw.mux.partition.mps.STATES); "": not looked at."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,12 @@ def choose(probe: Probe, model: str = GPU_DEFAULT_MODEL) -> Choice:
                         f"(measure one with `jigsaw profile`)")
     if len(names) > 1:
         warnings.append(f"GPUs of {len(names)} kinds; the grid is {probe.gpus[0]}'s")
+    if probe.mps and probe.mps != "running":
+        warnings.append(f"MPS is not running ({probe.mps}): processes of different pipelines on one GPU are "
+                        "time-sliced, not run side by side; start it with `jigsaw daemon --mps`")
     profile = f"{fam or FALLBACK_FAMILY}/{model}"
+    # NOTE: advisory, not green: on an H200 (driver 580, bench/gpu_check.py's smid2) the green
+    # contexts of two MPS clients on opposite sides of one split ran on shared SMs.
     return Choice(found=found, devices=len(probe.gpus), profile=profile, partitioner="advisory",
                   warnings=tuple(warnings))
 
@@ -93,7 +101,11 @@ def probe() -> Probe:
         if isinstance(exc, ModuleNotFoundError) and exc.name == "pynvml":  # `pip install jigsaw` sees no GPU
             return Probe(cores=cores, no_gpu="nvidia-ml-py is not installed; on a GPU node: pip install 'jigsaw[gpu]'")
         return Probe(cores=cores, no_gpu=f"NVML: {str(exc) or type(exc).__name__}")
-    return Probe(gpus=gpus, cores=cores, no_gpu="" if gpus else "NVML sees none")
+    if not gpus:
+        return Probe(cores=cores, no_gpu="NVML sees none")
+    from jigsaw.mux.partition.mps import status
+
+    return Probe(gpus=gpus, cores=cores, mps=status().state)
 
 
 def _nvml_names() -> tuple[str, ...]:

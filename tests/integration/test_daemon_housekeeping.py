@@ -82,6 +82,13 @@ def test_gpus_found_by_nvml_choose_a_prior_by_sku_and_a_device_each(gpu, count, 
     assert bool(choice.warnings) == warned and all(gpu in w and "h100" in w for w in choice.warnings)
 
 
+@pytest.mark.parametrize("state, warned", [("running", False), ("stopped", True), ("no-binary", True), ("", False)])
+def test_a_gpu_node_without_mps_is_told_its_pipelines_will_be_time_sliced(state, warned):
+    choice = node_info.choose(node_info.Probe(gpus=("NVIDIA H100 80GB HBM3",), cores=16, mps=state))
+    said = [w for w in choice.warnings if "time-sliced" in w]
+    assert bool(said) == warned and all(state in w and "--mps" in w for w in said)
+
+
 @pytest.mark.parametrize("probe, words, devices, profile", [
     (node_info.Probe(cores=2), ["trainer.n_gpus_per_node=2"], 2, CPU_PER_CORE),  # a core per replica
     (node_info.Probe(cores=8), ["trainer.n_gpus_per_node=2"], 2, CPU_DEFAULT),  # 4 cores each: split them
