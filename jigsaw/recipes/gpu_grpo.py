@@ -11,8 +11,8 @@
                  bind.on_stream(the rollout grant's stream AT THAT FORWARD) and its shape goes to
                  client.rollout(...).forward(), which turns regimes into sub-stages
       reward     host: a rule on the tokens (timing needs no verifier)
-      reference  forward, no grad   ┐ micro-batches of grant.micro_batch sequences (read again
-      training   forward + backward ┘ before each one), each under bind.on_stream(grant.stream)
+      reference  forward, no grad   ┐ micro-batches of `micro_batch` sequences, each under
+      training   forward + backward ┘ bind.on_stream(grant.stream) read again before it,
                  then one AdamW step
     ─► result JSON in recipes/grpo.py's shape (steps with start_s, end_s, tokens, latency_s),
        what `jigsaw demo --framework gpu` sums up
@@ -59,7 +59,8 @@ class GpuRecipeConfig:
     max_new_tokens: int = 128
     """Response budget; each request's own cap is drawn from a lognormal below it (a long tail)."""
     micro_batch: int = 16
-    """Sequences per reference / training micro-batch when the grant names none."""
+    """Sequences per reference / training micro-batch.  (A grant's micro_batch is a gang member's
+    share of the batch, for trainers of several ranks; this pipeline's trainer is one process.)"""
     model: str = "qwen3-0.6b"
     """qwen3-0.6b (its shape, random weights, bf16) | tiny (fp32, for CPU dry runs)."""
     layers: int = 8
@@ -143,13 +144,13 @@ def _step(cfg: GpuRecipeConfig, step: int, client, model, opt, params: int) -> d
     seqs = [torch.cat([p, o]) for p, o in zip(prompts, outputs)]
     seq_tokens = sum(len(s) for s in seqs)
     with client.substage("reference", step=step) as g:
-        for mb in _micro_batches(seqs, g, cfg.micro_batch):
+        for mb in _micro_batches(seqs, cfg.micro_batch):
             with torch.no_grad(), on_stream(g.stream):
                 model(input_ids=_pad(mb)).logits.float().mean()
         g.report(num_tokens=seq_tokens, batch_size=n, flops=2.0 * params * seq_tokens)
     with client.substage("training", step=step) as g:
         opt.zero_grad(set_to_none=True)
-        for mb, a in zip(_micro_batches(seqs, g, cfg.micro_batch), _micro_batches(list(adv), g, cfg.micro_batch)):
+        for mb, a in zip(_micro_batches(seqs, cfg.micro_batch), _micro_batches(list(adv), cfg.micro_batch)):
             with on_stream(g.stream):
                 logits = model(input_ids=_pad(mb)).logits
                 (-(logits.float().logsumexp(-1).mean(-1) * torch.stack(a).to(logits.device)).mean()).backward()
@@ -200,13 +201,8 @@ def caps(cfg: GpuRecipeConfig, step: int, n: int) -> list[int]:
             for _ in range(n)]
 
 
-def _micro_batches(items: list, grant, default: int):
-    """Slices of `items`, each as long as the grant's micro-batch when it is cut (re-read every time)."""
-    i = 0
-    while i < len(items):
-        size = max(1, grant.micro_batch or default)
-        yield items[i:i + size]
-        i += size
+def _micro_batches(items: list, size: int):
+    return (items[i:i + size] for i in range(0, len(items), max(1, size)))
 
 
 def _pad(seqs: list):
