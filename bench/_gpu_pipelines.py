@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-GPU_RECIPE = ("--layers", "4", "--prompt-tokens", "64")
-DRY_RECIPE = ("--device", "cpu", "--model", "tiny", "--layers", "2", "--prompt-tokens", "8")
+GPU_RECIPE = "--layers 4 --prompt-tokens 64"
+DRY_RECIPE = "--device cpu --model tiny --layers 2 --prompt-tokens 8"
 
 
 def run(ctx) -> tuple[str, list[dict], str]:

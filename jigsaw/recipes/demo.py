@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -95,8 +96,9 @@ class DemoConfig:
     recipe (jigsaw.recipes.gpu_grpo) on GPU 0: naive is both at once (concurrent under MPS,
     time-sliced without), static caps each pipeline at an equal MPS thread percentage, jigsaw's
     daemon hands out green-context partitions; modes serial, naive, static and jigsaw."""
-    recipe_args: tuple[str, ...] = ()
-    """More flags for every pipeline of the recipe (the GPU recipe's --layers, --device, --model ...)."""
+    recipe_args: str = ""
+    """More flags for every pipeline of the recipe, one string written with `=`
+    (`--recipe-args="--layers 2 --device cpu"`): the GPU recipe's --layers, --device, --model ..."""
     devices: int | None = None
     """Devices of the demo's daemons (CPU partitions of this machine's cores).  None: one for
     the recipe; for verl, one per rollout replica (2), as verl's GPUs are, each a core with
@@ -189,7 +191,8 @@ def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None 
 
         return verl_pipeline_cmd(cfg, seed, result)
     common = ["--seed", str(seed), "--steps", str(cfg.steps), "--prompts", str(cfg.prompts), "--group",
-              str(cfg.group), "--max-new-tokens", str(cfg.max_new_tokens), "--result", str(result), *cfg.recipe_args]
+              str(cfg.group), "--max-new-tokens", str(cfg.max_new_tokens), "--result", str(result),
+              *shlex.split(cfg.recipe_args)]
     if cfg.framework == "gpu":
         return [sys.executable, "-m", "jigsaw.recipes.gpu_grpo", *common]
     return [sys.executable, "-m", "jigsaw.recipes.grpo", *common, "--long-tail" if cfg.long_tail else "--no-long-tail",

@@ -63,7 +63,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[list[dict], list[dict]]]:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(fake_gpu.ENV_SMS, str(NUM_SMS))
             mp.setenv(fake_gpu.ENV_LOG, str(log))
-            tiny = ("--device", "cpu", "--model", "tiny", "--layers", "2", "--prompt-tokens", "8")
+            tiny = "--device cpu --model tiny --layers 2 --prompt-tokens 8"
             run_demo(DemoConfig(framework="gpu", modes=(mode,), repeats=1, steps=2, warmup_steps=1, prompts=4,
                                 group=2, max_new_tokens=16, out_dir=out, recipe_args=tiny), say=lambda _: None)
         trace = [json.loads(line) for line in (out / f"{mode}-trace.jsonl").read_text().splitlines()]
