@@ -18,12 +18,14 @@ from jigsaw.integrations.verl.server import ServerConfig
 from jigsaw.mux.model.specs import PriorConfig
 from jigsaw.mux.profiling.profiler import ProfileConfig
 from jigsaw.recipes.demo import DemoConfig
+from jigsaw.recipes.gpu_grpo import GpuRecipeConfig
 from jigsaw.recipes.grpo import RecipeConfig
 from jigsaw.runtime.daemon import DaemonConfig
 from jigsaw.sim.run import SimConfig
 
 CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
-           RecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig, PluginConfig]
+           RecipeConfig, GpuRecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig,
+           PluginConfig]
 
 
 def _field_docstrings(cls) -> set[str]:
