@@ -5,7 +5,8 @@ daemon whose green partitioner splits a fake 132-SM device; every forward and mi
 recipe launches goes through bind.on_stream, which on the fake device logs the side it ran on.
 The daemon's trace says which partition each pipeline held when.  A launch must have run on a
 partition its pipeline held then, or one it held until a heartbeat before (a re-bind arrives with
-the next heartbeat reply; the recipe follows it at the next forward).
+the next heartbeat reply; the recipe follows it at the next forward), and once a budget change
+was delivered, the worker's launches from a moment later on must be on the new side.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from jigsaw.mux.partition.smsplit import PARTITION_LEVELS
 
 SLACK_S = 0.5
 """How long after a grant is replaced a launch may still run on it (a heartbeat reply's way)."""
+FOLLOW_S = 0.1
+"""A budget change goes to its running worker in a heartbeat reply sent when it is made (the trace's
+`delivered`); this long after, every launch of the worker must be on the new side."""
 NUM_SMS = 132
 
 
@@ -65,7 +69,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[list[dict], list[dict]]]:
             mp.setenv(fake_gpu.ENV_LOG, str(log))
             tiny = "--device cpu --model tiny --layers 2 --prompt-tokens 8"
             run_demo(DemoConfig(framework="gpu", modes=(mode,), repeats=1, steps=2, warmup_steps=1, prompts=4,
-                                group=2, max_new_tokens=16, out_dir=out, recipe_args=tiny), say=lambda _: None)
+                                group=2, max_new_tokens=48, out_dir=out, recipe_args=tiny), say=lambda _: None)
         trace = [json.loads(line) for line in (out / f"{mode}-trace.jsonl").read_text().splitlines()]
         got[mode] = (trace, fake_gpu.read_log(log))
     return got
@@ -98,6 +102,36 @@ def test_two_pipelines_held_disjoint_sms_whenever_both_held_a_partition(runs, mo
             both = min(ua, ub) - max(sa, sb)
             if both > SLACK_S:  # a partner is granted before the other's shrink lands: a heartbeat's overlap
                 assert hi_a <= lo_b or hi_b <= lo_a, f"{a} [{lo_a}, {hi_a}), {b} [{lo_b}, {hi_b}) for {both:.2f} s"
+
+
+def _changes(trace: list[dict], clock_t0_s: float) -> list[tuple[str, float, float, tuple[int, int]]]:
+    """(pipeline, delivered at, until, SM ids) of every budget change sent to a running sub-stage,
+    until that sub-stage's next change or its release, on time.monotonic()."""
+    latest: dict[str, dict] = {}
+    out: list[list] = []
+    for ev in trace:
+        t, sid = ev["t_s"] + clock_t0_s, ev["substage"]
+        if ev["event"] in ("delivered", "release", "grant"):
+            for change in out:
+                if change[0] == sid and change[3] == float("inf") and ev["event"] != "grant":
+                    change[3] = t  # the next change or the end closes this one
+        if ev["event"] == "grant" and (ev["data"].get("partition") or {}).get("kind") == "green":
+            latest[sid] = ev["data"]["partition"]
+        elif ev["event"] == "delivered" and sid in latest:
+            out.append([sid, ev["pipeline"], t, float("inf"), _ids(latest[sid])])
+    return [(pipe, t, until, ids) for _, pipe, t, until, ids in out]
+
+
+@pytest.mark.timeout(240)
+def test_a_budget_change_is_followed_by_the_next_launches(runs):
+    trace, launches = runs["jigsaw"]
+    node = next(ev for ev in trace if ev["event"] == "node")
+    changes = _changes(trace, node["data"]["clock_t0_s"])
+    after = [(ln, ids) for pipe, t, until, ids in changes for ln in launches
+             if ln["pipeline"] == pipe and t + FOLLOW_S <= ln["t_s"] < until]
+    assert after, f"no launch ran {FOLLOW_S} s after any of {len(changes)} budget changes: nothing was checked"
+    stale = [ln for ln, ids in after if tuple(ln["sm_ids"]) != ids]
+    assert not stale, f"{len(stale)} of {len(after)} launches after a budget change ran on the old side: {stale[0]}"
 
 
 def test_the_fake_gpu_is_off_unless_named(monkeypatch):
