@@ -167,26 +167,30 @@ def step_doctor(ctx: Ctx) -> StepResult:
 
 
 class FakeCensus:
-    """Stands for smid.GreenCensus without a GPU (dry runs, tests): a fake device of FAKE_NUM_SMS
-    SMs split as smsplit.split_sms does; side 0 of pair(σ) "runs" on SM ids 0..n0-1, side 1 on
-    the next n1, and a grid takes its waves x spin_ns of host sleep.  `overlap_sms` moves side 1
-    down onto side 0's last SMs (a broken split, for tests that the comparison catches it)."""
+    """Stands for smid.GreenCensus without a GPU (dry runs, tests): each side "runs" on the SM ids
+    the fake GPU gives it (jigsaw.mux.partition.fake_gpu, a FAKE_NUM_SMS-SM device), and a grid
+    takes its waves x spin_ns of host sleep.  `overlap_sms` puts side 1's last that many SMs on
+    side 0's first ones (a broken split, for tests that the comparison catches it)."""
 
     def __init__(self, device: int, fracs: tuple[float, ...], *, overlap_sms: int = 0):
+        from jigsaw.mux.partition.fake_gpu import FakeGreenPartitions
+
+        self.parts = FakeGreenPartitions(fracs, _fake_resource())
         self.device_sms = FAKE_NUM_SMS
         self.overlap_sms = overlap_sms
 
     def num_sms(self, frac: float, side: int) -> int:
-        from jigsaw.mux.partition.smsplit import split_sms
-
-        return split_sms(_fake_resource(), frac)[side]
+        return self.parts.pair(frac)[side].num_sms
 
     def run(self, frac: float, side: int, num_blocks: int, spin_ns: int) -> tuple[set[int], float]:
-        first = 0 if side == 0 else self.num_sms(frac, 0) - self.overlap_sms
-        n = self.num_sms(frac, side)
-        waves = -(-num_blocks // (2 * n))  # two 1024-thread blocks fit on an SM, as in smid.cu
+        pair = self.parts.pair(frac)
+        mine, other = pair[side].stream, pair[1 - side].stream
+        moved = self.overlap_sms if side == 1 else 0
+        ids = set(range(mine.first_sm, mine.first_sm + mine.num_sms - moved))
+        ids |= set(range(other.first_sm, other.first_sm + moved))
+        waves = -(-num_blocks // (2 * mine.num_sms))  # two 1024-thread blocks fit on an SM, as in smid.cu
         time.sleep(waves * spin_ns / 1e9)
-        return set(range(first, first + n)), waves * spin_ns / 1e9
+        return ids, waves * spin_ns / 1e9
 
     def close(self) -> None:
         pass
@@ -250,24 +254,10 @@ def _census_under_mps(ctx: Ctx, census) -> tuple[list[dict], str, str]:
     except smid.CensusError as exc:
         error = str(exc)
     finally:
-        stopped = stop_mps(control)
+        stopped = mps.stop_mps(control)
         if stopped == "stopped":
             marker.unlink(missing_ok=True)
     return rows, f"MPS: started ({started.reason}), then {stopped}", error
-
-
-def stop_mps(control: str, timeout_s: float = 15.0) -> str:
-    """`echo quit | nvidia-cuda-mps-control`, then wait until no daemon answers; what happened."""
-    from jigsaw.mux.partition import mps
-
-    try:
-        subprocess.run([control], input="quit\n", capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"quit failed: {exc}"
-    deadline = time.monotonic() + timeout_s
-    while (state := mps.status().state) == "running" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return "stopped" if state != "running" else f"still running {timeout_s:g}s after quit"
 
 
 # ------------------------------------------------------------------ green
@@ -460,8 +450,8 @@ def _partitions(ctx: Ctx):
 
 
 def _fake_resource():
-    from jigsaw.mux.partition.smsplit import SmResource
+    from jigsaw.mux.partition.fake_gpu import hopper
 
-    return SmResource(num_sms=FAKE_NUM_SMS, min_partition_sms=8, alignment_sms=8)  # Hopper's granularity
+    return hopper(FAKE_NUM_SMS)
 
 

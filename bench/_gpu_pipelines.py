@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -51,7 +50,7 @@ def run(ctx) -> tuple[str, list[dict], str]:
         rows += _modes(ctx, replace(base, modes=("serial", "naive", "static", "jigsaw"), out_dir=out / "mps"), label)
     finally:
         if started.started:
-            _stop_mps()
+            notes.append(f"MPS afterwards: {mps.stop_mps()}")
         for trace in (out / "mps").glob("jigsaw-trace*.jsonl"):
             shutil.copyfile(trace, Path(ctx.out) / f"pipelines-{trace.name}")  # the last repeat's, for a timeline
             break
@@ -82,9 +81,3 @@ def _modes(ctx, cfg, mps_label: str) -> list[dict]:
                 row[f"x_{ref}"] = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
         rows.append(row)
     return rows
-
-
-def _stop_mps() -> None:
-    from jigsaw.mux.partition.mps import CONTROL_BIN
-
-    subprocess.run([CONTROL_BIN], input="quit\n", text=True, capture_output=True, timeout=30, check=False)

@@ -66,7 +66,6 @@ from _gpu_check_steps import (  # noqa: E402 - bench/ is put on sys.path above
     step_green,
     step_pipelines,
     step_smid2,
-    stop_mps,
 )
 
 CACHE_DIR = "/tmp/jigsaw-gpu-check-cache"
@@ -312,7 +311,9 @@ def _one(step: Step, chosen: list[str], args, out: Path, t0: float, deadline: fl
     ctx.say(f"{step.name}: start (budget {budget:.0f} s)")
     result = run_step(step, ctx, work)
     if (work / MPS_MARKER).is_file():  # the step died with its own MPS daemon still up
-        stopped = stop_mps((work / MPS_MARKER).read_text())
+        from jigsaw.mux.partition import mps
+
+        stopped = mps.stop_mps((work / MPS_MARKER).read_text())
         (work / MPS_MARKER).unlink(missing_ok=True)
         result.note += f"; the MPS daemon this step started was left running: {stopped}"
     ctx.say(f"{step.name}: {result.status} in {result.seconds:.1f} s{': ' + result.note[:200] if result.note else ''}")

@@ -25,7 +25,6 @@ exclusive: the current stream, the whole device.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -34,9 +33,8 @@ from pathlib import Path
 import tyro
 
 from jigsaw.mux.partition.bind import on_stream
+from jigsaw.recipes.grpo import long_tail_caps
 
-LONG_TAIL_MEDIAN_FRAC = 0.2
-LONG_TAIL_SIGMA = 1.0
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, vocab_size=151936, rope_theta=1_000_000.0, tie_word_embeddings=True)
 """Qwen3-0.6B's config.json (28 layers), less what `--layers` sets."""
@@ -137,7 +135,7 @@ def _step(cfg: GpuRecipeConfig, step: int, client, model, opt, params: int) -> d
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed * 100_003 + step)
     n = cfg.prompts * cfg.group
     prompts = torch.randint(0, model.config.vocab_size, (n, cfg.prompt_tokens), generator=gen).to(cfg.device)
-    outputs = rollout(cfg, step, client, model, prompts, caps(cfg, step, n), params)
+    outputs = rollout(cfg, step, client, model, prompts, long_tail_caps(cfg.seed, step, n, cfg.max_new_tokens), params)
     with client.substage("reward", step=step):
         rewards = torch.tensor([float(len(o) % 3 == 0) for o in outputs])  # a rule on the tokens
         adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
@@ -193,14 +191,6 @@ def rollout(cfg: GpuRecipeConfig, step: int, client, model, prompts, lengths: li
     return [torch.cat(o) for o in out]
 
 
-def caps(cfg: GpuRecipeConfig, step: int, n: int) -> list[int]:
-    """Each request's response length: lognormal, median 0.2 × budget, capped (a long tail)."""
-    rng = random.Random(cfg.seed * 100_003 + step)
-    median = LONG_TAIL_MEDIAN_FRAC * cfg.max_new_tokens
-    return [max(2, min(cfg.max_new_tokens, round(rng.lognormvariate(0.0, LONG_TAIL_SIGMA) * median)))
-            for _ in range(n)]
-
-
 def _micro_batches(items: list, size: int):
     return (items[i:i + size] for i in range(0, len(items), max(1, size)))
 
@@ -210,11 +200,6 @@ def _pad(seqs: list):
 
     width = max(len(s) for s in seqs)
     return torch.stack([torch.nn.functional.pad(s, (0, width - len(s))) for s in seqs])
-
-
-def expected_tokens(cfg: GpuRecipeConfig) -> int:
-    """Response tokens the pipeline generates in all (its caps are deterministic)."""
-    return sum(sum(caps(cfg, s, cfg.prompts * cfg.group)) for s in range(cfg.steps))
 
 
 if __name__ == "__main__":

@@ -171,12 +171,15 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
 
 
 def _caps(cfg, step: int, n: int) -> list[int]:
-    if not cfg.long_tail:
-        return [cfg.max_new_tokens] * n
-    rng = random.Random(cfg.seed * 100_003 + step)
-    median = LONG_TAIL_MEDIAN_FRAC * cfg.max_new_tokens
-    return [max(2, min(cfg.max_new_tokens, round(rng.lognormvariate(0.0, LONG_TAIL_SIGMA) * median)))
-            for _ in range(n)]
+    return long_tail_caps(cfg.seed, step, n, cfg.max_new_tokens) if cfg.long_tail else [cfg.max_new_tokens] * n
+
+
+def long_tail_caps(seed: int, step: int, n: int, max_new_tokens: int) -> list[int]:
+    """Each request's response length in step `step`: lognormal, median 0.2 × the budget, capped at
+    it; the same for the same seed and step (every mode of a comparison does the same work)."""
+    rng = random.Random(seed * 100_003 + step)
+    median = LONG_TAIL_MEDIAN_FRAC * max_new_tokens
+    return [max(2, min(max_new_tokens, round(rng.lognormvariate(0.0, LONG_TAIL_SIGMA) * median))) for _ in range(n)]
 
 
 def _rollout(cfg, step, client, dp, prompts, params: int):

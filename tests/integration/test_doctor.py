@@ -289,6 +289,7 @@ case "$cmd" in
     get_server_list) echo 4242 ;;
     get_default_active_thread_percentage) cat "$FAKE_MPS_STATE/default_pct" ;;
     get_active_thread_percentage) echo 100.0 ;;
+    quit) [ -f "$FAKE_MPS_STATE/deaf" ] || rm "$FAKE_MPS_STATE/running" ;;
     *) echo "unknown command $cmd"; exit 1 ;;
 esac
 """
@@ -320,6 +321,16 @@ def test_mps_stopped_then_started_without_a_thread_percentage(fake_mps):
     assert (fake_mps.state / "daemon_env").read_text().strip() == "pct=[]"  # removed from the daemon's env
     assert started.env_thread_pct == 50.0 and started.thread_pct_capped  # ...and still flagged for us
     assert any(mps.THREAD_PCT_ENV in w for w in started.warnings)
+
+
+def test_mps_started_here_is_stopped_and_a_daemon_that_stays_is_said_so(fake_mps):
+    assert mps.ensure_mps(True, env=fake_mps.env).running
+    assert mps.stop_mps(env=fake_mps.env, timeout_s=2.0) == "stopped"
+    assert mps.status(fake_mps.env).state == "stopped"
+    assert mps.stop_mps(env=fake_mps.env, timeout_s=2.0) == "stopped"  # none running: nothing to do
+    (fake_mps.state / "running").touch()
+    (fake_mps.state / "deaf").touch()  # answers `quit` and keeps running
+    assert mps.stop_mps(env=fake_mps.env, timeout_s=0.5) == "still running 0.5s after quit"
 
 
 def test_mps_running_with_a_default_percentage_fails_the_doctor_check(fake_mps, monkeypatch):

@@ -29,10 +29,14 @@ NUM_SMS = 132
 
 def _ids(partition: dict) -> tuple[int, int]:
     """[first, last + 1) SM ids of a trace grant's green partition on the fake device."""
-    parts = FakeGreenPartitions(PARTITION_LEVELS, fake_gpu.SmResource(num_sms=NUM_SMS, min_partition_sms=8,
-                                                                     alignment_sms=8))
+    parts = FakeGreenPartitions(PARTITION_LEVELS, fake_gpu.hopper(NUM_SMS))
     side = parts.full if partition["budget"] >= 1.0 else parts.pair(partition["budget"])[partition["side"]]
     return side.stream.first_sm, side.stream.first_sm + side.num_sms
+
+
+def _clock_t0_s(trace: list[dict]) -> float:
+    """The daemon's time.monotonic() at its trace's t_s = 0 (the fake GPU logs on that clock)."""
+    return next(ev for ev in trace if ev["event"] == "node")["data"]["clock_t0_s"]
 
 
 def _held(trace: list[dict], clock_t0_s: float) -> dict[str, list[tuple[float, float, tuple[int, int]]]]:
@@ -79,8 +83,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[list[dict], list[dict]]]:
 @pytest.mark.parametrize("mode", MODES)
 def test_every_launch_ran_on_a_partition_its_pipeline_held(runs, mode):
     trace, launches = runs[mode]
-    node = next(ev for ev in trace if ev["event"] == "node")
-    held = _held(trace, node["data"]["clock_t0_s"])
+    held = _held(trace, _clock_t0_s(trace))
     pipelines = {ev["pipeline"] for ev in trace if ev["event"] == "pipeline"}
     assert {ln["pipeline"] for ln in launches} == pipelines, "a pipeline launched nothing on its partitions"
     assert any(ln["budget"] < 1.0 for ln in launches), "no launch ran on a partition smaller than the device"
@@ -94,8 +97,7 @@ def test_every_launch_ran_on_a_partition_its_pipeline_held(runs, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_two_pipelines_held_disjoint_sms_whenever_both_held_a_partition(runs, mode):
     trace, _ = runs[mode]
-    node = next(ev for ev in trace if ev["event"] == "node")
-    held = _held(trace, node["data"]["clock_t0_s"])
+    held = _held(trace, _clock_t0_s(trace))
     (a, spans_a), (b, spans_b) = sorted(held.items())
     for sa, ua, (lo_a, hi_a) in spans_a:
         for sb, ub, (lo_b, hi_b) in spans_b:
@@ -125,8 +127,7 @@ def _changes(trace: list[dict], clock_t0_s: float) -> list[tuple[str, float, flo
 @pytest.mark.timeout(240)
 def test_a_budget_change_is_followed_by_the_next_launches(runs):
     trace, launches = runs["jigsaw"]
-    node = next(ev for ev in trace if ev["event"] == "node")
-    changes = _changes(trace, node["data"]["clock_t0_s"])
+    changes = _changes(trace, _clock_t0_s(trace))
     after = [(ln, ids) for pipe, t, until, ids in changes for ln in launches
              if ln["pipeline"] == pipe and t + FOLLOW_S <= ln["t_s"] < until]
     assert after, f"no launch ran {FOLLOW_S} s after any of {len(changes)} budget changes: nothing was checked"

@@ -38,7 +38,12 @@ def resource() -> SmResource | None:
         return None
     if not raw.isdigit() or int(raw) < 2 * GRANULARITY[0]:
         raise ValueError(f"{ENV_SMS}={raw!r}: the fake GPU's SM count, an integer >= {2 * GRANULARITY[0]}")
-    return SmResource(num_sms=int(raw), min_partition_sms=GRANULARITY[0], alignment_sms=GRANULARITY[1])
+    return hopper(int(raw))
+
+
+def hopper(num_sms: int) -> SmResource:
+    """A fake device of `num_sms` SMs with Hopper's partition granularity."""
+    return SmResource(num_sms=num_sms, min_partition_sms=GRANULARITY[0], alignment_sms=GRANULARITY[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,4 +118,4 @@ def read_log(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
 
-__all__ = ["ENV_LOG", "ENV_SMS", "FakeGreenPartitions", "FakeStream", "read_log", "resource"]
+__all__ = ["ENV_LOG", "ENV_SMS", "FakeGreenPartitions", "FakeStream", "hopper", "read_log", "resource"]

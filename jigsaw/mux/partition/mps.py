@@ -14,6 +14,7 @@ daemon with the percentage left unset and flags one that is set.
     status()            ─► MpsStatus(state, reason, server pids, percentages, warnings)
     ensure_mps(start)   ─► status(); when stopped and start: `nvidia-cuda-mps-control -d` with
                            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE removed from its environment ─► status()
+    stop_mps()          ─► `quit`, then status() until no daemon answers
 
 The parse_* functions are pure (unit-tested on captured outputs); everything that runs the
 binary goes through `query`, with a timeout, so a wedged daemon cannot hang `jigsaw doctor`.
@@ -267,3 +268,22 @@ def _await_daemon(env: Mapping[str, str], timeout_s: float) -> MpsStatus:
     if now.state == "stopped":
         return replace(now, state="error", reason=f"started {CONTROL_BIN} -d but no daemon answered in {timeout_s:g}s")
     return replace(now, started=now.running)
+
+
+def stop_mps(control_bin: str | None = None, *, env: Mapping[str, str] | None = None, timeout_s: float = 15.0) -> str:
+    """`quit` to the control daemon, then wait until none answers; what happened, in words
+    ("stopped" when it is gone).  Never raises: a check that started MPS stops it on its way out."""
+    env = dict(os.environ if env is None else env)
+    control = control_bin or find_control(env)
+    if control is None:
+        return f"{CONTROL_BIN} not on PATH"
+    try:
+        query("quit", control_bin=control, env=env, timeout_s=timeout_s)
+    except MpsNotRunning:
+        return "stopped"
+    except MpsError as exc:
+        return f"quit failed: {exc}"
+    deadline = time.monotonic() + timeout_s
+    while (state := status(env).state) == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return "stopped" if state != "running" else f"still running {timeout_s:g}s after quit"

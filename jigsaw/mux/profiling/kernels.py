@@ -85,9 +85,9 @@ def _decoder(spec: ModelSpec, layers: int, device: str, dtype):
             q, k, v = self.qkv(self.norm1(x)).split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(b, t, nq, d).transpose(1, 2)
             k, v = (z.view(b, t, nkv, d).transpose(1, 2) for z in (k, v))
-            if kv is not None:  # decode: the new token's K/V go into the cache's last slot, in place
-                kv[0][:, :, -1:].copy_(k)  # (a cat would allocate the whole cache again every step, and
-                kv[1][:, :, -1:].copy_(v)  # two streams allocating that much at once thrash the allocator)
+            if kv is not None:  # decode: the new token's K/V go into the cache's last slot, in place,
+                kv[0][:, :, -1:].copy_(k)  # as an engine's paged cache does (a cat would allocate and copy
+                kv[1][:, :, -1:].copy_(v)  # the whole cache every step)
                 k, v = kv
             att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=kv is None, enable_gqa=True)
             x = x + self.o(att.transpose(1, 2).reshape(b, t, nq * d))
