@@ -11,6 +11,8 @@
       update_weights(state_dict) ── torch.save bytes ──► "update_weights" on every worker (paused CB)
       pids ──► whoever binds the workers to a partition (the client, mux/partition/bind.py); a worker's
                generation threads follow the cores it may use
+      board ──► each worker follows the grant its client posts for its pid (mux/partition/board.py):
+               every forward on the grant's stream, the KV room from its memory before every command
 
 Commands are (name, args) tuples of plain data over one Pipe per worker, answered in order,
 so a worker never runs two commands at once: a request is either returned by "poll" or by
@@ -29,6 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from jigsaw.engines.rollout import Completion, ForwardStep, Request, RolloutConfig
 
@@ -49,10 +52,12 @@ class DPRollout:
     """Rollout workers as processes; every method is for one caller thread."""
 
     def __init__(self, model_config=None, config: RolloutConfig = RolloutConfig(), num_workers: int = 2,
-                 *, poll_interval_s: float = 0.005, rpc_timeout_s: float = 120.0):
+                 *, poll_interval_s: float = 0.005, rpc_timeout_s: float = 120.0, board: Path | None = None):
+        """`board`: where the pipeline's client posts each worker's grant (Client.board); the
+        workers follow their postings (green side, KV room).  None: no daemon, nothing to follow."""
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
-        self.config, self.num_workers = config, num_workers
+        self.config, self.num_workers, self.board = config, num_workers, board
         self.poll_interval_s, self.rpc_timeout_s = poll_interval_s, rpc_timeout_s
         self.migrated = 0
         """Requests moved by migrate() so far."""
@@ -75,7 +80,7 @@ class DPRollout:
         ctx = mp.get_context("spawn")
         for rank in range(self.num_workers):  # start all before waiting: they load in parallel
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, model_config, self.config),
+            proc = ctx.Process(target=_worker_main, args=(child, model_config, self.config, self.board),
                                name=f"jigsaw-rollout-{rank}", daemon=True)
             proc.start()
             child.close()
@@ -286,7 +291,7 @@ def _stop(proc, grace_s: float = 5.0) -> None:
 # -------------------------------------------------------------------- worker process
 
 
-def _worker_main(conn, model_config, config: RolloutConfig) -> None:
+def _worker_main(conn, model_config, config: RolloutConfig, board: Path | None = None) -> None:
     """Entry point of a worker: load, announce the pid, serve commands until close/EOF."""
     if config.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(config.threads)  # before torch is first imported here
@@ -297,12 +302,14 @@ def _worker_main(conn, model_config, config: RolloutConfig) -> None:
         from jigsaw.engines.model import ModelConfig, load
         from jigsaw.engines.rollout import RolloutEngine
         from jigsaw.mux.partition.bind import follow_threads
+        from jigsaw.mux.partition.board import Follower
 
         follow_threads(config.threads)  # before the CB thread exists: it starts from this
         model, tokenizer = load(model_config or ModelConfig())
-        engine = RolloutEngine(model, tokenizer, config)
+        follower = Follower(board)
+        engine = RolloutEngine(model, tokenizer, config, stream_source=follower.stream if board else None)
         conn.send(("ok", os.getpid()))
-        _serve(engine, conn)
+        _serve(engine, conn, follower)
     except (EOFError, KeyboardInterrupt):
         pass  # caller gone
     except BaseException as e:  # report a failed start instead of dying silently
@@ -317,17 +324,28 @@ def _worker_main(conn, model_config, config: RolloutConfig) -> None:
         os._exit(code)
 
 
-def _serve(engine, conn) -> None:
+def _serve(engine, conn, follower=None) -> None:
     handlers = _handlers(engine)
+    posting = None
     while True:
         name, args = conn.recv()  # EOFError when the caller is gone
         if name == "close":
             return
         try:
+            posting = _follow_memory(engine, follower, posting)
             reply = ("ok", handlers[name](*args))
         except Exception as e:  # the worker stays up; the caller raises
             reply = ("err", _describe(e))
         conn.send(reply)
+
+
+def _follow_memory(engine, follower, last):
+    """The KV room of the grant posted now (its memory beside the weights), before every command:
+    a shrink preempts at once, a grow admits what waited.  Returns the posting applied."""
+    posting = None if follower is None else follower.current()
+    if posting is not last:
+        engine.set_kv_limit(engine.kv_tokens_for(posting.mem_bytes) if posting is not None else None)
+    return posting
 
 
 def _handlers(engine) -> dict[str, Callable]:
@@ -363,7 +381,7 @@ def _status(engine) -> dict:
             pass
     return {"pid": os.getpid(), "affinity": tuple(sorted(os.sched_getaffinity(0))), "thread_affinity": threads,
             "num_threads": torch.get_num_threads(), "generation_num_threads": engine.generation_num_threads,
-            "active": engine.active()}
+            "active": engine.active(), "kv_limit": engine.kv_limit, "preempted": list(engine.preempted)}
 
 
 def _thread_ids() -> list[int]:

@@ -18,19 +18,30 @@ of an abort is the last streamed state.  A token the CB thread produces between 
 drain and the cancellation is thrown away (the internal id "rid@n" is forgotten at once),
 and regenerated wherever the request resumes, so greedy outputs stay token-identical.
 
+The grant, applied here (mux/partition/bind.py, board.py):
+    stream_source() before every forward (the CB thread) ──► bind.on_stream(stream): the forward
+        runs on the grant's green side (None: the current stream; a fake GPU logs the launch)
+    set_kv_limit(tokens) (the caller's thread; from the grant's memory, `kv_tokens_for`)
+        ──► over the limit: the newest requests are preempted (aborted in CB, their tokens kept)
+            and wait at the head of the queue; under it, the oldest waiting are admitted again
+            (prompt + kept tokens prefilled: recomputation, as a migration is)
+
 Only plain data crosses this module's API, so a DP worker process can ship it over a pipe;
 torch / transformers are imported lazily so a worker can pin its threads before importing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from jigsaw.mux.partition.bind import follow_threads
+from jigsaw.mux.partition.bind import follow_threads, on_stream
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,33 +125,63 @@ class ForwardStep:
 
 @dataclass(slots=True)
 class _Live:
-    """A request inside CB: the newest streamed state."""
+    """A request in this engine: waiting for KV room, or inside CB with its newest streamed state."""
 
     req: Request
-    cb_id: str
-    """Id inside CB, fresh per submission so stale outputs of an aborted run are recognisable."""
+    """As it goes into CB: a preempted request carries the tokens it had as partial_ids."""
+    order: int
+    """Arrival order: the newest are preempted first, the oldest admitted first."""
     partial_logprobs: tuple[float, ...]
+    given: int = 0
+    """Partial tokens the caller gave (a migrated request's), of req.partial_ids."""
+    prefilled: int = 0
+    """Tokens prefilled for it here so far (again after each preemption)."""
+    cb_id: str = ""
+    """Id inside CB, fresh per submission so stale outputs of an aborted run are recognisable;
+    empty while it waits."""
     new_ids: list[int] = field(default_factory=list)
     new_logprobs: list[float] = field(default_factory=list)
 
-    def completion(self, finished: bool, prefilled: bool = True) -> Completion:
-        return Completion(rid=self.req.rid, prompt_ids=self.req.prompt_ids,
-                          output_ids=self.req.partial_ids + tuple(self.new_ids),
+    def tokens(self) -> int:
+        """KV it holds, with the next token's."""
+        return len(self.req.prompt_ids) + len(self.req.partial_ids) + len(self.new_ids) + 1
+
+    def completion(self, finished: bool) -> Completion:
+        output = self.req.partial_ids + tuple(self.new_ids)
+        return Completion(rid=self.req.rid, prompt_ids=self.req.prompt_ids, output_ids=output,
                           logprobs=self.partial_logprobs + tuple(self.new_logprobs), finished=finished,
-                          prefilled_tokens=len(self.req.prompt_ids) + len(self.req.partial_ids) if prefilled else 0,
-                          generated_tokens=len(self.new_ids))
+                          prefilled_tokens=self.prefilled, generated_tokens=len(output) - self.given)
+
+    def kept(self) -> _Live:
+        """Taken out of CB with its tokens: it resumes from prompt + everything generated."""
+        req = dataclasses.replace(self.req, partial_ids=self.req.partial_ids + tuple(self.new_ids))
+        return _Live(req=req, order=self.order, partial_logprobs=self.partial_logprobs + tuple(self.new_logprobs),
+                     given=self.given, prefilled=self.prefilled)
 
 
 class RolloutEngine:
     """Continuous-batching generation on one model; every method is for one caller thread."""
 
-    def __init__(self, model, tokenizer, config: RolloutConfig = RolloutConfig()):
+    def __init__(self, model, tokenizer, config: RolloutConfig = RolloutConfig(),
+                 stream_source: Callable[[], Any] | None = None):
+        """`stream_source`: the stream of the grant in force, asked before every forward (a
+        board.Follower's `stream`); None: the current stream."""
         import torch
 
         self._torch = torch
         self.model, self.config = model, config
         self.eos_token_id = _eos_id(model, tokenizer)
+        self._stream_source = stream_source
+        self._launch: contextlib.AbstractContextManager | None = None
         self._live: dict[str, _Live] = {}
+        """Inside CB, in admission order."""
+        self._waiting: list[_Live] = []
+        """Waiting for KV room, oldest first."""
+        self._arrivals = itertools.count()
+        self.kv_limit: int | None = None
+        """KV tokens the engine may hold (None: CB's whole pool)."""
+        self.preempted: list[tuple[str, int]] = []
+        """(rid, tokens it kept) of every preemption, oldest first."""
         self._by_cb: dict[str, str] = {}
         self._done: list[Completion] = []
         self._steps: list[ForwardStep] = []
@@ -164,20 +205,19 @@ class RolloutEngine:
 
     def submit(self, req: Request) -> None:
         """Queue a request; a resubmission prefills prompt + partial again (no KV is moved)."""
-        if req.rid in self._live:
+        if req.rid in self._live or any(w.req.rid == req.rid for w in self._waiting):
             raise ValueError(f"request {req.rid!r} is already in flight")
         if req.partial_logprobs and len(req.partial_logprobs) != len(req.partial_ids):
             raise ValueError(f"request {req.rid!r}: {len(req.partial_logprobs)} partial logprobs "
                              f"for {len(req.partial_ids)} partial tokens")
         logprobs = req.partial_logprobs or self._recompute_logprobs(req)
-        live = _Live(req=req, cb_id=f"{req.rid}@{next(self._serial)}", partial_logprobs=tuple(logprobs))
+        live = _Live(req=req, order=next(self._arrivals), partial_logprobs=tuple(logprobs), given=len(req.partial_ids))
         remaining = req.max_new_tokens - len(req.partial_ids)
         if remaining <= 0 or (req.partial_ids and req.partial_ids[-1] == self.eos_token_id):
-            self._done.append(live.completion(finished=True, prefilled=False))  # nothing left to generate
+            self._done.append(live.completion(finished=True))  # nothing left to generate
             return
-        self._live[req.rid], self._by_cb[live.cb_id] = live, req.rid
-        self._mgr.add_request(list(req.prompt_ids + req.partial_ids), request_id=live.cb_id,
-                              max_new_tokens=remaining, streaming=True)
+        self._waiting.append(live)
+        self._admit()
 
     def abort(self, rid: str) -> Completion:
         """Take a request out: its partial output (finished=False), or its finished output
@@ -186,11 +226,13 @@ class RolloutEngine:
         for i, c in enumerate(self._done):
             if c.rid == rid:
                 return self._done.pop(i)
+        for i, w in enumerate(self._waiting):
+            if w.req.rid == rid:
+                return self._waiting.pop(i).completion(finished=False)
         live = self._live.pop(rid, None)
         if live is None:
             raise KeyError(f"request {rid!r} is not in this engine")
-        del self._by_cb[live.cb_id]  # outputs still on their way are dropped as stale
-        self._mgr.cancel_request(live.cb_id)
+        self._cancel(live)
         return live.completion(finished=False)
 
     def abort_all(self) -> list[Completion]:
@@ -199,8 +241,8 @@ class RolloutEngine:
         return [self.abort(rid) for rid in self.active()]
 
     def active(self) -> list[str]:
-        """Ids of the requests in flight (queued or generating), in submission order."""
-        return list(self._live)
+        """Ids of the requests in flight (waiting for KV room or generating), oldest first."""
+        return [x.req.rid for x in sorted((*self._live.values(), *self._waiting), key=lambda x: x.order)]
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
         """Finished requests since the last call; waits up to timeout_s for the first one."""
@@ -213,9 +255,64 @@ class RolloutEngine:
 
     def holding(self) -> tuple[tuple[int, int], ...]:
         """(context tokens, tokens generated in its turn) of each request in flight, as last
-        streamed: what a migration of them, or the rest of a tail, is priced by."""
-        return tuple((len(x.req.prompt_ids) + len(x.req.partial_ids) + len(x.new_ids),
-                      len(x.req.partial_ids) + len(x.new_ids)) for x in self._live.values())
+        streamed (waiting ones too): what a migration of them, or the rest of a tail, is priced by."""
+        return tuple((x.tokens() - 1, len(x.req.partial_ids) + len(x.new_ids))
+                     for x in sorted((*self._live.values(), *self._waiting), key=lambda x: x.order))
+
+    # ---------------------------------------------------------------- KV room
+
+    def set_kv_limit(self, tokens: int | None) -> None:
+        """Hold at most `tokens` of KV (None: CB's whole pool).  Over it, the newest requests
+        are preempted with their tokens kept; under it, the oldest waiting ones start again.
+        The oldest request always runs, so a limit below one request slows, never stops."""
+        pool = self.config.num_blocks * self.config.page_size
+        self.kv_limit = None if tokens is None else max(0, min(int(tokens), pool))
+        self._drain(0.0)
+
+    def kv_tokens_for(self, mem_bytes: int) -> int | None:
+        """KV tokens a memory grant of `mem_bytes` holds beside the weights (None: not stated)."""
+        if mem_bytes <= 0:
+            return None
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return max(0, (mem_bytes - weights) // kv_bytes_per_token(self.model))
+
+    def _used(self) -> int:
+        page = self.config.page_size
+        return sum(-(-x.tokens() // page) * page for x in self._live.values())
+
+    def _fits(self, extra: int) -> bool:
+        page = self.config.page_size
+        return self.kv_limit is None or self._used() + -(-extra // page) * page <= self.kv_limit
+
+    def _rebalance(self) -> None:
+        self._shrink()
+        self._admit()
+
+    def _shrink(self) -> None:
+        while self.kv_limit is not None and len(self._live) > 1 and not self._fits(0):
+            newest = max(self._live.values(), key=lambda x: x.order)
+            del self._live[newest.req.rid]
+            self._cancel(newest)
+            kept = newest.kept()
+            self.preempted.append((kept.req.rid, len(kept.req.partial_ids)))
+            self._waiting.append(kept)
+            self._waiting.sort(key=lambda x: x.order)
+
+    def _admit(self) -> None:
+        while self._waiting and (not self._live or self._fits(self._waiting[0].tokens())):
+            self._start(self._waiting.pop(0))
+
+    def _start(self, live: _Live) -> None:
+        req = live.req
+        live.cb_id, live.new_ids, live.new_logprobs = f"{req.rid}@{next(self._serial)}", [], []
+        live.prefilled += len(req.prompt_ids) + len(req.partial_ids)
+        self._live[req.rid], self._by_cb[live.cb_id] = live, req.rid
+        self._mgr.add_request(list(req.prompt_ids + req.partial_ids), request_id=live.cb_id,
+                              max_new_tokens=req.max_new_tokens - len(req.partial_ids), streaming=True)
+
+    def _cancel(self, live: _Live) -> None:
+        del self._by_cb[live.cb_id]  # outputs still on their way are dropped as stale
+        self._mgr.cancel_request(live.cb_id)
 
     def forward_steps(self) -> list[ForwardStep]:
         """Forward steps recorded since the last call, oldest first."""
@@ -283,6 +380,7 @@ class RolloutEngine:
         while out is not None:
             self._accept(out)
             out = self._mgr.get_result(timeout=0.0)
+        self._rebalance()
 
     def _accept(self, out) -> None:
         rid = self._by_cb.get(out.request_id)
@@ -321,12 +419,18 @@ class RolloutEngine:
         self._gate.acquire()  # released by _on_post, which runs even when the forward raises
         if not self._recording:
             return
+        if self._stream_source is not None:  # the grant in force now: a budget change lands here
+            self._launch = on_stream(self._stream_source(), kv_tokens=self.kv_limit)
+            self._launch.__enter__()
         # the CB thread's OpenMP setting is its own: it follows the cores it may use now
         self.generation_num_threads = follow_threads(self.config.threads)
         self._step_start = (time.monotonic(), *_split_query(kwargs))
 
     def _on_post(self, module, args, kwargs, output) -> None:
         try:
+            launch, self._launch = self._launch, None
+            if launch is not None:
+                launch.__exit__(None, None, None)
             self._record()
         finally:
             self._gate.release()
@@ -355,6 +459,15 @@ def _split_query(kwargs) -> tuple[int, int, int]:
     kv = (cu_k[1:] - cu_k[:-1]).tolist() if cu_k is not None and len(cu_k) == len(cu) else [0] * len(lens)
     decode = [i for i, n in enumerate(lens) if n == 1]
     return sum(n for n in lens if n > 1), len(decode), sum(kv[i] for i in decode)
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of K and V one token takes in every layer of `model` (a transformers causal LM)."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    dtype_bytes = next(model.parameters()).element_size()
+    return 2 * c.num_hidden_layers * heads * head_dim * dtype_bytes
 
 
 def _eos_id(model, tokenizer) -> int:

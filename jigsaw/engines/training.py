@@ -18,6 +18,8 @@
                  ◄──────────────────────────────────   rank 0 returns the full tensors
     pids() ─► whoever binds the ranks to a partition (the client, mux/partition/bind.py); each rank's
               intra-op threads follow the cores it may use, before every command
+    board ──► each rank runs every micro-batch (forward, backward) on the stream of the grant its
+              client posted for it, read again before each one (mux/partition/board.py)
     close() ────────────────────────────────────────► ("stop"); terminate / kill stragglers
 
 Commands are (op, payload) tuples of plain data, never callables. A rank that fails answers
@@ -38,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, Self
 
 import torch
@@ -51,7 +54,8 @@ from jigsaw.engines.grpo import (
     token_logprobs,
 )
 from jigsaw.engines.model import ModelConfig
-from jigsaw.mux.partition.bind import follow_threads
+from jigsaw.mux.partition.bind import follow_threads, on_stream
+from jigsaw.mux.partition.board import Follower
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,8 +91,11 @@ class Trainer:
     One command at a time: the methods are not safe to call from several threads at once.
     """
 
-    def __init__(self, model_config: ModelConfig, config: TrainConfig | None = None):
+    def __init__(self, model_config: ModelConfig, config: TrainConfig | None = None, *, board: Path | None = None):
+        """`board`: where the pipeline's client posts each rank's grant (Client.board); every
+        rank runs its micro-batches on the stream of the grant posted for it.  None: no daemon."""
         config = config or TrainConfig()
+        self.board = board
         if config.world_size < 1 or config.micro_batch < 1:
             raise ValueError("world_size and micro_batch must be >= 1")
         self.config = config
@@ -195,7 +202,7 @@ class Trainer:
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=_rank_main, name=f"jigsaw-train-rank{rank}", daemon=True,
                                args=(rank, port, dataclasses.asdict(model_config),
-                                     dataclasses.asdict(self.config), child_end))
+                                     dataclasses.asdict(self.config), child_end, self.board))
             proc.start()
             child_end.close()
             self._procs.append(proc)
@@ -275,10 +282,11 @@ def _join_all(procs: Sequence[Any], timeout_s: float) -> None:
 
 
 # ── rank side ──────────────────────────────────────────────────────────────────────────────
-def _rank_main(rank: int, port: int, model_cfg: dict, train_cfg: dict, conn: Connection) -> None:
+def _rank_main(rank: int, port: int, model_cfg: dict, train_cfg: dict, conn: Connection,
+               board: Path | None = None) -> None:
     """Entry point of a spawned rank: set up, then serve commands until "stop" or EOF."""
     try:
-        worker = _Rank(rank, port, ModelConfig(**model_cfg), TrainConfig(**train_cfg))
+        worker = _Rank(rank, port, ModelConfig(**model_cfg), TrainConfig(**train_cfg), board)
     except BaseException:  # noqa: BLE001 -- every failure goes to the parent, which raises it
         conn.send(("error", f"rank {rank} start-up: {traceback.format_exc()}"))
         return
@@ -317,7 +325,8 @@ def follow_threads_per_layer(models, cap: int | None) -> None:
 class _Rank:
     """Policy shard, reference copy and optimizer of one rank."""
 
-    def __init__(self, rank: int, port: int, model_config: ModelConfig, config: TrainConfig):
+    def __init__(self, rank: int, port: int, model_config: ModelConfig, config: TrainConfig,
+                 board: Path | None = None):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -332,6 +341,7 @@ class _Rank:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
                                 timeout=timedelta(seconds=config.op_timeout_s))
         self.rank, self.config = rank, config
+        self.follower = Follower(board)
         self.policy, tok = load(model_config)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.reference, _ = load(model_config)  # same config and seed: the initial policy
@@ -376,7 +386,8 @@ class _Rank:
         out: list[tuple[float, ...]] = []
         for rows in micro_batches:
             follow_threads(self.config.threads_per_rank)
-            logprobs = self.forward(model, self.batch(rows))  # empty ones still join collectives
+            with on_stream(self.follower.stream(), work=op):  # the grant in force at this micro-batch
+                logprobs = self.forward(model, self.batch(rows))  # empty ones still join collectives
             out.extend(tuple(logprobs[i, :len(r["output_ids"])].tolist()) for i, r in enumerate(rows))
         return out
 
@@ -388,14 +399,15 @@ class _Rank:
             # reduce-scatter once, after the last micro-batch's backward
             self.policy.set_requires_gradient_sync(step == len(micro_batches) - 1)
             batch = self.batch(rows)
-            logprobs = self.forward(self.policy, batch)
-            loss, metrics = grpo_loss(
-                logprobs, batch.get("old_logprobs", logprobs.detach()), self.ref_rows(rows, batch),
-                torch.tensor([r["advantage"] for r in rows] or [0.0]), batch["response_mask"],
-                self.config.clip_eps, self.config.kl_coef, num_tokens=num_tokens)
-            # each rank's loss is its share of the batch mean: FSDP averages gradients over
-            # ranks, so scale by world_size to get the gradient of the sum
-            (loss * self.config.world_size).backward()
+            with on_stream(self.follower.stream(), work="train"):  # forward and backward on the grant
+                logprobs = self.forward(self.policy, batch)
+                loss, metrics = grpo_loss(
+                    logprobs, batch.get("old_logprobs", logprobs.detach()), self.ref_rows(rows, batch),
+                    torch.tensor([r["advantage"] for r in rows] or [0.0]), batch["response_mask"],
+                    self.config.clip_eps, self.config.kl_coef, num_tokens=num_tokens)
+                # each rank's loss is its share of the batch mean: FSDP averages gradients over
+                # ranks, so scale by world_size to get the gradient of the sum
+                (loss * self.config.world_size).backward()
             for key in sums:
                 sums[key] += metrics[key]
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)

@@ -103,6 +103,11 @@ class DemoConfig:
     """Devices of the demo's daemons (CPU partitions of this machine's cores).  None: one for
     the recipe; for verl, one per rollout replica (2), as verl's GPUs are, each a core with
     its own grid (cpu/tiny-qwen3-1c), so every replica and trainer rank is a DP worker."""
+    partitioner: str | None = None
+    """The daemon's partitioner in the live modes: cpu (cores; the default of the CPU recipes) or
+    green (SMs; the default of --framework gpu).  green on a CPU recipe needs a FAKE GPU
+    (JIGSAW_FAKE_GPU=<num_sms>, mux/partition/fake_gpu.py): the recipe's workers then log the
+    side each forward and micro-batch ran on, and run on all cores."""
     verl_poll_s: float | None = None
     """--framework verl: poll verl's replay buffer this often (s) in every mode instead of
     verl's 2 s, which makes `gen` last a multiple of 2 s whatever the rollout takes.
@@ -168,6 +173,8 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
 def _check_config(cfg: DemoConfig) -> None:
     if cfg.framework not in ("jigsaw", "verl", "gpu"):
         raise ValueError(f"--framework {cfg.framework!r}: jigsaw, verl or gpu")
+    if cfg.partitioner not in (None, "cpu", "green"):
+        raise ValueError(f"--partitioner {cfg.partitioner!r}: cpu or green")
     if cfg.framework != "jigsaw" and "naive-fair" in cfg.modes:
         raise ValueError(f"naive-fair sets the recipe's threads; a {cfg.framework} job has no such knob (use naive)")
     if bad := set(cfg.modes) - set(MODES):
@@ -296,7 +303,7 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
     with open(cfg.out_dir / "daemon.log", "w") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
                                    "--devices", str(devices), "--policy", DAEMON_POLICY[mode],
-                                   "--partitioner", "green" if cfg.framework == "gpu" else "cpu",
+                                   "--partitioner", cfg.partitioner or ("green" if cfg.framework == "gpu" else "cpu"),
                                    "--trace", str(trace)],
                                   env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)

@@ -124,7 +124,9 @@ def run(cfg: RecipeConfig) -> dict:
     steps = []
     rollout = RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed, threads=cfg.threads)
     train = TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed, threads_per_rank=cfg.threads)
-    with DPRollout(mc, rollout, num_workers=cfg.dp) as dp, Trainer(mc, train) as trainer:
+    # the workers follow the grants the client posts for them (a green side, the KV room)
+    with DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
+            Trainer(mc, train, board=client.board) as trainer:
         for step in range(cfg.steps):
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
             say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "

@@ -125,6 +125,10 @@ class Client:
         self._stop = threading.Event()
         self._said_open = False
         self._open = bool(endpoint)
+        self.board = socket_path(endpoint).parent / "board" if endpoint else None
+        """Where this client posts its workers' grants (mux/partition/board.py): the engines'
+        processes follow their postings; None without a daemon endpoint."""
+        self._posted: set[int] = set()
         self._sock = self._socket() if endpoint else None
         if endpoint:
             self._register(self._sock, self.connect_timeout_s)
@@ -237,6 +241,10 @@ class Client:
             self._open = False
         if self._binder is not None:
             self._binder.close()
+        if self.board is not None:
+            from jigsaw.mux.partition import board
+
+            board.withdraw(self.board, self._posted)
 
     def __enter__(self) -> Client:
         return self
@@ -257,9 +265,25 @@ class Client:
             self._binder = Binder()
         try:
             h.binding = self._binder.bind(None if (h.exclusive or h.lost) else h.partition, h.pids)
+            self._post(h)
             self._follow(h)
         except Exception as exc:  # noqa: BLE001 - a partition that cannot be bound must not stop the work
             log.warning("cannot bind %s to %s: %s (running unbound)", h.substage or h.kind, h.partition, exc)
+
+    def _post(self, h: GrantHandle) -> None:
+        """The grant, for the sub-stage's other processes to apply themselves (a green side, the
+        KV pool, the micro-batch: what cannot be set from outside)."""
+        from jigsaw.mux.partition import board
+
+        others = [p for p in h.pids if p != os.getpid()]
+        if self.board is None or not others:
+            return
+        off = h.exclusive or h.lost
+        posting = board.Posting(partition=None if off else h.partition, mem_bytes=0 if off else h.mem_bytes,
+                                micro_batch=None if off else h.micro_batch)
+        for pid in others:
+            board.post(self.board, pid, posting)
+        self._posted.update(others)
 
     def _follow(self, h: GrantHandle) -> None:
         """The process holding the client (a pipeline's driver: its Python between sub-stages,
@@ -291,6 +315,8 @@ class Client:
                 h._update(g)
                 if moved:
                     self._bind(h)
+                else:
+                    self._post(h)  # memory or micro-batch alone: the workers resize, nothing moves
 
     def _close(self, handles: Sequence[tuple[GrantHandle, str]]) -> None:
         """Report the handles' ends, every Done in one write (a gang's members end together:

@@ -12,6 +12,8 @@ was delivered, the worker's launches from a moment later on must be on the new s
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -55,34 +57,41 @@ def _held(trace: list[dict], clock_t0_s: float) -> dict[str, list[tuple[float, f
     return held
 
 
-MODES = ("jigsaw", "static-live")
-"""The daemon's own choice of budgets, and half the device each (sides 0 and 1 of one split)."""
+MODES = ("jigsaw", "static-live", "engines")
+"""The GPU recipe under the daemon's own choice of budgets, and under half the device each
+(sides 0 and 1 of one split); and the CPU recipe's engines (DP rollout workers and trainer
+ranks, each its own process following the grant its client posts) under the daemon's choice."""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[list[dict], list[dict]]]:
-    """mode -> (the daemon's trace, the fake GPU's launches)."""
+def runs(tmp_path_factory) -> dict[str, tuple[list[dict], list[dict], Path]]:
+    """mode -> (the daemon's trace, the fake GPU's launches, the demo's output directory)."""
     from jigsaw.recipes.demo import DemoConfig, run_demo
 
-    out = tmp_path_factory.mktemp("gpu-grants")
     got = {}
     for mode in MODES:
-        log = out / f"{mode}-launches.jsonl"
+        out = tmp_path_factory.mktemp(f"gpu-grants-{mode}")
+        log = out / "launches.jsonl"
+        live = "jigsaw" if mode == "engines" else mode
+        if mode == "engines":
+            cfg = DemoConfig(framework="jigsaw", partitioner="green", max_new_tokens=32)
+        else:
+            cfg = DemoConfig(framework="gpu", max_new_tokens=48,
+                             recipe_args="--device cpu --model tiny --layers 2 --prompt-tokens 8")
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(fake_gpu.ENV_SMS, str(NUM_SMS))
             mp.setenv(fake_gpu.ENV_LOG, str(log))
-            tiny = "--device cpu --model tiny --layers 2 --prompt-tokens 8"
-            run_demo(DemoConfig(framework="gpu", modes=(mode,), repeats=1, steps=2, warmup_steps=1, prompts=4,
-                                group=2, max_new_tokens=48, out_dir=out, recipe_args=tiny), say=lambda _: None)
-        trace = [json.loads(line) for line in (out / f"{mode}-trace.jsonl").read_text().splitlines()]
-        got[mode] = (trace, fake_gpu.read_log(log))
+            run_demo(replace(cfg, modes=(live,), repeats=1, steps=2, warmup_steps=1, prompts=4, group=2, out_dir=out),
+                     say=lambda _: None)
+        trace = [json.loads(line) for line in (out / f"{live}-trace.jsonl").read_text().splitlines()]
+        got[mode] = (trace, fake_gpu.read_log(log), out)
     return got
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_launch_ran_on_a_partition_its_pipeline_held(runs, mode):
-    trace, launches = runs[mode]
+    trace, launches, _ = runs[mode]
     held = _held(trace, _clock_t0_s(trace))
     pipelines = {ev["pipeline"] for ev in trace if ev["event"] == "pipeline"}
     assert {ln["pipeline"] for ln in launches} == pipelines, "a pipeline launched nothing on its partitions"
@@ -96,7 +105,7 @@ def test_every_launch_ran_on_a_partition_its_pipeline_held(runs, mode):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", MODES)
 def test_two_pipelines_held_disjoint_sms_whenever_both_held_a_partition(runs, mode):
-    trace, _ = runs[mode]
+    trace, _, _ = runs[mode]
     held = _held(trace, _clock_t0_s(trace))
     (a, spans_a), (b, spans_b) = sorted(held.items())
     for sa, ua, (lo_a, hi_a) in spans_a:
@@ -125,8 +134,23 @@ def _changes(trace: list[dict], clock_t0_s: float) -> list[tuple[str, float, flo
 
 
 @pytest.mark.timeout(240)
-def test_a_budget_change_is_followed_by_the_next_launches(runs):
-    trace, launches = runs["jigsaw"]
+def test_every_rollout_worker_and_trainer_rank_launches_on_its_own_grant(runs):
+    """The engines' processes apply the grants themselves: the client can only post them."""
+    _, launches, out = runs["engines"]
+    results = [json.loads(f.read_text()) for f in out.glob("jigsaw-seed*.json")]
+    assert len(results) == 2
+    for doc in results:
+        mine = {ln["pid"] for ln in launches if ln["pipeline"] == doc["name"]}
+        rollout, trainer = set(doc["pids"]["rollout"]), set(doc["pids"]["trainer"])
+        assert mine == rollout | trainer, f"{doc['name']}: launches from {mine}, workers {rollout} and ranks {trainer}"
+    works = {ln.get("work") for ln in launches}
+    assert {"ref_logprobs", "train"} <= works and any("kv_tokens" in ln for ln in launches), works
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["jigsaw", "engines"])
+def test_a_budget_change_is_followed_by_the_next_launches(runs, mode):
+    trace, launches, _ = runs[mode]
     changes = _changes(trace, _clock_t0_s(trace))
     after = [(ln, ids) for pipe, t, until, ids in changes for ln in launches
              if ln["pipeline"] == pipe and t + FOLLOW_S <= ln["t_s"] < until]

@@ -4,6 +4,8 @@
         │             from the node's layout: the daemon's side, no torch, no driver
         ▼ Grant.partition
     bind.py           Binder: the worker's side, the one place a process is put on its partition
+    board.py          grants the client posts for its workers' processes, which follow them
+                      (a green side, the KV room: what cannot be set from outside)
         ├─ cpu.py          core sets: the shares a core split can give, disjoint halves
         └─ green.py        GreenPartitions: disjoint green-context pairs of one device
              ├─ green_probe.py     can green contexts run here (driver, torch), GreenContextError

@@ -101,8 +101,9 @@ class Binder:
 
 
 @contextlib.contextmanager
-def on_stream(stream: Any) -> Iterator[None]:
+def on_stream(stream: Any, **note: Any) -> Iterator[None]:
     """Launch the body's kernels on `stream`, a grant's (Binding.stream); None: the current stream.
+    `note`: what a fake GPU's log keeps beside the launch (an engine's KV limit, say).
 
     The one place work is put on a green partition.  Green streams are non-blocking, so the
     stream first waits for the caller's current stream (inputs made there) and the current
@@ -114,7 +115,7 @@ def on_stream(stream: Any) -> Iterator[None]:
         return
     launching = getattr(stream, "launching", None)
     if launching is not None:
-        with launching():
+        with launching(**note):
             yield
         return
     import torch

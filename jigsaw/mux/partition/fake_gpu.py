@@ -4,7 +4,8 @@
         green_probe.probe_resource ─► SmResource(num_sms, 8, 8)        the daemon's GreenPartitioner
         bind.Binder(Green) ─► FakeGreenPartitions(levels).pair(σ)[side] ─► a FakeStream
         bind.on_stream(FakeStream) ─► one JSON line per launch into the log:
-            {"pid", "pipeline", "t_s" (time.monotonic), "budget", "side", "num_sms", "sm_ids": [first, last + 1]}
+            {"pid", "pipeline", "t_s" (time.monotonic), "budget", "side", "num_sms", "sm_ids": [first, last + 1],
+             and what the launcher notes: "kv_tokens" (a rollout engine's KV limit), "work" ...}
 
 Nothing runs on it: the work runs where it would have run anyway (the CPU), and the log says
 under which partition each launch was made.  The SM ids are those a deterministic split
@@ -56,10 +57,10 @@ class FakeStream:
     first_sm: int
 
     @contextlib.contextmanager
-    def launching(self) -> Iterator[None]:
+    def launching(self, **note) -> Iterator[None]:
         record({"pid": os.getpid(), "pipeline": os.environ.get("JIGSAW_PIPELINE", ""), "t_s": time.monotonic(),
                 "budget": self.budget, "side": self.side,
-                "num_sms": self.num_sms, "sm_ids": [self.first_sm, self.first_sm + self.num_sms]})
+                "num_sms": self.num_sms, "sm_ids": [self.first_sm, self.first_sm + self.num_sms], **note})
         yield
 
 
