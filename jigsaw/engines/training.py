@@ -99,6 +99,8 @@ class Trainer:
         if config.world_size < 1 or config.micro_batch < 1:
             raise ValueError("world_size and micro_batch must be >= 1")
         self.config = config
+        self.rank_samples: list[int] = []
+        """Samples each rank trained on in the last train_step, as the ranks counted them."""
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._closed = False
@@ -118,17 +120,22 @@ class Trainer:
         self.start_s = time.monotonic() - start_s  # spawn → every rank ready (imports dominate)
 
     # ── public API ──────────────────────────────────────────────────────────────────────────
-    def reference_logprobs(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        """Reference-model log-prob of every output token, per sample (the "reference" sub-stage)."""
-        return self._logprobs("ref_logprobs", samples)
+    def reference_logprobs(self, samples: Sequence[Sample],
+                           shares: Sequence[int] | None = None) -> list[tuple[float, ...]]:
+        """Reference-model log-prob of every output token, per sample (the "reference" sub-stage);
+        `shares`: samples per rank (default near-equal), as a gang's grants size them."""
+        return self._logprobs("ref_logprobs", samples, shares)
 
     def old_logprobs(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
         """Current policy log-probs of every output token, before any update."""
         return self._logprobs("old_logprobs", samples)
 
     def train_step(self, samples: Sequence[Sample], ref_logprobs: Sequence[Sequence[float]] | None,
-                   micro_batch: int | None = None, *, group_size: int) -> dict[str, float]:
+                   micro_batch: int | None = None, *, group_size: int,
+                   shares: Sequence[int] | None = None) -> dict[str, float]:
         """One GRPO optimizer step on `samples` (groups of `group_size` consecutive samples).
+        `shares`: samples per rank (default near-equal); the gradient is the same whatever the
+        split (each rank's loss is its part of the whole batch's), only the ranks' pace differs.
 
         ref_logprobs: from reference_logprobs, or None to let the ranks compute them inline.
         Samples without old_logprobs use the current policy's (detached): exact for the
@@ -144,9 +151,10 @@ class Trainer:
         tokens = sum(len(s.output_ids) for s in samples)
         rows = [_encode(s, adv=a, ref=None if ref_logprobs is None else ref_logprobs[i])
                 for i, (s, a) in enumerate(zip(samples, advantages, strict=True))]
-        plan = _plan(len(samples), self.config.world_size, micro_batch or self.config.micro_batch)
+        plan = _plan(len(samples), self.config.world_size, micro_batch or self.config.micro_batch, shares)
         parts = self._call("train", [{"micro_batches": [[rows[i] for i in mb] for mb in rank_plan],
                                       "num_tokens": max(tokens, 1)} for rank_plan in plan])
+        self.rank_samples = [int(p["samples"]) for p in parts]
         out = {key: sum(p[key] for p in parts) for key in ("loss", "kl", "clip_frac")}
         out |= {"grad_norm": parts[0]["grad_norm"], "tokens": float(tokens),
                 "reward_mean": sum(s.reward for s in samples) / len(samples)}
@@ -208,9 +216,10 @@ class Trainer:
             self._procs.append(proc)
             self._conns.append(parent_end)
 
-    def _logprobs(self, op: str, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+    def _logprobs(self, op: str, samples: Sequence[Sample],
+                  shares: Sequence[int] | None = None) -> list[tuple[float, ...]]:
         rows = [_encode(s) for s in samples]
-        plan = _plan(len(samples), self.config.world_size, self.config.micro_batch)
+        plan = _plan(len(samples), self.config.world_size, self.config.micro_batch, shares)
         parts = self._call(op, [{"micro_batches": [[rows[i] for i in mb] for mb in rank_plan]}
                                 for rank_plan in plan])
         return [row for part in parts for row in part]  # ranks hold consecutive slices
@@ -259,15 +268,21 @@ def _encode(sample: Sample, adv: float = 0.0, ref: Sequence[float] | None = None
             "ref_logprobs": None if ref is None else [float(x) for x in ref]}
 
 
-def _plan(num_samples: int, world_size: int, micro_batch: int) -> list[list[list[int]]]:
-    """Sample indices per rank per micro-batch: contiguous, near-equal slices per rank, and
-    the same number of micro-batches on every rank (FSDP collectives need every rank in every
-    forward and backward; a rank short of samples runs an empty, fully masked micro-batch)."""
-    base, extra = divmod(num_samples, world_size)
+def _plan(num_samples: int, world_size: int, micro_batch: int,
+          shares: Sequence[int] | None = None) -> list[list[list[int]]]:
+    """Sample indices per rank per micro-batch: contiguous slices per rank, near-equal or of the
+    `shares` given (a gang's grants skew them towards its faster ranks), and the same number of
+    micro-batches on every rank (FSDP collectives need every rank in every forward and
+    backward; a rank short of samples runs an empty, fully masked micro-batch)."""
+    if shares is None:
+        base, extra = divmod(num_samples, world_size)
+        shares = [base + (rank < extra) for rank in range(world_size)]
+    if len(shares) != world_size or sum(shares) != num_samples or min(shares) < 0:
+        raise ValueError(f"shares {list(shares)} do not split {num_samples} samples over {world_size} ranks")
     bounds = [0]
-    for rank in range(world_size):
-        bounds.append(bounds[-1] + base + (rank < extra))
-    steps = max(1, math.ceil((base + (extra > 0)) / micro_batch))
+    for n in shares:
+        bounds.append(bounds[-1] + n)
+    steps = max(1, math.ceil(max(shares) / micro_batch))
     plan = []
     for rank in range(world_size):
         idx = list(range(bounds[rank], bounds[rank + 1]))
@@ -413,7 +428,7 @@ class _Rank:
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # DTensor under FSDP2
         self.optimizer.step()
-        return sums | {"grad_norm": float(norm)}
+        return sums | {"grad_norm": float(norm), "samples": sum(len(rows) for rows in micro_batches)}
 
     def ref_rows(self, rows: list[dict], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Reference log-probs [B, R]: given by the parent, or computed here (no collectives)."""

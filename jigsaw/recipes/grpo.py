@@ -22,6 +22,7 @@ long responses, many short ones, as in reasoning RL) and says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sys
@@ -57,7 +58,8 @@ class RecipeConfig:
     dp: int = 1
     """Rollout DP workers (processes)."""
     train_ranks: int = 1
-    """FSDP2 ranks of the trainer (processes)."""
+    """FSDP2 ranks of the trainer (processes).  Up to --dp of them run as a gang, rank i a DP
+    worker on the pipeline's device i, and train the share of the batch its grant gives it."""
     threads: int | None = None
     """Intra-op threads of every worker process; default: one per core it may use (under a
     daemon's CPU partitions, the cores of its grant)."""
@@ -155,14 +157,16 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
         texts = tok.batch_decode([c.output_ids for c in done], skip_special_tokens=True)
         samples = [Sample(prompt_ids=c.prompt_ids, output_ids=c.output_ids, reward=task.reward(t, item),
                           old_logprobs=c.logprobs) for c, t, (_, item) in zip(done, texts, items)]
-    with client.substage("reference", step=step, pids=trainer.pids()) as g:
-        ref = trainer.reference_logprobs(samples)
-        seq = sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)
-        g.report(num_tokens=seq, batch_size=len(samples), flops=2.0 * params * seq)  # forward: 2 FLOPs/param/token
-    with client.substage("training", step=step, pids=trainer.pids()) as g:
-        metrics = trainer.train_step(samples, ref, group_size=cfg.group)
+    seq = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
+    with _trainer_stage(client, "reference", step, cfg, trainer.pids()) as grants:
+        shares = gang_shares(grants, len(samples))
+        ref = trainer.reference_logprobs(samples, shares)
+        _report(grants, shares, seq, 2.0 * params)  # forward: 2 FLOPs/param/token
+    with _trainer_stage(client, "training", step, cfg, trainer.pids()) as grants:
+        shares = gang_shares(grants, len(samples))
+        metrics = trainer.train_step(samples, ref, group_size=cfg.group, shares=shares)
         dp.update_weights(trainer.state_dict())
-        g.report(num_tokens=seq, batch_size=len(samples), flops=6.0 * params * seq)  # forward + backward
+        _report(grants, shares, seq, 6.0 * params)  # forward + backward
     tokens = sum(len(s.output_ids) for s in samples)
     client.step_end(step, tokens=tokens, samples=len(samples))
     end = time.time()
@@ -170,6 +174,41 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
             "loss": metrics["loss"], "start_s": start, "end_s": end,
             # an answer that ends at once still generated its end-of-sequence token
             "lengths": [(len(s.prompt_ids), max(1, len(s.output_ids))) for s in samples]}
+
+
+def _trainer_stage(client, kind: str, step: int, cfg, pids: list[int]):
+    """The trainer's stage: a gang of its ranks, rank i a DP worker on device i as rollout worker
+    i is (when the pipeline has that many), else one sub-stage of all its processes."""
+    if 1 < cfg.train_ranks <= cfg.dp:
+        return client.gang(kind, members=[(i, (pid,)) for i, pid in enumerate(pids)], step=step)
+    return _one(client.substage(kind, step=step, pids=pids))
+
+
+@contextlib.contextmanager
+def _one(substage):
+    with substage as grant:
+        yield [grant]
+
+
+def gang_shares(grants, num_samples: int) -> list[int] | None:
+    """Samples per rank from a gang's grants (the scheduler skews a gang's batch towards its
+    faster members, schedule._balanced); None where the grants say nothing usable (one
+    sub-stage, no skew, or shares that do not add up to this batch)."""
+    shares = [g.micro_batch for g in grants]
+    if len(shares) < 2 or any(n is None for n in shares) or sum(shares) != num_samples:
+        return None
+    return shares
+
+
+def _report(grants, shares: list[int] | None, seq: list[int], flops_per_token: float) -> None:
+    """Each member's numbers from its own slice of the batch (one sub-stage: the whole batch)."""
+    n = len(grants)
+    counts = shares or [len(seq) // n + (i < len(seq) % n) for i in range(n)]
+    start = 0
+    for g, count in zip(grants, counts):
+        tokens = sum(seq[start:start + count])
+        g.report(num_tokens=tokens, batch_size=count, flops=flops_per_token * tokens)
+        start += count
 
 
 def _caps(cfg, step: int, n: int) -> list[int]:

@@ -109,6 +109,11 @@ def test_plan_gives_every_rank_the_same_number_of_micro_batches():
     assert _plan(9, 2, 2) == [[[0, 1], [2, 3], [4]], [[5, 6], [7, 8], []]]
     assert _plan(3, 1, 8) == [[[0, 1, 2]]]
     assert _plan(1, 2, 4) == [[[0]], [[]]]
+    # a gang's grants skew the shares towards the faster rank; the slower one runs empty ones
+    assert _plan(9, 2, 2, (7, 2)) == [[[0, 1], [2, 3], [4, 5], [6]], [[7, 8], [], [], []]]
+    for bad in ((5, 5), (9,), (10, -1)):
+        with pytest.raises(ValueError, match="do not split"):
+            _plan(9, 2, 2, bad)
 
 
 # ── trainer ───────────────────────────────────────────────────────────────────────────────
@@ -119,17 +124,18 @@ def _batch(seed: int, n: int) -> list[Sample]:
                    reward=float(rng.random() < 0.5)) for _ in range(n)]
 
 
-def _run_two_steps(world_size: int, samples: list[Sample]) -> dict:
+def _run_two_steps(world_size: int, samples: list[Sample], shares: tuple[int, ...] | None = None) -> dict:
     config = TrainConfig(world_size=world_size, micro_batch=2, lr=1e-3)
     with Trainer(ModelConfig(), config) as trainer:
         before = trainer.state_dict()
-        ref = trainer.reference_logprobs(samples)
+        ref = trainer.reference_logprobs(samples, shares)
         old = trainer.old_logprobs(samples)
-        first = trainer.train_step(samples, ref, group_size=3)
+        first = trainer.train_step(samples, ref, group_size=3, shares=shares)
         # stale old log-probs in the second step: ratios leave 1 and the clip can bite
         stale = [Sample(prompt_ids=s.prompt_ids, output_ids=s.output_ids, reward=s.reward, old_logprobs=o)
                  for s, o in zip(samples, old)]
-        second = trainer.train_step(stale, ref, group_size=3)
+        second = trainer.train_step(stale, ref, group_size=3, shares=shares)
+        rank_samples = trainer.rank_samples
         after = trainer.state_dict()
         if world_size == 2:  # bound from outside (the client's bind), the ranks follow with their threads
             Binder().bind(Cpu(cores=(0,), threads=1), trainer.pids())
@@ -138,13 +144,17 @@ def _run_two_steps(world_size: int, samples: list[Sample]) -> dict:
             trainer.reference_logprobs(samples[:2])  # still works on one core
         pids = trainer.pids()
     assert all(not _alive(pid) for pid in pids)
-    return {"before": before, "ref": ref, "old": old, "first": first, "second": second, "after": after}
+    return {"before": before, "ref": ref, "old": old, "first": first, "second": second, "after": after,
+            "rank_samples": rank_samples}
 
 
-def test_acceptance_two_gloo_ranks_match_one_rank():
-    """ACCEPTANCE: FSDP2 over 2 gloo ranks = 1 rank on the same batch (loss and new weights)."""
+@pytest.mark.parametrize("shares", [None, (7, 2)], ids=["even", "skewed"])
+def test_acceptance_two_gloo_ranks_match_one_rank(shares):
+    """ACCEPTANCE: FSDP2 over 2 gloo ranks = 1 rank on the same batch (loss and new weights),
+    split evenly or skewed as a gang's grants size the ranks' shares."""
     samples = _batch(seed=1, n=9)  # 2 ranks get 5 + 4: rank 1 runs an empty micro-batch
-    one, two = _run_two_steps(1, samples), _run_two_steps(2, samples)
+    one, two = _run_two_steps(1, samples), _run_two_steps(2, samples, shares)
+    assert two["rank_samples"] == list(shares or (5, 4)) and one["rank_samples"] == [9]
     initial = load(ModelConfig())[0].state_dict()
     for name, tensor in one["before"].items():  # a snapshot: later steps did not change it
         torch.testing.assert_close(tensor, initial[name], rtol=0, atol=0)
