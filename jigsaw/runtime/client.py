@@ -2,7 +2,9 @@
 
     worker ── connect() ──► Register ──► session          (JIGSAW_ENDPOINT, JIGSAW_PIPELINE)
        │  with client.substage(kind, dp_rank=, step=, pids=) as grant:   Admit ─► … ─► Grant
-       │      the listed processes are bound to grant.partition (mux/partition/bind.py) before the body
+       │      the listed processes are bound to grant.partition (mux/partition/bind.py) before the body,
+       │      and the grant is posted for each of them on the board (mux/partition/board.py): a
+       │      worker process applies its green side, KV room and batch share itself
        │      work under grant.sm_frac / grant.micro_batch / grant.stream …
        │      grant.report(num_tokens=…, flops=…)
        │  (exit)                                                         Done ─► Ok (or: the

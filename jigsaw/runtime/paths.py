@@ -7,6 +7,7 @@
         daemon.log    output of a daemon started on demand by `jigsaw run`
         traces/daemon-<YYYYmmdd-HHMMSS>-<pid>.jsonl   a daemon's trace, unless told otherwise
                       (the newest 20 are kept)
+        board/<pid>   the grant a client posted for one of its worker processes (mux/partition/board.py)
         owners/<pipeline>   the owner token of a `jigsaw run` job (0600, while it runs): a worker
                       started without $JIGSAW_OWNER, and `jigsaw daemon migrate`, find it here
 
