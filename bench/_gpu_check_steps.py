@@ -410,16 +410,24 @@ def is_cuda(stream) -> bool:
 
 
 def step_pipelines(ctx: Ctx) -> StepResult:
+    return _from_pipelines(ctx, "pipelines", "run")
+
+
+def step_engines(ctx: Ctx) -> StepResult:
+    return _from_pipelines(ctx, "engines", "run_engines")
+
+
+def _from_pipelines(ctx: Ctx, name: str, function: str) -> StepResult:
     try:
-        from _gpu_pipelines import run as run_pipelines
+        import _gpu_pipelines
     except ModuleNotFoundError as exc:
         if exc.name != "_gpu_pipelines":
             raise
-        return StepResult(name="pipelines", status="unavailable", note=f"bench/_gpu_pipelines.py is absent ({exc})")
-    status, rows, note = run_pipelines(ctx)
+        return StepResult(name=name, status="unavailable", note=f"bench/_gpu_pipelines.py is absent ({exc})")
+    status, rows, note = getattr(_gpu_pipelines, function)(ctx)
     if status not in ("ok", "fail", "unavailable", "skipped"):
-        return StepResult(name="pipelines", status="fail", rows=list(rows), note=f"unknown status {status!r}: {note}")
-    return StepResult(name="pipelines", status=status, rows=list(rows), note=note)
+        return StepResult(name=name, status="fail", rows=list(rows), note=f"unknown status {status!r}: {note}")
+    return StepResult(name=name, status=status, rows=list(rows), note=note)
 
 
 # ------------------------------------------------------------------ shared helpers

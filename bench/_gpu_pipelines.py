@@ -57,6 +57,48 @@ def run(ctx) -> tuple[str, list[dict], str]:
     return "ok", rows, "; ".join(notes)
 
 
+def run_engines(ctx) -> tuple[str, list[dict], str]:
+    """gpu_check's `engines` step: the GRPO recipe on jigsaw's own engines (jigsaw.recipes.grpo:
+    CB rollout worker processes, an FSDP trainer rank on NCCL), two pipelines on the one GPU,
+    serial and under the daemon's green partitioner; every worker and rank binds the green side
+    its client posts for it (mux/partition/board.py).  Rows as `pipelines`, plus the green grants
+    the engines' processes held.  --dry-run: on the CPU, a FAKE GPU, tiny shapes, jigsaw only."""
+    from jigsaw.mux.partition import fake_gpu, mps
+    from jigsaw.recipes.demo import GPU_PROFILE, DemoConfig
+
+    out = Path(tempfile.mkdtemp(prefix="gpu-check-engines-"))
+    dry = ctx.dry_run
+    cfg = DemoConfig(framework="jigsaw", partitioner="green", steps=2 if dry else 3, warmup_steps=1, repeats=1,
+                     prompts=2 if dry else 8, group=2 if dry else 4, max_new_tokens=16 if dry else 48,
+                     profile=None if dry else GPU_PROFILE, recipe_args="" if dry else "--device cuda",
+                     modes=("jigsaw",) if dry else ("serial", "jigsaw"), out_dir=out)
+    if dry:
+        os.environ[fake_gpu.ENV_SMS] = "132"
+        os.environ[fake_gpu.ENV_LOG] = str(out / "fake_gpu_launches.jsonl")
+        rows = _with_green_grants(_modes(ctx, cfg, "fake GPU"), out)
+        launches = fake_gpu.read_log(out / "fake_gpu_launches.jsonl")
+        return "ok", rows, f"DRY RUN: CPU, fake GPU: {len(launches)} launches logged by the engines' processes"
+    started = mps.ensure_mps(start=True)
+    try:
+        rows = _with_green_grants(_modes(ctx, cfg, "on" if started.running else f"off ({started.state})"), out)
+    finally:
+        if started.started:
+            mps.stop_mps()
+    return "ok", rows, f"MPS: {started.state}; the tiny model (hidden 128): a check that the engines apply grants"
+
+
+def _with_green_grants(rows: list[dict], out: Path) -> list[dict]:
+    """Each row with the green grants of its last trace (sub-stages given a green side)."""
+    import json
+
+    for row in rows:
+        trace = out / f"{row['mode']}-trace.jsonl"
+        events = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+        row["green_grants"] = sum(1 for e in events if e["event"] == "grant"
+                                  and (e["data"].get("partition") or {}).get("kind") == "green")
+    return rows
+
+
 def _modes(ctx, cfg, mps_label: str) -> list[dict]:
     from jigsaw.recipes.demo import run_demo
 

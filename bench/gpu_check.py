@@ -18,6 +18,8 @@
     green      bf16 GEMM and a copy alone on pair(σ)[0] per budget, then both sides of pair(0.5) at once
     profile    profiler.measure_grid(CudaBench) of qwen3-0.6b, compared with profiles/h100's prior
     pipelines  bench/_gpu_pipelines.py's run(ctx) ─► (status, rows, note)
+    engines    bench/_gpu_pipelines.py's run_engines(ctx): the recipe on jigsaw's own engines (CB
+               rollout workers, FSDP trainer on NCCL), serial and under green grants they bind
     graphs     BudgetGraphs of a qwen3-0.6b decode step per budget (capture, replay vs eager, memory);
                an SM-id census captured on a green stream, replayed there and on the whole device's
 
@@ -62,6 +64,7 @@ from _gpu_check_steps import (  # noqa: E402 - bench/ is put on sys.path above
     Ctx,
     StepResult,
     step_doctor,
+    step_engines,
     step_env,
     step_green,
     step_pipelines,
@@ -93,6 +96,7 @@ STEPS = (
     Step("green", step_green, budget_s=90, dry_budget_s=30),
     Step("profile", step_profile, budget_s=150, dry_budget_s=60),
     Step("pipelines", step_pipelines, budget_s=240, dry_budget_s=60),
+    Step("engines", step_engines, budget_s=150, dry_budget_s=60),
     Step("graphs", step_graphs, budget_s=120, dry_budget_s=30),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)

@@ -1,4 +1,4 @@
-"""Models and tokenizers the CPU engines run, with no download.
+"""Models and tokenizers the engines run, with no download (on the CPU, or a GPU: `device`).
 
     ModelConfig(name="tiny-qwen3")  ─► offline ByteLevel-BPE tokenizer trained on a fixed corpus
                                     ─► Qwen3ForCausalLM from a Qwen3Config, seeded random weights
@@ -43,15 +43,28 @@ class ModelConfig:
     """tiny-qwen3: longest prompt + response."""
     seed: int = 0
     """Weight initialisation seed (the same in every process)."""
+    device: str = "cpu"
+    """cpu, or cuda (this process's current GPU): where the engines run the model."""
+    dtype: str = "float32"
+    """float32 or bfloat16 (weights and activations)."""
 
 
 def load(config: ModelConfig = ModelConfig()):
-    """(model in eval mode, fp32 on CPU; tokenizer with left padding)."""
+    """(model in eval mode on config.device in config.dtype; tokenizer with left padding)."""
+    import torch
+
+    if config.device not in ("cpu", "cuda") or config.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"device {config.device!r} / dtype {config.dtype!r}: cpu or cuda, float32 or bfloat16")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda: this machine has no usable CUDA device (torch.cuda.is_available() is False)")
     if config.name == "tiny-qwen3":
-        return _tiny(config), tokenizer(config.vocab_size)
-    if config.name == "smollm2-135m":
-        return _smollm2()
-    raise ValueError(f"unknown model {config.name!r}; use tiny-qwen3 or smollm2-135m")
+        model, tok = _tiny(config), tokenizer(config.vocab_size)
+    elif config.name == "smollm2-135m":
+        model, tok = _smollm2()
+    else:
+        raise ValueError(f"unknown model {config.name!r}; use tiny-qwen3 or smollm2-135m")
+    device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
+    return model.to(device=device, dtype=getattr(torch, config.dtype)), tok
 
 
 @functools.lru_cache(maxsize=4)

@@ -403,7 +403,7 @@ class RolloutEngine:
         if not req.partial_ids:
             return []
         torch = self._torch
-        ids = torch.tensor([req.prompt_ids + req.partial_ids])
+        ids = torch.tensor([req.prompt_ids + req.partial_ids], device=self.model.device)
         with self._gate, torch.no_grad():
             self._recording = False  # this forward is not a CB step
             try:
@@ -412,7 +412,8 @@ class RolloutEngine:
                 self._recording = True
         if self.config.temperature > 0:
             logits = logits / self.config.temperature
-        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(req.partial_ids)[:, None])
+        tokens = torch.tensor(req.partial_ids, device=logits.device)
+        picked = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])
         return picked[:, 0].tolist()
 
     def _on_pre(self, module, args, kwargs) -> None:

@@ -72,10 +72,10 @@ class ToolResult:
         return (self.output + ("\n" + note if note else "")).strip()
 
 
-_LAUNCHER = """
+_LAUNCHER = f"""
 import ctypes, os, resource, sys
 libc = ctypes.CDLL(None, use_errno=True)
-if libc.unshare(%d) != 0 and libc.unshare(%d) != 0:
+if libc.unshare({CLONE_NEWNET}) != 0 and libc.unshare({CLONE_NEWUSER | CLONE_NEWNET}) != 0:
     sys.stderr.write("sandbox: cannot unshare the network namespace\\n")
     os._exit(125)
 mem, cpu, fsize = map(int, sys.argv[1:4])
@@ -84,7 +84,7 @@ for kind, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (reso
     resource.setrlimit(kind, (value, value))
 if sys.argv[4:]:
     os.execv(sys.executable, [sys.executable, "-I", "-c", sys.argv[4]])
-""" % (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET)
+"""
 """Runs first in the child, a fresh single-threaded interpreter (no preexec_fn, which is unsafe
 in a process with threads): a network namespace of its own (as root alone, else inside a user
 namespace), the limits, then exec of the tool's code.  Constant: only the code is the model's."""

@@ -1,4 +1,5 @@
-"""GRPO trainer: FSDP2 (`fully_shard`) over gloo in `world_size` spawned rank processes.
+"""GRPO trainer: FSDP2 (`fully_shard`) over gloo (CPU) or NCCL (a GPU per rank) in `world_size`
+spawned rank processes.
 
     parent (Trainer)                                  rank r of world_size (spawned)
     ────────────────                                  ──────────────────────────────
@@ -95,6 +96,9 @@ class Trainer:
         """`board`: where the pipeline's client posts each rank's grant (Client.board); every
         rank runs its micro-batches on the stream of the grant posted for it.  None: no daemon."""
         config = config or TrainConfig()
+        if model_config.device == "cuda" and config.world_size > max(1, torch.cuda.device_count()):
+            raise ValueError(f"{config.world_size} ranks on {torch.cuda.device_count()} GPU(s): NCCL needs a GPU per "
+                             f"rank (use world_size <= the GPUs)")
         self.board = board
         if config.world_size < 1 or config.micro_batch < 1:
             raise ValueError("world_size and micro_batch must be >= 1")
@@ -350,10 +354,14 @@ class _Rank:
 
         follow_threads(config.threads_per_rank)
         torch.manual_seed(config.seed)
+        cuda = model_config.device == "cuda"
+        if cuda:  # one GPU per rank: NCCL refuses two ranks on one device
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: keep gloo on loopback
         store = dist.TCPStore("127.0.0.1", port, world_size=config.world_size, is_master=False,
                               timeout=timedelta(seconds=config.start_timeout_s))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=config.world_size,
                                 timeout=timedelta(seconds=config.op_timeout_s))
         self.rank, self.config = rank, config
         self.follower = Follower(board)
@@ -361,7 +369,7 @@ class _Rank:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.reference, _ = load(model_config)  # same config and seed: the initial policy
         self.reference.requires_grad_(False)
-        mesh = init_device_mesh("cpu", (config.world_size,))
+        mesh = init_device_mesh(self.device.type, (config.world_size,))
         for layer in self.policy.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(self.policy, mesh=mesh)
@@ -380,16 +388,17 @@ class _Rank:
         raise ValueError(f"unknown command {op!r}")
 
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        """Collated micro-batch; an empty one becomes a single fully masked pad row."""
+        """Collated micro-batch on this rank's device; an empty one becomes a single fully
+        masked pad row."""
         if not rows:
             pad = Sample(prompt_ids=(self.pad_id,), output_ids=(self.pad_id,), reward=0.0)
             batch = collate([pad], self.pad_id)
             batch["response_mask"].zero_()
-            return batch
-        samples = [Sample(prompt_ids=tuple(r["prompt_ids"]), output_ids=tuple(r["output_ids"]),
-                          reward=r["reward"], old_logprobs=_tuple_or_none(r["old_logprobs"]))
-                   for r in rows]
-        return collate(samples, self.pad_id)
+        else:
+            batch = collate([Sample(prompt_ids=tuple(r["prompt_ids"]), output_ids=tuple(r["output_ids"]),
+                                    reward=r["reward"], old_logprobs=_tuple_or_none(r["old_logprobs"]))
+                             for r in rows], self.pad_id)
+        return {key: value.to(self.device) for key, value in batch.items()}
 
     def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"],
@@ -418,7 +427,7 @@ class _Rank:
                 logprobs = self.forward(self.policy, batch)
                 loss, metrics = grpo_loss(
                     logprobs, batch.get("old_logprobs", logprobs.detach()), self.ref_rows(rows, batch),
-                    torch.tensor([r["advantage"] for r in rows] or [0.0]), batch["response_mask"],
+                    torch.tensor([r["advantage"] for r in rows] or [0.0], device=self.device), batch["response_mask"],
                     self.config.clip_eps, self.config.kl_coef, num_tokens=num_tokens)
                 # each rank's loss is its share of the batch mean: FSDP averages gradients over
                 # ranks, so scale by world_size to get the gradient of the sum
@@ -434,7 +443,7 @@ class _Rank:
         """Reference log-probs [B, R]: given by the parent, or computed here (no collectives)."""
         width = batch["response_mask"].shape[1]
         if rows and all(r["ref_logprobs"] is not None for r in rows):
-            return pad_rows([r["ref_logprobs"] for r in rows], width)
+            return pad_rows([r["ref_logprobs"] for r in rows], width).to(self.device)
         with torch.no_grad():
             return self.forward(self.reference, batch)
 

