@@ -15,23 +15,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from jigsaw.engines.dp import DPRollout, WorkerError, split_by_weights
-from jigsaw.engines.model import ModelConfig, load
+from jigsaw.engines.model import ModelConfig
 from jigsaw.engines.rollout import Request, RolloutConfig, RolloutEngine
 
-TEXTS = ["Question: what is 3 + 4?", "Solve step by step.", "the a an is", "0 1 2 3",
-         "<think> add the", "Question: what is 12 - 5?"]
 NEW_TOKENS = 48
-
-
-@pytest.fixture(scope="module")
-def model_and_tok():
-    return load(ModelConfig())
-
-
-@pytest.fixture(scope="module")
-def prompts(model_and_tok):
-    _, tok = model_and_tok
-    return [(f"p{i}", tuple(tok.encode(t))) for i, t in enumerate(TEXTS)]
 
 
 @pytest.fixture(scope="module")
