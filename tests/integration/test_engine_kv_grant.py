@@ -178,11 +178,11 @@ def test_a_malformed_posting_is_refused_and_the_last_good_one_kept(tmp_path, mon
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-def test_the_recipe_runs_its_engines_on_a_gpu(tmp_path):
-    """The CB rollout worker and the FSDP trainer rank (NCCL) on the GPU: greedy tokens as on the CPU."""
+def test_the_recipe_runs_its_engines_on_a_gpu():
+    """The CB rollout worker and the FSDP trainer rank (NCCL) run the recipe's steps on the GPU."""
     from jigsaw.recipes.grpo import RecipeConfig, run
 
-    docs = {device: run(RecipeConfig(steps=2, prompts=2, group=2, max_new_tokens=16, long_tail=False, device=device,
-                                     name=f"gpu-{device}")) for device in ("cpu", "cuda")}
-    assert [s["tokens"] for s in docs["cuda"]["steps"]] and all(s["loss"] == s["loss"] for s in docs["cuda"]["steps"])
-    assert docs["cuda"]["fell_open"] == [] and len(docs["cuda"]["steps"]) == 2
+    doc = run(RecipeConfig(steps=2, prompts=2, group=2, max_new_tokens=16, long_tail=False, device="cuda",
+                           name="gpu-engines"))
+    assert len(doc["steps"]) == 2 and doc["fell_open"] == []
+    assert all(s["tokens"] > 0 and s["loss"] == s["loss"] for s in doc["steps"])  # tokens made, loss not NaN
