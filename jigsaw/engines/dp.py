@@ -61,6 +61,8 @@ class DPRollout:
         self.poll_interval_s, self.rpc_timeout_s = poll_interval_s, rpc_timeout_s
         self.migrated = 0
         """Requests moved by migrate() so far."""
+        self.finished_on: dict[str, int] = {}
+        """Rank each sample of the last generate() finished on (after any migration)."""
         self.moves: list[tuple[str, int, int, int]] = []
         """(rid, source, target, partial tokens it carried) of every request migrate() moved."""
         self._pending: dict[str, _Pending] = {}
@@ -100,6 +102,7 @@ class DPRollout:
         if self._pending:
             raise RuntimeError("generate() is already running")
         requests = _requests(prompts, max_new_tokens)
+        self.finished_on = {}
         routing = [1.0] * self.num_workers if routing is None else list(routing)
         if len(routing) != self.num_workers:
             raise ValueError(f"{len(routing)} routing weights for {self.num_workers} workers")
@@ -138,9 +141,10 @@ class DPRollout:
                 self._finish(c)
 
     def _finish(self, c: Completion) -> None:
-        if self._pending.pop(c.rid, None) is None:
+        entry = self._pending.pop(c.rid, None)
+        if entry is None:
             raise WorkerError(f"completion for {c.rid!r}, which is not pending (lost or duplicated)")
-        self._results[c.rid] = c
+        self._results[c.rid], self.finished_on[c.rid] = c, entry.rank
 
     def pending(self) -> dict[str, int]:
         """Samples of the running generate() not finished yet: rid → worker rank."""

@@ -41,6 +41,12 @@ class Sample:
     """Scalar reward of the whole response."""
     old_logprobs: tuple[float, ...] | None = None
     """Sampling policy log-prob of each output token, when the rollout returned them."""
+    loss_mask: tuple[int, ...] | None = None
+    """Per output token, 1 where the policy sampled it, 0 where it was given (a tool's output
+    between two turns): given tokens are context, never trained on.  None: all sampled."""
+
+    def trained_tokens(self) -> int:
+        return len(self.output_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6) -> list[float]:
@@ -73,7 +79,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, Tensor]:
     """Tensors of one batch in the layout drawn in the module docstring.
 
     input_ids, attention_mask, position_ids: [B, P + R] (int64)
-    response_mask: [B, R] float (1 on real output tokens); rewards: [B] float
+    response_mask: [B, R] float (1 on real output tokens the policy sampled: not on padding, nor
+    on a tool's output between turns, `loss_mask`); rewards: [B] float
     num_prompt_tokens: 0-d int64 holding P
     old_logprobs: [B, R] float, only when every sample carries them
     """
@@ -85,14 +92,18 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, Tensor]:
     width_r = max(max(len(s.output_ids) for s in samples), 1)
     ids = torch.full((len(samples), width_p + width_r), pad_id, dtype=torch.int64)
     mask = torch.zeros_like(ids)
+    response = torch.zeros(len(samples), width_r, dtype=torch.float32)
     for i, s in enumerate(samples):
         start, end = width_p - len(s.prompt_ids), width_p + len(s.output_ids)
         ids[i, start:end] = torch.tensor(s.prompt_ids + s.output_ids, dtype=torch.int64)
         mask[i, start:end] = 1
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.output_ids):
+            raise ValueError(f"sample {i}: {len(s.loss_mask)} loss-mask entries for {len(s.output_ids)} output tokens")
+        response[i, :len(s.output_ids)] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
     batch = {
         "input_ids": ids, "attention_mask": mask,
         "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),  # count real tokens only
-        "response_mask": mask[:, width_p:].to(torch.float32),
+        "response_mask": response,
         "rewards": torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
         "num_prompt_tokens": torch.tensor(width_p, dtype=torch.int64),
     }

@@ -64,12 +64,17 @@ class ToolResult:
     wall_s: float
     """Real time of the call, start to reap."""
 
-    def feedback(self) -> str:
-        """The text the model sees: the output, and a line saying how the call ended."""
+    def feedback(self, max_chars: int | None = None) -> str:
+        """The text the model sees: the output (at most `max_chars`: its head and its tail, where a
+        traceback ends with the error), and a line saying how the call ended, never cut."""
         note = {"ok": "", "error": f"[exit code {self.exit_code}]", "timeout": "[killed: time limit]",
                 "memory": "[killed: memory limit]", "output-cut": "[killed: output limit]",
                 "crashed": f"[crashed: signal {-(self.exit_code or 0)}]"}[self.status]
-        return (self.output + ("\n" + note if note else "")).strip()
+        out = self.output.strip()
+        if max_chars is not None and len(out) > max_chars:
+            half = max(1, max_chars // 2)
+            out = f"{out[:half]} … {out[-half:]}"
+        return (out + ("\n" + note if note else "")).strip()
 
 
 _LAUNCHER = f"""

@@ -145,14 +145,14 @@ class Trainer:
         Samples without old_logprobs use the current policy's (detached): exact for the
         single optimizer step per batch done here, and it saves a forward pass.
         Returns loss, kl, clip_frac (token means over the whole batch, before the update),
-        grad_norm (before clipping), tokens (response tokens), reward_mean.
+        grad_norm (before clipping), tokens (response tokens the policy sampled), reward_mean.
         """
         if not samples:
             raise ValueError("train_step needs at least one sample")
         if ref_logprobs is not None and len(ref_logprobs) != len(samples):
             raise ValueError(f"{len(ref_logprobs)} reference rows for {len(samples)} samples")
         advantages = group_advantages([s.reward for s in samples], group_size)
-        tokens = sum(len(s.output_ids) for s in samples)
+        tokens = sum(s.trained_tokens() for s in samples)
         rows = [_encode(s, adv=a, ref=None if ref_logprobs is None else ref_logprobs[i])
                 for i, (s, a) in enumerate(zip(samples, advantages, strict=True))]
         plan = _plan(len(samples), self.config.world_size, micro_batch or self.config.micro_batch, shares)
@@ -269,6 +269,7 @@ def _encode(sample: Sample, adv: float = 0.0, ref: Sequence[float] | None = None
     return {"prompt_ids": list(sample.prompt_ids), "output_ids": list(sample.output_ids),
             "reward": float(sample.reward), "advantage": float(adv),
             "old_logprobs": None if sample.old_logprobs is None else list(sample.old_logprobs),
+            "loss_mask": None if sample.loss_mask is None else list(sample.loss_mask),
             "ref_logprobs": None if ref is None else [float(x) for x in ref]}
 
 
@@ -396,7 +397,8 @@ class _Rank:
             batch["response_mask"].zero_()
         else:
             batch = collate([Sample(prompt_ids=tuple(r["prompt_ids"]), output_ids=tuple(r["output_ids"]),
-                                    reward=r["reward"], old_logprobs=_tuple_or_none(r["old_logprobs"]))
+                                    reward=r["reward"], old_logprobs=_tuple_or_none(r["old_logprobs"]),
+                                    loss_mask=None if r["loss_mask"] is None else tuple(r["loss_mask"]))
                              for r in rows], self.pad_id)
         return {key: value.to(self.device) for key, value in batch.items()}
 

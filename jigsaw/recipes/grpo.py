@@ -55,6 +55,13 @@ class RecipeConfig:
     """Response budget."""
     long_tail: bool = True
     """Cap each request's length from a lognormal (median 0.2 × budget, σ = 1): a long tail."""
+    tool_turns: int = 1
+    """Model turns per sample, a sandboxed Python tool call between two (recipes/agentic.py); 1:
+    no tool.  The budget and the long-tail caps are per turn."""
+    tool_workers: int = 2
+    """Tool calls of one DP worker run this many at a time."""
+    tool_timeout_s: float = 5.0
+    """A tool call is killed after this long (and its result says so)."""
     dp: int = 1
     """Rollout DP workers (processes)."""
     train_ranks: int = 1
@@ -96,6 +103,14 @@ def main(argv=None) -> int:
     except MissingExtra as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.recipe.tool_turns > 1:
+        from jigsaw.engines.sandbox import SandboxError, check_available
+
+        try:
+            check_available()  # before any model loads: tools never run with a network
+        except SandboxError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     doc = run(args.recipe)
     if args.result:
         args.result.write_text(json.dumps(doc, indent=1))
@@ -157,11 +172,21 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
     start = time.time()
     items = [it for it in task.prompts(cfg.prompts, step) for _ in range(cfg.group)]
     prompts = [(f"{step}-{i}", tuple(tok(text)["input_ids"])) for i, (text, _) in enumerate(items)]
-    done = _rollout(cfg, step, client, dp, prompts, params)
-    with client.substage("reward", step=step):
-        texts = tok.batch_decode([c.output_ids for c in done], skip_special_tokens=True)
-        samples = [Sample(prompt_ids=c.prompt_ids, output_ids=c.output_ids, reward=task.reward(t, item),
-                          old_logprobs=c.logprobs) for c, t, (_, item) in zip(done, texts, items)]
+    if cfg.tool_turns > 1:
+        from jigsaw.engines.sandbox import SandboxConfig
+        from jigsaw.recipes import agentic
+
+        turns = agentic.rollout(cfg, step, client, dp, prompts, [it for _, it in items], tok, params,
+                                SandboxConfig(timeout_s=cfg.tool_timeout_s), say=_say(client.pipeline))
+        rolled = [(t.prompt_ids, tuple(t.output_ids), tuple(t.logprobs), tuple(t.loss_mask), t.last_turn)
+                  for t in turns]
+    else:
+        rolled = [(c.prompt_ids, c.output_ids, c.logprobs, None, c.output_ids)
+                  for c in _rollout(cfg, step, client, dp, prompts, params)]
+    with client.substage("reward", step=step):  # the answer of the last turn is scored
+        texts = tok.batch_decode([r[4] for r in rolled], skip_special_tokens=True)
+        samples = [Sample(prompt_ids=p, output_ids=o, reward=task.reward(t, item), old_logprobs=lp, loss_mask=m)
+                   for (p, o, lp, m, _), t, (_, item) in zip(rolled, texts, items)]
     seq = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
     with _trainer_stage(client, "reference", step, cfg, trainer.pids()) as grants:
         shares = gang_shares(grants, len(samples))
@@ -172,7 +197,7 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
         metrics = trainer.train_step(samples, ref, group_size=cfg.group, shares=shares)
         dp.update_weights(trainer.state_dict())
         _report(grants, shares, seq, 6.0 * params)  # forward + backward
-    tokens = sum(len(s.output_ids) for s in samples)
+    tokens = sum(s.trained_tokens() for s in samples)  # generated: a tool's output is not
     client.step_end(step, tokens=tokens, samples=len(samples))
     end = time.time()
     return {"step": step, "latency_s": end - start, "tokens": tokens, "reward_mean": metrics["reward_mean"],
@@ -216,8 +241,10 @@ def _report(grants, shares: list[int] | None, seq: list[int], flops_per_token: f
         start += count
 
 
-def _caps(cfg, step: int, n: int) -> list[int]:
-    return long_tail_caps(cfg.seed, step, n, cfg.max_new_tokens) if cfg.long_tail else [cfg.max_new_tokens] * n
+def _caps(cfg, step: int, n: int, turn: int = 0) -> list[int]:
+    """Each request's cap in `turn` of `step` (a later turn draws its own)."""
+    key = step + 1_000_003 * turn
+    return long_tail_caps(cfg.seed, key, n, cfg.max_new_tokens) if cfg.long_tail else [cfg.max_new_tokens] * n
 
 
 def long_tail_caps(seed: int, step: int, n: int, max_new_tokens: int) -> list[int]:
@@ -228,7 +255,7 @@ def long_tail_caps(seed: int, step: int, n: int, max_new_tokens: int) -> list[in
     return [max(2, min(max_new_tokens, round(rng.lognormvariate(0.0, LONG_TAIL_SIGMA) * median))) for _ in range(n)]
 
 
-def _rollout(cfg, step, client, dp, prompts, params: int):
+def _rollout(cfg, step, client, dp, prompts, params: int, turn: int = 0):
     """Generation, one Rollout (client-side bucketing) per DP worker, bound to its grants."""
     routing = None
     rollouts = [client.rollout(dp_rank=r, step=step, pids=(dp.pids[r],)) for r in range(dp.num_workers)]
@@ -251,7 +278,7 @@ def _rollout(cfg, step, client, dp, prompts, params: int):
                     ro.close()  # its requests went to the target: this worker's rollout is over
 
     try:
-        done = dp.generate(prompts, _caps(cfg, step, len(prompts)), routing=routing,
+        done = dp.generate(prompts, _caps(cfg, step, len(prompts), turn), routing=routing,
                            on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs,
                                                                      fs.kv_tokens),
                            on_poll=on_poll)
