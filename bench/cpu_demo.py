@@ -1,6 +1,6 @@
 """Every demo mode, serial to jigsaw: two real GRPO pipelines on this CPU, repeated.
 
-    python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3]
+    python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3] [--workload agentic] [--modes ...]
 
 The same runs as `jigsaw demo` (jigsaw.recipes.demo): each mode runs both pipelines with the
 same seeds, the modes interleaved and repeated; tokens/s is over the measured steps (start-up
@@ -31,10 +31,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=DemoConfig().max_new_tokens)
     ap.add_argument("--repeats", type=int, default=DemoConfig().repeats)
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/jigsaw-cpu-demo"))
+    ap.add_argument("--workload", choices=("math", "agentic"), default="math",
+                    help="agentic: the first pipeline calls a sandboxed Python tool between its 3 turns")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="which modes to run")
     args = ap.parse_args()
     console = Console(width=110)
     runs = run_demo(DemoConfig(steps=args.steps, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                               modes=MODES, out_dir=args.out_dir), say=console.print)
+                               modes=tuple(args.modes), out_dir=args.out_dir, workload=args.workload),
+                    say=console.print)
     print_report(runs, console)
 
 

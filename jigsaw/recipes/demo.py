@@ -50,6 +50,8 @@ SEQUENTIAL = ("serial", "serial-live")
 DEFAULT_MODES = ("serial", "naive-fair", "static", "jigsaw")
 VERL_MODES = ("serial", "naive", "static", "static-live", "jigsaw")
 GPU_MODES = ("serial", "naive", "static", "jigsaw")
+AGENTIC_TURNS = 3
+"""Turns of the agentic pipeline of `--workload agentic` (two tool calls per sample and step)."""
 GPU_PROFILE = "h100/qwen3-0.6b"
 """The GPU recipe's grid unless --profile names one (a measured one, where there is)."""
 """--framework verl: verl's jobs have no thread knob (no naive-fair); naive is the user's
@@ -89,6 +91,10 @@ class DemoConfig:
     """Response budget."""
     long_tail: bool = True
     """Cap each request's length from the recipe's long-tail distribution (and say so)."""
+    workload: str = "math"
+    """math: every pipeline is one-turn GRPO on reasoning-gym arithmetic.  agentic: the first
+    pipeline (first seed) runs 3 turns with a sandboxed Python tool call between two
+    (--tool-turns 3, recipes/agentic.py), beside math pipelines (jigsaw's own recipe only)."""
     framework: str = "jigsaw"
     """jigsaw: the GRPO recipe on jigsaw's own engines.  verl: unmodified verl 0.9.1 GRPO jobs
     (`python -m verl.trainer.main_ppo`, 2 rollout replicas each; needs the [verl] extra), modes
@@ -173,6 +179,10 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
 def _check_config(cfg: DemoConfig) -> None:
     if cfg.framework not in ("jigsaw", "verl", "gpu"):
         raise ValueError(f"--framework {cfg.framework!r}: jigsaw, verl or gpu")
+    if cfg.workload not in ("math", "agentic"):
+        raise ValueError(f"--workload {cfg.workload!r}: math or agentic")
+    if cfg.workload == "agentic" and cfg.framework != "jigsaw":
+        raise ValueError("--workload agentic is jigsaw's own recipe (--framework jigsaw)")
     if cfg.partitioner not in (None, "cpu", "green"):
         raise ValueError(f"--partitioner {cfg.partitioner!r}: cpu or green")
     if cfg.framework != "jigsaw" and "naive-fair" in cfg.modes:
@@ -202,8 +212,9 @@ def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None 
               *shlex.split(cfg.recipe_args)]
     if cfg.framework == "gpu":
         return [sys.executable, "-m", "jigsaw.recipes.gpu_grpo", *common]
+    agentic = ["--tool-turns", str(AGENTIC_TURNS)] if cfg.workload == "agentic" and seed == cfg.seeds[0] else []
     return [sys.executable, "-m", "jigsaw.recipes.grpo", *common, "--long-tail" if cfg.long_tail else "--no-long-tail",
-            *(["--threads", str(threads)] if threads else [])]
+            *(["--threads", str(threads)] if threads else []), *agentic]
 
 
 def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:

@@ -159,6 +159,18 @@ def test_bad_demo_configs_are_refused_before_anything_runs(tmp_path):
         demo.run_demo(DemoConfig(modes=("serial", "fast"), out_dir=tmp_path))
     with pytest.raises(ValueError, match="warmup"):
         demo.run_demo(DemoConfig(steps=1, warmup_steps=1, out_dir=tmp_path))
+    with pytest.raises(ValueError, match="math or agentic"):
+        demo.run_demo(DemoConfig(workload="swe", out_dir=tmp_path))
+    with pytest.raises(ValueError, match="own recipe"):
+        demo.run_demo(DemoConfig(workload="agentic", framework="gpu", out_dir=tmp_path))
+
+
+def test_the_agentic_workload_gives_the_first_pipeline_its_tool_turns(tmp_path):
+    cfg = DemoConfig(workload="agentic", seeds=(1, 2, 3))
+    cmds = [demo._pipeline_cmd(cfg, seed, tmp_path / "r.json") for seed in cfg.seeds]
+    turns = [cmd[cmd.index("--tool-turns") + 1] if "--tool-turns" in cmd else None for cmd in cmds]
+    assert turns == [str(demo.AGENTIC_TURNS), None, None]
+    assert "--tool-turns" not in demo._pipeline_cmd(DemoConfig(), 1, tmp_path / "r.json")
 
 
 def test_static_gives_each_pipeline_its_own_equal_cores():
