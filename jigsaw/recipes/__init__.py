@@ -1,6 +1,7 @@
 """Pipelines built from jigsaw's engines and client, and the demo that runs them side by side.
 
     grpo.py         one GRPO pipeline (`python -m jigsaw.recipes.grpo`), alone or under `jigsaw run`
+    agentic.py      its multi-turn rollout with a sandboxed code tool between turns (--tool-turns)
     gpu_grpo.py     a GRPO-shaped pipeline on one GPU, launching every forward on its grant's green stream
     demo.py         `jigsaw demo`: two pipelines serially, side by side, statically split, under jigsaw
     demo_report.py  what the demo's runs say, and whether to believe it

@@ -64,15 +64,14 @@ def observation(result: ToolResult) -> str:
     return f"\nOutput: {result.feedback(MAX_OBSERVATION_CHARS)}\n"
 
 
-def rollout(cfg, step: int, client, dp, prompts, items, tok, params: int, sandbox: SandboxConfig,
+def rollout(cfg, step: int, client, dp, prompts, items, tok, sandbox: SandboxConfig, generate,
             say=lambda line: None) -> list[Turns]:
     """Every sample over cfg.tool_turns turns; a tool call between two (module docstring).
+    `generate(prompts, turn)`: one turn of every sample, as the recipe generates (grpo._rollout);
     `say`: the pipeline's log; every call cut off or failed gets a line there."""
-    from jigsaw.recipes.grpo import _rollout
-
     samples = [Turns(rid=rid, prompt_ids=tuple(ids)) for rid, ids in prompts]
     for turn in range(cfg.tool_turns):
-        done = _rollout(cfg, step, client, dp, [(s.rid, s.context()) for s in samples], params, turn=turn)
+        done = generate([(s.rid, s.context()) for s in samples], turn)
         for s, c in zip(samples, done):
             s.last_turn = tuple(c.output_ids)
             s.add(list(c.output_ids), list(c.logprobs), sampled=True)

@@ -176,8 +176,10 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
         from jigsaw.engines.sandbox import SandboxConfig
         from jigsaw.recipes import agentic
 
-        turns = agentic.rollout(cfg, step, client, dp, prompts, [it for _, it in items], tok, params,
-                                SandboxConfig(timeout_s=cfg.tool_timeout_s), say=_say(client.pipeline))
+        turns = agentic.rollout(cfg, step, client, dp, prompts, [it for _, it in items], tok,
+                                SandboxConfig(timeout_s=cfg.tool_timeout_s),
+                                lambda ps, turn: _rollout(cfg, step, client, dp, ps, params, turn=turn),
+                                say=_say(client.pipeline))
         rolled = [(t.prompt_ids, tuple(t.output_ids), tuple(t.logprobs), tuple(t.loss_mask), t.last_turn)
                   for t in turns]
     else:

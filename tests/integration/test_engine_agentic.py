@@ -17,7 +17,7 @@ from jigsaw.engines.model import ModelConfig
 from jigsaw.engines.rollout import RolloutConfig
 from jigsaw.engines.sandbox import SandboxConfig, run_python
 from jigsaw.recipes import agentic
-from jigsaw.recipes.grpo import RecipeConfig
+from jigsaw.recipes.grpo import RecipeConfig, _rollout
 from jigsaw.runtime.client import connect
 
 
@@ -36,6 +36,11 @@ def test_given_tokens_are_context_not_trained_on():
         collate([Sample(prompt_ids=(5,), output_ids=(7, 8), reward=0.0, loss_mask=(1,))], pad_id=0)
 
 
+def _turns(cfg, client, dp):
+    """One turn of every sample, as the recipe generates it."""
+    return lambda prompts, turn: _rollout(cfg, 0, client, dp, prompts, 1, turn=turn)
+
+
 @pytest.mark.timeout(300)
 def test_a_request_waiting_for_its_tool_resumes_with_its_context_token_identical(model_and_tok, prompts):
     """Greedy: each turn equals a fresh generation from prompt + earlier turns + the same tool outputs."""
@@ -44,7 +49,7 @@ def test_a_request_waiting_for_its_tool_resumes_with_its_context_token_identical
     cfg = RecipeConfig(tool_turns=3, max_new_tokens=12, long_tail=False, tool_workers=2, dp=2)
     client = connect(pipeline="agentic-test", endpoint="")
     with DPRollout(ModelConfig(), RolloutConfig(threads=1), num_workers=2) as dp:
-        turns = agentic.rollout(cfg, 0, client, dp, prompts, items, tok, 1, SandboxConfig())
+        turns = agentic.rollout(cfg, 0, client, dp, prompts, items, tok, SandboxConfig(), _turns(cfg, client, dp))
         for t, item in zip(turns, items):
             assert len(t.calls) == 2 and all(c.status == "ok" for c in t.calls)
             context, expected_mask = list(t.prompt_ids), []
@@ -75,8 +80,8 @@ def test_bad_tool_calls_are_cut_off_told_to_the_model_and_logged_and_the_rollout
     logged: list[str] = []
     client = connect(pipeline="bad-tools", endpoint="")
     with DPRollout(ModelConfig(), RolloutConfig(threads=1), num_workers=1) as dp:
-        turns = agentic.rollout(cfg, 0, client, dp, prompts[:4], items, tok, 1, SandboxConfig(timeout_s=8.0),
-                                say=logged.append)
+        turns = agentic.rollout(cfg, 0, client, dp, prompts[:4], items, tok, SandboxConfig(timeout_s=8.0),
+                                _turns(cfg, client, dp), say=logged.append)
     client.close()
     assert [t.calls[0].status for t in turns] == list(BAD)
     notes = {"timeout": "time limit", "crashed": "signal", "output-cut": "output limit", "error": "unreachable"}

@@ -44,6 +44,12 @@ NOT_RUN = {
     "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/unit/test_profiler.py, gpu-marked)",
     "python bench/gpu_check.py --dry-run": "run from the clone, not outside it (tests/integration/test_gpu_check.py)",
     "python bench/gpu_check.py --out results/": "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
+    "python bench/gpu_check.py --only engines,profile --out results/":
+        "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
+    "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
+                                      "agentic pipeline's command and test_engine_agentic.py runs it under a daemon",
+    "python bench/cpu_demo.py --workload agentic --steps 4 --max-new-tokens 96 --modes serial naive-fair static "
+    "jigsaw": "a benchmark (10 minutes); the README shows its table",
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
     "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
         "needs GPUs and MPS (tests/unit/test_green.py, gpu-marked)",

@@ -8,6 +8,7 @@ import pytest
 
 from jigsaw.engines.model import ModelConfig
 from jigsaw.engines.rollout import RolloutConfig
+from jigsaw.engines.sandbox import SandboxConfig
 from jigsaw.engines.training import TrainConfig
 from jigsaw.graph.builder import GraphConfig
 from jigsaw.graph.merge import MergeConfig
@@ -25,7 +26,7 @@ from jigsaw.sim.run import SimConfig
 
 CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
            RecipeConfig, GpuRecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig,
-           PluginConfig]
+           PluginConfig, SandboxConfig]
 
 
 def _field_docstrings(cls) -> set[str]:
