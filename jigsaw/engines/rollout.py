@@ -238,7 +238,8 @@ class RolloutEngine:
     def abort_all(self) -> list[Completion]:
         """Abort every request in flight (finished-but-unpolled ones stay for poll())."""
         self._drain(0.0)
-        return [self.abort(rid) for rid in self.active()]
+        waiting, self._waiting = self._waiting, []  # first: room freed below must not start them
+        return [w.completion(finished=False) for w in waiting] + [self.abort(rid) for rid in list(self._live)]
 
     def active(self) -> list[str]:
         """Ids of the requests in flight (waiting for KV room or generating), oldest first."""

@@ -36,35 +36,40 @@ def test_given_tokens_are_context_not_trained_on():
         collate([Sample(prompt_ids=(5,), output_ids=(7, 8), reward=0.0, loss_mask=(1,))], pad_id=0)
 
 
+@pytest.fixture(scope="module")
+def dp():
+    with DPRollout(ModelConfig(), RolloutConfig(threads=1), num_workers=2) as d:
+        yield d
+
+
 def _turns(cfg, client, dp):
     """One turn of every sample, as the recipe generates it."""
     return lambda prompts, turn: _rollout(cfg, 0, client, dp, prompts, 1, turn=turn)
 
 
 @pytest.mark.timeout(300)
-def test_a_request_waiting_for_its_tool_resumes_with_its_context_token_identical(model_and_tok, prompts):
+def test_a_request_waiting_for_its_tool_resumes_with_its_context_token_identical(model_and_tok, prompts, dp):
     """Greedy: each turn equals a fresh generation from prompt + earlier turns + the same tool outputs."""
     _, tok = model_and_tok
     items = [{"metadata": {"expression": f"{i} * 7"}} for i in range(len(prompts))]
     cfg = RecipeConfig(tool_turns=3, max_new_tokens=12, long_tail=False, tool_workers=2, dp=2)
     client = connect(pipeline="agentic-test", endpoint="")
-    with DPRollout(ModelConfig(), RolloutConfig(threads=1), num_workers=2) as dp:
-        turns = agentic.rollout(cfg, 0, client, dp, prompts, items, tok, SandboxConfig(), _turns(cfg, client, dp))
-        for t, item in zip(turns, items):
-            assert len(t.calls) == 2 and all(c.status == "ok" for c in t.calls)
-            context, expected_mask = list(t.prompt_ids), []
-            for k in range(3):  # replay: one turn from the whole context, then the same tool call
-                fresh = dp.generate([("x", tuple(context))], 12)[0].output_ids
-                context += fresh
-                expected_mask += [1] * len(fresh)
-                if k < 2:
-                    result = run_python(agentic.code_of(tok.decode(list(fresh), skip_special_tokens=True), item))
-                    obs = tok(agentic.observation(result))["input_ids"]
-                    context += obs
-                    expected_mask += [0] * len(obs)
-            assert tuple(context[len(t.prompt_ids):]) == tuple(t.output_ids), f"{t.rid} lost or changed its context"
-            assert t.loss_mask == expected_mask and len(t.logprobs) == len(t.output_ids)
-            assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
+    turns = agentic.rollout(cfg, 0, client, dp, prompts, items, tok, SandboxConfig(), _turns(cfg, client, dp))
+    for t, item in zip(turns, items):
+        assert len(t.calls) == 2 and all(c.status == "ok" for c in t.calls)
+        context, expected_mask = list(t.prompt_ids), []
+        for k in range(3):  # replay: one turn from the whole context, then the same tool call
+            fresh = dp.generate([("x", tuple(context))], 12)[0].output_ids
+            context += fresh
+            expected_mask += [1] * len(fresh)
+            if k < 2:
+                result = run_python(agentic.code_of(tok.decode(list(fresh), skip_special_tokens=True), item))
+                obs = tok(agentic.observation(result))["input_ids"]
+                context += obs
+                expected_mask += [0] * len(obs)
+        assert tuple(context[len(t.prompt_ids):]) == tuple(t.output_ids), f"{t.rid} lost or changed its context"
+        assert t.loss_mask == expected_mask and len(t.logprobs) == len(t.output_ids)
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
     client.close()
 
 
@@ -73,15 +78,14 @@ BAD = {"timeout": "__import__('time').sleep(60)", "crashed": "__import__('os').a
 
 
 @pytest.mark.timeout(300)
-def test_bad_tool_calls_are_cut_off_told_to_the_model_and_logged_and_the_rollout_goes_on(model_and_tok, prompts):
+def test_bad_tool_calls_are_cut_off_told_to_the_model_and_logged_and_the_rollout_goes_on(model_and_tok, prompts, dp):
     _, tok = model_and_tok
     items = [{"metadata": {"expression": code}} for code in BAD.values()]
     cfg = RecipeConfig(tool_turns=2, max_new_tokens=8, long_tail=False, tool_workers=4)
     logged: list[str] = []
     client = connect(pipeline="bad-tools", endpoint="")
-    with DPRollout(ModelConfig(), RolloutConfig(threads=1), num_workers=1) as dp:
-        turns = agentic.rollout(cfg, 0, client, dp, prompts[:4], items, tok, SandboxConfig(timeout_s=8.0),
-                                _turns(cfg, client, dp), say=logged.append)
+    turns = agentic.rollout(cfg, 0, client, dp, prompts[:4], items, tok, SandboxConfig(timeout_s=8.0),
+                            _turns(cfg, client, dp), say=logged.append)
     client.close()
     assert [t.calls[0].status for t in turns] == list(BAD)
     notes = {"timeout": "time limit", "crashed": "signal", "output-cut": "output limit", "error": "unreachable"}

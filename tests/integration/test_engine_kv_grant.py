@@ -108,6 +108,22 @@ def test_a_limit_below_one_request_runs_them_one_at_a_time(engine, prompts, unli
     assert max(s.num_decode_reqs + (s.num_prefill_tokens > 0) for s in engine.forward_steps()) == 1
 
 
+@pytest.mark.timeout(180)
+def test_abort_all_returns_waiting_and_running_requests_once_and_starts_none(engine, prompts):
+    engine.set_kv_limit(0)  # one runs, the others wait: a migration takes both kinds
+    try:
+        with Hold(engine.model, forwards=3) as hold:
+            for rid, ids in prompts[:4]:
+                engine.submit(Request(rid=rid, prompt_ids=ids, max_new_tokens=NEW_TOKENS))
+            hold.reached()
+            out = engine.abort_all()
+    finally:
+        engine.set_kv_limit(None)
+    assert sorted(c.rid for c in out) == sorted(rid for rid, _ in prompts[:4]) and engine.active() == []
+    assert [c.finished for c in out] == [False] * 4 and sum(len(c.output_ids) > 0 for c in out) == 1
+    assert engine.poll(0.3) == []
+
+
 def test_a_memory_grant_is_turned_into_kv_tokens_beside_the_weights(engine):
     model = engine.model
     c = model.config

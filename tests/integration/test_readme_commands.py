@@ -46,6 +46,8 @@ NOT_RUN = {
     "python bench/gpu_check.py --out results/": "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
     "python bench/gpu_check.py --only engines,profile --out results/":
         "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
+    "python -m jigsaw.recipes.grpo --tool-turns 3 --steps 2":
+        "tests/integration/test_engine_agentic.py runs the recipe with --tool-turns 3 under a daemon",
     "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
                                       "agentic pipeline's command and test_engine_agentic.py runs it under a daemon",
     "python bench/cpu_demo.py --workload agentic --steps 4 --max-new-tokens 96 --modes serial naive-fair static "
