@@ -18,7 +18,6 @@ The reward scores the last turn's answer, as one-turn GRPO does.
 from __future__ import annotations
 
 import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -83,32 +82,23 @@ def rollout(cfg, step: int, client, dp, prompts, items, tok, sandbox: SandboxCon
 def _tools(cfg, step, client, dp, samples: list[Turns], items, tok, sandbox: SandboxConfig, say) -> None:
     """Each DP worker's tool calls in one tool sub-stage, the workers at once."""
     ranks = [dp.finished_on[s.rid] for s in samples]  # where its turn ended (migrations included)
-    errors: list[BaseException] = []
 
     def worker(rank: int) -> None:
         mine = [(s, it) for s, it, r in zip(samples, items, ranks) if r == rank]
-        try:
-            with client.substage("tool", dp_rank=rank, step=step):
-                with ThreadPoolExecutor(max(1, cfg.tool_workers)) as pool:
-                    texts = [tok.decode(list(s.last_turn), skip_special_tokens=True) for s, _ in mine]
-                    results = list(pool.map(lambda a: run_python(code_of(a[0], a[1]), sandbox),
-                                            zip(texts, [it for _, it in mine])))
-            for (s, _), res in zip(mine, results):
-                if res.status != "ok":
-                    say(f"tool call of {s.rid}: {res.status} after {res.wall_s:.2f} s "
-                        f"({(res.feedback().splitlines() or [''])[-1][:80]})")
-                s.calls.append(res)
-                s.add(tok(observation(res))["input_ids"], [], sampled=False)
-        except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
-            errors.append(exc)
+        with client.substage("tool", dp_rank=rank, step=step):
+            with ThreadPoolExecutor(max(1, cfg.tool_workers)) as pool:
+                texts = [tok.decode(list(s.last_turn), skip_special_tokens=True) for s, _ in mine]
+                results = list(pool.map(lambda a: run_python(code_of(a[0], a[1]), sandbox),
+                                        zip(texts, [it for _, it in mine])))
+        for (s, _), res in zip(mine, results):
+            if res.status != "ok":
+                say(f"tool call of {s.rid}: {res.status} after {res.wall_s:.2f} s "
+                    f"({(res.feedback().splitlines() or [''])[-1][:80]})")
+            s.calls.append(res)
+            s.add(tok(observation(res))["input_ids"], [], sampled=False)
 
-    threads = [threading.Thread(target=worker, args=(r,), name=f"tools-{r}") for r in range(dp.num_workers)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+    with ThreadPoolExecutor(dp.num_workers, thread_name_prefix="tools") as workers:
+        list(workers.map(worker, range(dp.num_workers)))  # the workers at once; a failure is raised here
 
 
 __all__ = ["Turns", "code_of", "observation", "rollout"]
