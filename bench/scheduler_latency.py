@@ -2,6 +2,7 @@
 
     GRPO-shaped graphs (bench/_graphs.py) × K pipelines on N GPUs
         └─► execute(..., policy=jigsaw, timed) ─► one schedule() call per completion event
+             (after one untimed run: the interpreter's warm-up; a collected heap before each)
              ├─► steady state (every call but a run's first): median / p99 wall time per call,
              │   all calls and calls that decided something
              └─► cold: a run's first call (the policy's tables empty), the slowest of the runs
@@ -19,6 +20,7 @@ scipy (~0.1 ms a call); grid nodes are now read from the table.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -86,12 +88,19 @@ def measure(setup: Setup, config: SchedulerConfig, seeds: int, steps: int, grid)
                 deciding.append(dt)
             return plan
 
-    for seed in range(seeds):
+    def pipes(seed: int) -> list[PipelineState]:
         rng = random.Random(seed)
-        pipes = [PipelineState(graph=grpo_graph(f"P{k}", len(devs), rng, steps=steps, multi_turn=k % 2 == 1),
-                               devices=devs) for k, devs in enumerate(setup.placements)]
+        return [PipelineState(graph=grpo_graph(f"P{k}", len(devs), rng, steps=steps, multi_turn=k % 2 == 1),
+                              devices=devs) for k, devs in enumerate(setup.placements)]
+
+    # Untimed first: Python's own warm-up (3.11 specialises code as it runs it) is not the
+    # scheduler's cost; a new policy per timed run still starts with empty tables (cold).
+    execute(pipes(seeds), node, grid, policy=Jigsaw(config=config))
+    for seed in range(seeds):
+        run = pipes(seed)
+        gc.collect()  # the runs before leave garbage a collection in this one's first calls would pay for
         t0 = time.perf_counter()
-        execute(pipes, node, grid, policy=Timed(config=config))
+        execute(run, node, grid, policy=Timed(config=config))
         wall += time.perf_counter() - t0
     return {"calls": len(every), "median": _ms(statistics.median(every)), "p99": _ms(_p99(every)),
             "d_median": _ms(statistics.median(deciding)), "d_p99": _ms(_p99(deciding)),

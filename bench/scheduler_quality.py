@@ -9,6 +9,7 @@
     ─► one table; pick the default from it
 
 Usage:  python bench/scheduler_quality.py [--count 32] [--seeds 2] [--quick] [--families one-gpu three]
+The optima are kept in ~/.cache/jigsaw/exact-optima.json (--cache, --no-cache) by instance digest.
 Goal (issue 32): default within 2% on average and 5% at p90 of the optimum on every family,
 the unlike ones included (train-heavy beside tail-heavy, very different step times, three
 pipelines); steady p99 decision time ≤ 2 ms at 2 × 8 DP and ≤ 20 ms at 4 × 64 DP on a quiet
@@ -18,6 +19,9 @@ pipelines); steady p99 decision time ≤ 2 ms at 2 × 8 DP and ≤ 20 ms at 4 ×
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import statistics
 import sys
 import time
@@ -27,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from exact import FAMILIES, Replay, SearchLimit, instances, solve  # noqa: E402
+from exact import FAMILIES, SPACE, Replay, SearchLimit, instances, solve  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scheduler_latency import PRIOR, measure, setups  # noqa: E402
@@ -47,6 +51,8 @@ class Setting:
 
 
 DEFAULT = SchedulerConfig()
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jigsaw" / "exact-optima.json"
+"""Optima solved before, by instance (an optimum takes up to --limit-s to prove)."""
 SETTINGS = (
     Setting(f"default (W={DEFAULT.window}, filter {DEFAULT.min_pack_efficiency}, bound {DEFAULT.bound_weight}, "
             f"end game {DEFAULT.end_game_tasks})", DEFAULT),
@@ -64,13 +70,21 @@ BASELINES = ("static", "muxserve", "serial")
 """Policies a setting is compared with per instance ("behind"): what a user has for free."""
 
 
-def optima(families: list[str], count: int, seed: int, grid, console: Console, limit_s: float) -> dict[str, tuple]:
-    """Per instance key: (pipelines, node, optimal makespan); unsolved instances left out."""
+def optima(families: list[str], count: int, seed: int, grid, console: Console, limit_s: float,
+           cache: Path | None) -> dict[str, tuple]:
+    """Per instance key: (pipelines, node, optimal makespan); unsolved instances left out.
+    Optima already in `cache` (by family, seed, index and a digest of the instance) are read,
+    not solved again."""
+    known = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
     out = {}
     for fam in families:
         with console.status(f"exact optima: {fam}") as status:
             for k, (pipes, node) in enumerate(instances(fam, count, seed)):
                 status.update(f"exact optima: {fam} {k + 1}/{count}")
+                tag, digest = f"{fam}/{seed}/{k}", _digest(pipes, node, grid)
+                if known.get(tag, {}).get("digest") == digest:
+                    out[f"{fam}/{k}"] = (pipes, node, known[tag]["makespan_s"])
+                    continue
                 upper = min(execute(pipes, node, grid, s.config).makespan_s for s in SETTINGS[:3])
                 try:
                     opt = solve(pipes, node, grid, upper_s=upper, time_limit_s=limit_s)
@@ -81,7 +95,21 @@ def optima(families: list[str], count: int, seed: int, grid, console: Console, l
                 if abs(replayed - opt.makespan_s) > 1e-6 * opt.makespan_s:
                     raise SystemExit(f"{fam}/{k}: the optimum replays at {replayed}, not {opt.makespan_s}")
                 out[f"{fam}/{k}"] = (pipes, node, opt.makespan_s)
+                known[tag] = {"digest": digest, "makespan_s": opt.makespan_s}
+                if cache is not None:
+                    cache.parent.mkdir(parents=True, exist_ok=True)
+                    cache.write_text(json.dumps(known, indent=0, sort_keys=True))
     return out
+
+
+def _digest(pipes, node, grid) -> str:
+    """What an optimum depends on: the decision space's version, every sub-stage, its
+    dependencies, the placement, the node and the grid file."""
+    parts = [SPACE, repr(node), str(PRIOR), str(grid.device)]
+    for ps in pipes:
+        parts.append(repr(ps.devices))
+        parts += [f"{s.id} {s.kind.value} {s.duration_s!r} {s.mem_bytes} {ps.graph.deps[s.id]}" for s in ps.graph]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def gaps(setting: Setting, solved: dict[str, tuple], grid) -> dict[str, float]:
@@ -133,11 +161,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="time 2 × 8 DP only (skip 4 × 64 DP)")
     ap.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES),
                     help="instance families (tests/exact.py); default: all")
+    ap.add_argument("--cache", type=Path, default=CACHE, help="optima solved before (JSON); read and extended")
+    ap.add_argument("--no-cache", action="store_true", help="solve every instance again, write nothing")
     args = ap.parse_args()
     grid = load_grid(PRIOR)
     console = Console(width=160)
     t0 = time.perf_counter()
-    solved = optima(args.families, args.count, args.seed, grid, console, args.limit_s)
+    solved = optima(args.families, args.count, args.seed, grid, console, args.limit_s,
+                    None if args.no_cache else args.cache)
     console.print(f"{len(solved)} instances solved exactly in {time.perf_counter() - t0:.0f} s")
     timed = {"2×8": setups()[0], "4×64": setups()[3]}
     if args.quick:

@@ -15,7 +15,8 @@
 
 What the system may do and the search covers: start or hold back any ready sub-stage at any
 completion, co-locate two per device at any partitioned grid point (σ + (1 − σ) = 1) that
-fits both memories, lockstep gangs whole, tool waits holding a place on their worker's
+fits both memories (`Context.feasible`; the split by need it gives an urgent engine never
+arises here: no instance has one), lockstep gangs whole, tool waits holding a place on their worker's
 device, and room left beside a rollout that continues for its next piece (its engine
 stays on the device: `actions.leaves_room`, the scheduler's own rule).  Not covered: tail
 migration (instances carry no FLOPs, so nothing can be merged), unpartitioned sharing (the
@@ -43,6 +44,10 @@ from jigsaw.graph.schedule import assignments
 from jigsaw.graph.substage import SubStageKind as K
 
 _EXACT = SchedulerConfig(min_pack_efficiency=1.0, merge=False)
+SPACE = "2: an urgent rollout engine takes a memory split by need where no grid level holds its pair"
+"""The decision space's version: change it with what the search may do (the scheduler's
+`Context.feasible`, start rules), so that optima solved before (bench/scheduler_quality.py's
+cache) are solved again."""
 
 
 class SearchLimit(RuntimeError):

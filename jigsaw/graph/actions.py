@@ -70,7 +70,7 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
         if len(tasks) == 2:
             a, b = tasks
             sa, sb = S.split[(a, d)], S.split[(b, d)]
-            pair = ctx.grid_pair(P.kinds[a], P.kinds[b], sa.sm_frac, sa.mem_frac, P.tasks[a].pipe, P.tasks[b].pipe)
+            pair = ctx.grid_pair(P, a, b, sa.sm_frac, sa.mem_frac)
             if pair is None:
                 raise ValueError(f"running pair on device {d} is infeasible under the slowdown grid")
             S.split[(a, d)] = Split(sa.sm_frac, sa.mem_frac, pair[0])
@@ -89,23 +89,33 @@ def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: 
 def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option]] | None:
     found: dict[tuple[int, str], list[int]] = {}
     claimed: set[tuple[int, int]] = set()
-    deferred, closed, held, dev = S.deferred, S.closed, S.held, S.dev
+    deferred, closed, held, dev, tasks, kinds = S.deferred, S.closed, S.held, S.dev, P.tasks, P.kinds
     for i in sorted(S.ready):
-        devs = P.tasks[i].devices
-        if i in deferred or not devs:
+        if i in deferred:
             continue
-        pipe = P.tasks[i].pipe
+        task = tasks[i]
+        devs = task.devices
+        if not devs:
+            continue
+        pipe = task.pipe
         for d in devs:  # written out: this runs for every ready task at every search node
             if d in closed or (st.places_taken(P, S, i, d) if held[d] else len(dev[d])) >= 2 or (pipe, d) in claimed:
                 break
         else:
-            found.setdefault((pipe, P.kinds[i]), []).append(i)
+            key = (pipe, kinds[i])
+            group = found.get(key)
+            if group is None:
+                found[key] = [i]
+            else:
+                group.append(i)
             # A worker runs one piece at a time: a later piece of its own that live reports
             # made ready too (a next step's, before this one started) waits for the next decision.
             claimed.update((pipe, d) for d in devs)
     groups = _Groups(P, S, ctx, found)
     # Urgent groups first: they are already on their devices, nothing may take them.
-    for key in sorted(found, key=lambda k: (not any(i in S.urgent for i in found[k]), k)):
+    urgent = S.urgent
+    order = sorted(found, key=lambda k: (not any(i in urgent for i in found[k]), k)) if urgent else sorted(found)
+    for key in order:
         if groups[key]:
             opts = _group_options(P, S, ctx, key, groups)
             if opts:
@@ -133,9 +143,6 @@ class _Groups:
                 leaves_room(P, S, ctx, i, d) for d in P.tasks[i].devices)]
         return got
 
-    def items(self):
-        for key in self.found:
-            yield key, self[key]
 
 
 def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], groups) -> list[Option]:
@@ -151,8 +158,7 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
         return opts + [START_IDLE] if idle_devs or not opts else opts
     # Keeping the devices to itself, or yielding them, only differs from starting if
     # another group could use them now (a schedule never leaves a device idle).
-    rivals = bool(idle_devs) and any(idle_devs.intersection(P.tasks[j].devices)
-                                     for k, g in groups.items() if k != key for j in g)
+    rivals = bool(idle_devs) and _rivals(P, groups, key, idle_devs)
     if idle_devs:
         opts.append(START_IDLE)
         if rivals:
@@ -160,6 +166,17 @@ def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], gro
     if rivals or (busy and not idle_devs):
         opts.append(DEFER)
     return opts
+
+
+def _rivals(P: Problem, groups: _Groups, key: tuple[int, str], idle_devs: set[int]) -> bool:
+    """Could another group start on one of these idle devices now?  Only the groups whose
+    ready tasks are there are filtered for room (the filter is the costly part)."""
+    tasks = P.tasks
+    for k, ready in groups.found.items():
+        if k != key and any(idle_devs.intersection(tasks[j].devices) for j in ready):
+            if any(idle_devs.intersection(tasks[j].devices) for j in groups[k]):
+                return True
+    return False
 
 
 def leaves_room(P: Problem, S: State, ctx: Context, i: int, d: int) -> bool:
@@ -170,18 +187,12 @@ def leaves_room(P: Problem, S: State, ctx: Context, i: int, d: int) -> bool:
     held, on = S.held[d], S.dev[d]
     if not held and not on:
         return True
-    pipe = P.tasks[i].pipe
-    for h in held + on:
-        if P.tasks[h].pipe != pipe:
-            for c in ctx.continuations(P, h, d):
-                if not ctx.room(P, i, c):
-                    return False
-    return True
+    return ctx.leaves_room(P, i, d, held + on)
 
 
 def _joinable(P: Problem, S: State, ctx: Context, i: int) -> bool:
     """May ready task i start beside what runs on its devices? (complementary, or urgent)"""
-    if i in S.urgent:
+    if i in S.urgent or ctx.min_pack_efficiency <= 1.0:  # the filter off (the default): any pair may form
         return True
     for d in P.tasks[i].devices:
         if S.dev[d]:
@@ -303,12 +314,12 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
             S.deferred.add(item)
         return
     verb, sm = opt[0], opt[1]  # opt.verb, opt.sm_frac (indexed: hot)
-    started, stale = False, set()
+    started, stale, dev = False, set(), S.dev
     for i in item.tasks:
         devs = P.tasks[i].devices
-        if any(S.dev[d] for d in devs):  # would share a device with a running partner
+        if (dev[devs[0]] if len(devs) == 1 else any(dev[d] for d in devs)):  # a running partner there
             if sm is not None and _joinable(P, S, ctx, i) and _fits(P, S, ctx, i, sm):
-                stale |= _start_beside(P, S, ctx, i, sm)
+                stale.update(_start_beside(P, S, ctx, i, sm))
                 started = True
             else:
                 S.deferred.add(i)
@@ -326,9 +337,17 @@ def apply(P: Problem, S: State, ctx: Context, item: Item, opt: Option) -> None:
     S.log.append(_new(Logged, (S.now_s, item, opt if started or verb is _DEFER else NO_ROOM)))
 
 
-def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> set[int]:
+def _start_beside(P: Problem, S: State, ctx: Context, i: int, sm: float) -> set[int] | tuple[int, int]:
     """Start i beside its partners; the tasks whose rates must be refreshed."""
-    partners = {d: S.dev[d][0] for d in P.tasks[i].devices if S.dev[d]}
+    devs = P.tasks[i].devices
+    if len(devs) == 1:  # most tasks: one replica beside one partner
+        d = devs[0]
+        y = S.dev[d][0]
+        pt = _best_split(P, S, ctx, i, y, sm)
+        st.start(P, S, i)
+        st.place_pair(S, i, y, d, (sm, *pt))
+        return y, i
+    partners = {d: S.dev[d][0] for d in devs if S.dev[d]}
     splits = {d: _best_split(P, S, ctx, i, y, sm) for d, y in partners.items()}
     st.start(P, S, i)
     for d, y in partners.items():
@@ -380,39 +399,50 @@ def cost(P: Problem, S: State) -> tuple[float, float, float]:
     longest chain of exclusive durations (`tail_s`).  Along a device: the remaining
     exclusive work on it runs one piece after another unless co-located, so
     `t + load_d` is a chain too; it is what makes wasted capacity (idle devices,
-    co-locations that gain nothing) cost something."""
-    t, tasks, rem = S.now_s, P.tasks, S.rem_s
+    co-locations that gain nothing) cost something.  (The leaf of every search: written
+    out, no helper calls.)"""
+    t, tasks, rem, rate, dev = S.now_s, P.tasks, S.rem_s, S.rate, S.dev
     ends = S.end_s[:]
     run_end = {}
     for i in S.running:
-        end = run_end[i] = _running_end(P, S, i)
-        v = end + tasks[i].tail_s
-        if v > ends[tasks[i].pipe]:
-            ends[tasks[i].pipe] = v
-    free = [t if not occ else min(run_end[j] for j in occ) for occ in S.dev]
-    for i in sorted(S.ready, key=lambda i: (-(rem[i] + tasks[i].tail_s), i)):
         task = tasks[i]
-        end = max((free[d] for d in task.devices), default=t) + rem[i]
-        for d in task.devices:
+        mine = rem[i] / rate[i]
+        end = t + mine
+        devs = task.devices
+        if len(devs) == 1:
+            occ = dev[devs[0]]
+            if len(occ) == 2:  # alone at rate 1 once a single-device partner ends first
+                j = occ[1] if occ[0] == i else occ[0]
+                theirs = rem[j] / rate[j]
+                if theirs < mine and len(tasks[j].devices) == 1:
+                    end = t + theirs + (rem[i] - rate[i] * theirs)
+        run_end[i] = end
+        v = end + task.tail_s
+        if v > ends[task.pipe]:
+            ends[task.pipe] = v
+    free = []
+    for occ in dev:
+        if not occ:
+            free.append(t)
+        elif len(occ) == 1:
+            free.append(run_end[occ[0]])
+        else:
+            a, b = run_end[occ[0]], run_end[occ[1]]
+            free.append(a if a < b else b)
+    for _, i in sorted((-(rem[i] + tasks[i].tail_s), i) for i in S.ready):  # longest path first
+        task = tasks[i]
+        devs = task.devices
+        start = t
+        for d in devs:
+            if free[d] > start:
+                start = free[d]
+        end = start + rem[i]
+        for d in devs:
             free[d] = end
         if end + task.tail_s > ends[task.pipe]:
             ends[task.pipe] = end + task.tail_s
     deps_chain = max(ends)
     return max(deps_chain, t + max(S.load_s)), deps_chain, sum(ends)
-
-
-def _running_end(P: Problem, S: State, i: int) -> float:
-    t, rem, rate = S.now_s, S.rem_s, S.rate
-    devs = P.tasks[i].devices
-    mine = rem[i] / rate[i]
-    if len(devs) != 1 or len(S.dev[devs[0]]) < 2:
-        return t + mine
-    a, b = S.dev[devs[0]]
-    j = b if a == i else a
-    theirs = rem[j] / rate[j]
-    if theirs >= mine or len(P.tasks[j].devices) != 1:
-        return t + mine
-    return t + theirs + (rem[i] - rate[i] * theirs)
 
 
 def packing(P: Problem, S: State, ctx: Context) -> Packing:

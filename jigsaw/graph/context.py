@@ -24,6 +24,7 @@ from jigsaw.graph.merge import MergeConfig, MergeDecision
 from jigsaw.graph.model import PairModels, PairPricing, SlowdownModel
 from jigsaw.graph.plan import NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
+from jigsaw.graph.substage import SubStageKind, grant_need_bytes
 
 
 class Verb(enum.Enum):
@@ -124,20 +125,26 @@ class Context:
         if table is None:
             table = self._table[key] = {}
             for sm, mem, sa, sb in grid.pair_options(kind_a, kind_b):
-                if self._lasting(grid, kind_a, kind_b, sm, mem):
+                if self._lasting(grid, tag, kind_a, kind_b, sm, mem):
                     table.setdefault(round(sm, 9), []).append(PairPoint(mem, sa, sb))
         return table.get(round(sm_a, 9), [])
 
-    def _lasting(self, grid, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> bool:
+    def _lasting(self, grid, tag, kind_a: str, kind_b: str, sm_a: float, mem_a: float) -> bool:
         """A rollout moves through every rollout kind on the budget it was given (a running
         engine cannot pause when its regime changes): a pair is only formed at a point where
-        every regime of each rollout side stays feasible beside the other."""
+        every regime of each rollout side stays feasible beside the other.  The same for
+        every regime of a side, so kept per point for the sides' classes."""
         ka = _ROLLOUT_KINDS if kind_a in _ROLLOUT_KINDS else (kind_a,)
         kb = _ROLLOUT_KINDS if kind_b in _ROLLOUT_KINDS else (kind_b,)
         if len(ka) == len(kb) == 1:
             return True
-        known = set(grid.kinds)
-        return all(grid.pair(x, y, sm_a, mem_a) is not None for x in ka for y in kb if x in known and y in known)
+        key = ("lasting", ka, kb, tag, round(sm_a, 9), round(mem_a, 9))
+        got = self._table.get(key)
+        if got is None:
+            known = set(grid.kinds)
+            got = self._table[key] = all(grid.pair(x, y, sm_a, mem_a) is not None
+                                         for x in ka for y in kb if x in known and y in known)
+        return got
 
     def _grids(self) -> list:
         """Every grid a pair of this call's pipelines is priced by (bounds take the best)."""
@@ -211,6 +218,17 @@ class Context:
             self._feasible[key] = got
         return got
 
+    def leaves_room(self, P: Problem, i: int, d: int, there: tuple[int, ...]) -> bool:
+        """Does task i on device d leave room beside it for the next rollout piece of every
+        other pipeline's task `there` (running, or waiting on a tool) that goes on?"""
+        key = ("leaves", i, d, there)
+        got = self._feasible.get(key)
+        if got is None:
+            pipe = P.tasks[i].pipe
+            got = self._feasible[key] = all(self.room(P, i, c) for h in there if P.tasks[h].pipe != pipe
+                                            for c in self.continuations(P, h, d))
+        return got
+
     def room(self, P: Problem, i: int, c: int) -> bool:
         """Can task i and task c share a device at some offered SM share?"""
         key = ("room", i, c)
@@ -254,24 +272,67 @@ class Context:
                                          default=0.0)
         return eta >= self.min_pack_efficiency
 
-    def grid_pair(self, kind_a: str, kind_b: str, sm_a: float, mem_a: float,
-                  pa: int = -1, pb: int = -1) -> tuple[float, float] | None:
-        """(s_a, s_b) of a running pair: a table hit for grid budgets (all the scheduler
-        grants), interpolation otherwise (budgets set by someone else)."""
+    def grid_pair(self, P: Problem, a: int, b: int, sm_a: float, mem_a: float) -> tuple[float, float] | None:
+        """(s_a, s_b) of tasks a and b running as a pair: a table hit for grid budgets, else
+        the grid between its levels (budgets set by someone else, or a split by need), by
+        need where the levels around it do not hold both."""
+        kind_a, kind_b, pa, pb = P.kinds[a], P.kinds[b], P.tasks[a].pipe, P.tasks[b].pipe
         for mem, sa, sb in self.splits(kind_a, kind_b, sm_a, pa, pb):
             if abs(mem - mem_a) < 1e-9:
                 return sa, sb
-        return self._grid(pa, pb)[0].pair(kind_a, kind_b, sm_a, mem_a)
+        grid = self._grid(pa, pb)[0]
+        return grid.pair(kind_a, kind_b, sm_a, mem_a) or grid.pair(
+            kind_a, kind_b, sm_a, mem_a, need_frac_a=self._need_frac(P, a), need_frac_b=self._need_frac(P, b))
 
     def feasible(self, P: Problem, x: int, y: int, sm_x: float) -> list[PairPoint]:
-        """Grid splits at which task x (share sm_x) and task y both fit in memory."""
+        """Grid splits at which task x (share sm_x) and task y both fit in memory.  For an
+        urgent rollout engine (`elastic`) where no level holds both: the split by need
+        (`_by_need`), else the points where its partner fits (it takes what is left)."""
         key = (x, y, sm_x)
         out = self._feasible.get(key)
         if out is None:
-            mx, my, cap = P.tasks[x].mem_bytes, P.tasks[y].mem_bytes, self.mem_bytes
-            points = self.splits(P.kinds[x], P.kinds[y], sm_x, P.tasks[x].pipe, P.tasks[y].pipe)
-            out = self._feasible[key] = [  # pt[0] is pt.mem_frac (indexed: this runs a lot)
-                pt for pt in points if mx <= pt[0] * cap + 0.5 and my <= (1.0 - pt[0]) * cap + 0.5]
-            if not out and x in self.elastic:
-                out[:] = [pt for pt in points if my <= (1.0 - pt[0]) * cap + 0.5]
+            tx, ty = P.tasks[x], P.tasks[y]
+            # What the answer depends on: replicas of one gang or group mostly share it.
+            same = (P.kinds[x], P.kinds[y], tx.mem_bytes, ty.mem_bytes, tx.pipe, ty.pipe, x in self.elastic, sm_x)
+            out = self._feasible.get(same)
+            if out is None:
+                out = self._feasible[same] = self._fitting(P, x, y, sm_x)
+            self._feasible[key] = out
         return out
+
+    def _fitting(self, P: Problem, x: int, y: int, sm_x: float) -> list[PairPoint]:
+        mx, my, cap = P.tasks[x].mem_bytes, P.tasks[y].mem_bytes, self.mem_bytes
+        points = self.splits(P.kinds[x], P.kinds[y], sm_x, P.tasks[x].pipe, P.tasks[y].pipe)
+        out = [pt for pt in points if mx <= pt[0] * cap + 0.5 and my <= (1.0 - pt[0]) * cap + 0.5]
+        if not out and x in self.elastic:  # an engine that cannot wait: by need, else what is left
+            out = self._by_need(P, x, y, sm_x) or [pt for pt in points if my <= (1.0 - pt[0]) * cap + 0.5]
+        return out
+
+    def _by_need(self, P: Problem, x: int, y: int, sm_x: float) -> list[PairPoint]:
+        """The memory split off the grid's levels where no level holds both tasks (engines
+        expecting 49 and 24 GiB of 80: levels 0.2..0.8 leave one of them short): each side
+        its hard need (a rollout's is none, its KV pool follows its grant), the rest in
+        proportion to what each expects to hold beyond it, so both hold what they expect; priced by
+        the grid by need, every rollout regime of either side included (`_lasting`).  None
+        where they cannot both hold what they expect."""
+        mx, my, cap = P.tasks[x].mem_bytes, P.tasks[y].mem_bytes, self.mem_bytes
+        if mx + my > cap or mx + my <= 0:
+            return []
+        need_x, need_y = self._need_frac(P, x), self._need_frac(P, y)
+        more_x, more_y = max(0.0, mx / cap - need_x), max(0.0, my / cap - need_y)  # held beyond the need
+        mem = need_x + (1.0 - need_x - need_y) * (more_x / (more_x + more_y) if more_x + more_y > 0 else 0.5)
+        grid = self._grid(P.tasks[x].pipe, P.tasks[y].pipe)[0]
+        kx, ky = P.kinds[x], P.kinds[y]
+        regimes_x = _ROLLOUT_KINDS if kx in _ROLLOUT_KINDS else (kx,)
+        regimes_y = _ROLLOUT_KINDS if ky in _ROLLOUT_KINDS else (ky,)
+        known = set(grid.kinds)
+        for a in regimes_x:
+            for b in regimes_y:
+                if a in known and b in known and grid.pair(a, b, sm_x, mem, need_frac_a=need_x,
+                                                           need_frac_b=need_y) is None:
+                    return []
+        got = grid.pair(kx, ky, sm_x, mem, need_frac_a=need_x, need_frac_b=need_y)
+        return [] if got is None else [PairPoint(mem, *got)]
+
+    def _need_frac(self, P: Problem, i: int) -> float:
+        return grant_need_bytes(SubStageKind(P.kinds[i]), P.tasks[i].mem_bytes) / self.mem_bytes

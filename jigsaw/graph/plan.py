@@ -51,6 +51,11 @@ class SchedulerConfig:
     playing the rest of the run out with the look-ahead itself (the makespan it reaches),
     not by the window's leaf: the end game where a long training must hide under another
     pipeline's rollout is decided on the whole remaining schedule.  0: off."""
+    end_game_follow: bool = True
+    """A later end-game choice that lies on the line the last play-out chose (the same time
+    and choice) takes that line's option instead of playing out again (schedule.EndGame): the
+    end game is decided once while the run stays on it.  Off: every end-game choice is played
+    out (the plan then depends on this call's inputs alone)."""
     merge: bool = True
     """Consider migrating long-tail rollout requests between DP workers."""
     balance: bool = True

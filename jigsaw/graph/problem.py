@@ -37,7 +37,7 @@ class Problem:
     """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
 
     __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_bytes", "kinds", "mergeable", "prefill_work",
-                 "decode", "dominant")
+                 "decode", "dominant", "task_of")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec,
                  cache: SchedulerCache | None = None):
@@ -62,6 +62,8 @@ class Problem:
         # Per pipeline: its decode step latency against KV tokens (prices merged tails).
         self.decode = tuple(part.decode for part in parts)
         self.dominant = tuple(k for part in parts for k in part.dominant)
+        self.task_of = tuple(part.task_of for part in parts)
+        """Per pipeline, the task index of each of its sub-stage ids."""
 
 
 class _Part(NamedTuple):
@@ -71,6 +73,8 @@ class _Part(NamedTuple):
     dominant: tuple[str, ...]
     prefill: tuple[float, float]
     decode: DecodeFit | None
+    task_of: dict[str, int]
+    """The task index of every sub-stage id."""
 
 
 class SchedulerCache:
@@ -158,7 +162,7 @@ class _Shape:
         sh.chain = {}
         dominant = [_dominant(t, tasks, start, sh.chain) for t in reversed(tasks)][::-1]
         sh.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=prefill_stats(graph),
-                        decode=decode_fit(graph))
+                        decode=decode_fit(graph), task_of=sh.task_of)
         return sh
 
     def patch(self, graph: SubStageGraph, devices: tuple[int, ...]) -> None:
@@ -181,7 +185,7 @@ class _Shape:
                 tasks[i].mergeable = False
         self.graph = graph
         self.part = _Part(tasks=tuple(tasks), dominant=tuple(dominant), prefill=prefill_stats(graph),
-                          decode=decode_fit(graph))
+                          decode=decode_fit(graph), task_of=self.task_of)
 
 
 def _with_ancestors(changed: set[int], tasks: Sequence[Task], start: int) -> set[int]:
@@ -225,7 +229,7 @@ def _dominant(t: Task, tasks: Sequence[Task], start: int, chain: dict[int, dict[
 
 def prefill_stats(graph: SubStageGraph) -> tuple[float, float]:
     """(FLOPs, exclusive seconds) of the graph's prefill sub-stages that report FLOPs."""
-    pre = [s for s in graph if s.kind.value == "rollout_prefill" and s.flops > 0]
+    pre = [s for s in graph if s.kind is SubStageKind.ROLLOUT_PREFILL and s.flops > 0]
     return sum(s.flops for s in pre), sum(s.duration_s for s in pre)
 
 
@@ -235,8 +239,7 @@ def decode_fit(graph: SubStageGraph) -> DecodeFit | None:
     with a predicted duration)."""
     last = max((s.step for s in graph), default=0)
     points = [(s.batch_size * s.seq_len, s.duration_s / s.num_steps) for s in graph
-              if s.step == last and s.kind.value in ("rollout_decode", "rollout_tail")
-              and s.num_steps > 1 and s.batch_size > 0]
+              if s.step == last and s.kind in _DECODING and s.num_steps > 1 and s.batch_size > 0]
     return DecodeFit.fit(points)
 
 
@@ -289,6 +292,7 @@ def gang_keys(graph: SubStageGraph) -> list[tuple]:
     return keys
 
 
+_DECODING = frozenset({SubStageKind.ROLLOUT_DECODE, SubStageKind.ROLLOUT_TAIL})
 _KIND = {k: (k.value, k.on_device, k.is_rollout, k.collective) for k in SubStageKind}
 """Enum properties looked up once: task construction runs at every scheduling call."""
 
@@ -314,8 +318,9 @@ def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe
         t.excl_s = max(s.duration_s for s in group)
         t.mem_bytes = max(s.mem_bytes for s in group)
         t.batch_size = sum(s.batch_size for s in group)
-        t.preds = tuple(sorted({task_of[d] for s in group for d in deps[s.id]} - {idx}))
-        t.succs = tuple(sorted({task_of[n] for s in group for n in succ[s.id]} - {idx}))
+        # The ids first (a gang after a DP barrier: every member depends on every worker's tail).
+        t.preds = tuple(sorted({task_of[d] for d in set().union(*[deps[s.id] for s in group])} - {idx}))
+        t.succs = tuple(sorted({task_of[n] for n in set().union(*[succ[s.id] for s in group])} - {idx}))
         t.devices = tuple(devices[r] for r in t.ranks) if on_device else ()
     # A worker waiting on a tool keeps its engine (and the waiting requests' KV cache) on
     # its device: it holds one of the device's two places for its return.

@@ -26,7 +26,9 @@ share it.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 
 from jigsaw.graph import actions as act
 from jigsaw.graph import state as st
@@ -42,7 +44,7 @@ _TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier 
 def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model: SlowdownModel,
              config: SchedulerConfig = SchedulerConfig(), time_s: float = 0.0,
              cache: SchedulerCache | None = None, pairs: PairModels | None = None,
-             host_frac: Mapping[int, float] | None = None) -> Plan:
+             host_frac: Mapping[int, float] | None = None, end_game: EndGame | None = None) -> Plan:
     """Decide what runs on every device from `time_s` on.
 
     `model`: the node's slowdown grid (graph/model.py says what it answers; a
@@ -50,7 +52,29 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model: Slowdown
     between calls on one node (the same Plan with or without it).  `pairs`
     (jigsaw.mux.model.pairing.PairGrids): the exact grid of two pipelines running different
     models, by name; co-locations are planned with it, the rest with `model`.
-    `host_frac`: per device, the share of its pipelines working on the host (View.host_frac)."""
+    `host_frac`: per device, the share of its pipelines working on the host (View.host_frac).
+    `end_game`: the line the last play-out chose (EndGame), followed where this call's
+    choices lie on it, and replaced by this call's play-outs; None: every end-game choice is
+    played out."""
+    with _collector_paused():
+        return _schedule(pipelines, node, model, config, time_s, cache, pairs, host_frac, end_game)
+
+
+@contextmanager
+def _collector_paused():
+    """The search allocates tens of thousands of short-lived tuples and states, none in a
+    reference cycle (reference counting frees them): the cyclic collector's passes, which
+    they would trigger, wait until the plan is out (10% of a decision's time at 2 × 8 DP)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _schedule(pipelines, node, model, config, time_s, cache, pairs, host_frac, end_game) -> Plan:
     cache = cache or SchedulerCache()
     if len(pipelines) < 1:
         raise ValueError("schedule needs at least one pipeline")
@@ -61,11 +85,68 @@ def schedule(pipelines: Sequence[PipelineState], node: NodeSpec, model: Slowdown
     ctx = act.Context(model, config, node, cache, pipelines, pairs, host_frac)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
-    end_game = 0 < _device_tasks_left(P, S) <= config.end_game_tasks
+    late = 0 < _device_tasks_left(P, S) <= config.end_game_tasks
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:
-        _, option = play_out(P, S, ctx, config.window, dec) if end_game else search(P, S, ctx, config.window, dec)
+        if not late:
+            option = search(P, S, ctx, config.window, dec)[1]
+        elif end_game is None:
+            option = play_out(P, S, ctx, config.window, dec)[1]
+        elif (option := end_game.follow(P, S, dec)) is None:
+            end_game.solve(P, S, ctx, config.window, dec)
+            option = end_game.follow(P, S, dec)
         act.apply(P, S, ctx, dec[0], option)
     return _plan(P, S, ctx, before)
+
+
+class EndGame:
+    """The end game solved once, as the line of every choice left (owned by whoever calls the
+    scheduler on one node: a policy), and followed while the run stays on it.
+
+    Without it each end-game choice is played out when it comes (`play_out`: every option
+    played to the end by the window).  With it, the first end-game choice of a run plays out
+    that choice and every later one along the winner's way, each as a call at that point
+    would (the state then has the call's fresh marks and packing), and keeps the line; a
+    later call whose choice is on the line (the same Problem, time and item, the option still
+    offered) takes the line's option.  The end game's ten or so play-outs then cost one call,
+    not ten; where the run leaves the line (a sub-stage ending at another time than
+    predicted, another choice open) the rest is solved again from there.  A plan then depends
+    on an earlier call's line, as a baseline's turn does."""
+
+    __slots__ = ("problem", "line")
+
+    def __init__(self) -> None:
+        self.problem: Problem | None = None
+        self.line: list[act.Logged] = []
+
+    def follow(self, P: Problem, S: State, dec) -> act.Option | None:
+        """The line's option for `dec` at S, or None where S is off the line."""
+        if P is not self.problem:
+            return None
+        item, options = dec
+        tol = _TIE * max(1.0, S.now_s)
+        for logged in self.line:
+            if logged.item == item and abs(logged.time_s - S.now_s) <= tol:
+                return logged.option if logged.option in options else None
+        return None
+
+    def solve(self, P: Problem, S: State, ctx: act.Context, depth: int, dec) -> None:
+        """The line from S: each choice played out, applied, and the run advanced to the next."""
+        line, T, pack = [], S.copy(history=False), ctx.pack
+        try:
+            while dec is not None:
+                option = play_out(P, T, ctx, depth, dec)[1]
+                line.append(act.Logged(T.now_s, dec[0], option))
+                act.apply(P, T, ctx, dec[0], option)
+                dec = act.settle(P, T, ctx, advance_time=False)
+                while dec is None and T.running:
+                    st.advance(P, T, ctx.balanced)
+                    T.touched.update(range(P.num_devices))  # what a call at this point starts from
+                    if ctx.bound_weight > 0.0:
+                        ctx.pack = act.packing(P, T, ctx)
+                    dec = act.settle(P, T, ctx, advance_time=False)
+        finally:
+            ctx.pack = pack
+        self.problem, self.line = P, line
 
 
 def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
@@ -112,7 +193,7 @@ def play_out(P: Problem, S: State, ctx: act.Context, depth: int, dec) -> tuple[t
 
 
 def _after(P: Problem, S: State, ctx: act.Context, item, option) -> State:
-    branch = S.copy()
+    branch = S.copy(history=False)
     act.apply(P, branch, ctx, item, option)
     return branch
 

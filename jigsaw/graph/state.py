@@ -49,13 +49,16 @@ class State:
                  "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged",
                  "solo", "capped", "pace")
 
-    def copy(self) -> State:
+    def copy(self, history: bool = True) -> State:
+        """A state to branch on; without `history`, its starts and log begin empty (a branch of
+        the search is valued, never made into a plan: only the call's own state needs them)."""
         c = State.__new__(State)
         c.now_s, c.rem_s, c.status, c.npred = self.now_s, self.rem_s[:], self.status[:], self.npred[:]
         c.dev, c.split, c.rate = self.dev[:], dict(self.split), self.rate[:]
         c.ready, c.running = set(self.ready), set(self.running)
         c.closed, c.deferred, c.touched = set(self.closed), set(self.deferred), set(self.touched)
-        c.end_s, c.started, c.log = self.end_s[:], self.started[:], self.log[:]
+        c.end_s = self.end_s[:]
+        c.started, c.log = (self.started[:], self.log[:]) if history else ([], [])
         c.load_s, c.held = self.load_s[:], self.held[:]
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         c.merged = self.merged  # replaced, never mutated, by a merge
@@ -82,12 +85,22 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
+    tasks, status, rem = P.tasks, S.status, S.rem_s
     for p, ps in enumerate(pipelines):
+        done, running, left = ps.done, ps.running, ps.remaining_s
         for i in P.pipe_tasks[p]:
-            _init_task(P, S, P.tasks[i], ps)
+            task = tasks[i]
+            if len(task.ids) == 1 and task.ids[0] not in running:  # most tasks: written out
+                sid = task.ids[0]
+                if sid in done:
+                    status[i] = DONE
+                elif sid in left:
+                    rem[i] = max(0.0, left[sid])
+            else:
+                _init_task(P, S, task, ps)
     S.load_s = [0.0] * P.num_devices  # seconds of unfinished work per device, alone at each one's pace
-    S.urgent = frozenset(i for p, ps in enumerate(pipelines) if ps.urgent
-                         for i in P.pipe_tasks[p] if set(P.tasks[i].ids) & ps.urgent)
+    S.urgent = frozenset(P.task_of[p][sid] for p, ps in enumerate(pipelines) for sid in ps.urgent
+                         if sid in P.task_of[p])
     status, rem, load, npred, pace = S.status, S.rem_s, S.load_s, S.npred, S.pace
     for t in P.tasks:  # done tasks (most of a long graph) need nothing: skip them fast
         i = t.idx
@@ -113,13 +126,7 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
 
 
 def _init_task(P: Problem, S: State, task: Task, ps: PipelineState) -> None:
-    if len(task.ids) == 1 and task.ids[0] not in ps.running:  # fast path: most tasks
-        sid = task.ids[0]
-        if sid in ps.done:
-            S.status[task.idx] = DONE
-        elif sid in ps.remaining_s:
-            S.rem_s[task.idx] = max(0.0, ps.remaining_s[sid])
-        return
+    """A gang, or a running task (`initial_state` writes out the rest)."""
     done = [sid in ps.done for sid in task.ids]
     run = [sid in ps.running for sid in task.ids]
     if all(done):

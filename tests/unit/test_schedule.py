@@ -11,6 +11,7 @@ from factories import GIB, NODE, chain, states, sub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jigsaw.graph import actions as act
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import Budget, NodeSpec, PipelineState, SchedulerConfig
 from jigsaw.graph.policies import make
@@ -235,6 +236,43 @@ def test_the_end_game_hides_a_training_under_the_partners_rollout():
                                                              if iv.pipeline == "B"]) == 0.0
 
 
+def test_the_end_game_is_solved_once_and_followed_to_the_same_schedule(optima, monkeypatch):
+    """With its line kept (the default), a run's end game is solved at its first choice and
+    the later calls follow the line: one solve per run where the run stays on it (execute's
+    graphs are exact), and the same makespan as playing out every choice when it comes.  A
+    line of the window's choices instead (each later choice decided by `search`) ends later
+    on this set: re-deciding the later choices by playing out is what the end game gains."""
+    import jigsaw.graph.schedule as sch
+
+    solves, plays = [], []
+    real_solve, real_play = sch.EndGame.solve, sch.play_out
+    monkeypatch.setattr(sch.EndGame, "solve", lambda self, *a: solves.append(1) or real_solve(self, *a))
+    monkeypatch.setattr(sch, "play_out", lambda *a: plays.append(1) or real_play(*a))
+    every = SchedulerConfig(end_game_follow=False)
+    for key, (pipes, node, _, _) in optima.items():
+        solves.clear()
+        plays.clear()
+        kept = execute(pipes, node, PRIOR, SchedulerConfig())
+        n_solves, n_kept_plays = len(solves), len(plays)
+        plays.clear()
+        assert execute(pipes, node, PRIOR, every).makespan_s == pytest.approx(kept.makespan_s, rel=1e-9), key
+        # one solve played out the choices that a play-out per choice met one call at a time
+        assert n_solves == 1 and n_kept_plays == len(plays) > 0, (key, n_solves, n_kept_plays, len(plays))
+
+    def line_of_the_window(self, P, S, ctx, depth, dec):
+        branch = S.copy()
+        opt = real_play(P, branch, ctx, depth, dec)[1]
+        start = len(branch.log)
+        act.apply(P, branch, ctx, dec[0], opt)
+        while (nxt := act.settle(P, branch, ctx, advance_time=True)) is not None:
+            act.apply(P, branch, ctx, nxt[0], sch.search(P, branch, ctx, depth, nxt)[1])
+        self.problem, self.line = P, branch.log[start:]
+
+    monkeypatch.setattr(sch.EndGame, "solve", line_of_the_window)
+    window_line = _mean_gap(optima, SchedulerConfig())
+    assert window_line > _mean_gap(optima, every) + 0.001
+
+
 def test_the_end_game_only_decides_what_is_left_under_its_size():
     """`end_game_tasks` counts device tasks left: above it the window decides alone (the
     same plans as with the end game off), at or under it the play-out decides."""
@@ -396,6 +434,28 @@ def test_urgent_substages_are_started_and_only_their_budget_is_chosen():
         assert not any("defer" in d for d in plan.decisions)
     with pytest.raises(ValueError, match="urgent"):
         schedule([PipelineState(graph=a, devices=(0,), urgent=frozenset({"A/0/r0/tail"}))], NODE, PRIOR)
+
+
+@pytest.mark.parametrize("partner", [(K.ROLLOUT_TAIL, 49.0), (K.TRAINING, 49.0)])
+def test_an_engine_back_from_a_tool_gets_a_split_by_need_where_no_grid_level_holds_both(partner):
+    # B's worker comes back from a tool call (urgent, 24 GiB) to a device where A's tail took
+    # the place during the wait and expects 49 GiB (or A trains in 42 GiB): 73 / 66 GiB fit
+    # in 80, but no memory level of 0.2..0.8 gives each its own.  It used to be left out of
+    # the plan (the engine ran without a grant: the SWE-agent pair, 15 violations in 8 steps).
+    kind, gib = partner
+    a = chain("A", [("held", kind, 50.0, gib)])
+    b = chain("B", [("back", K.ROLLOUT_TAIL, 20.0, 24)])
+    pipes = [PipelineState(graph=a, devices=(0,), running={"A/0/r0/held": Budget(sm_frac=1.0, mem_frac=1.0)},
+                           remaining_s={"A/0/r0/held": 50.0}),
+             PipelineState(graph=b, devices=(0,), urgent=frozenset({"B/0/r0/back"}))]
+    for window in (1, 2):
+        plan = schedule(pipes, NODE, PRIOR, SchedulerConfig(window=window))
+        got = {x.substage: x for x in plan.assignments}
+        assert "B/0/r0/back" in plan.started and set(got) == {"A/0/r0/held", "B/0/r0/back"}
+        assert got["B/0/r0/back"].mem_bytes >= 24 * GIB and got["A/0/r0/held"].mem_bytes >= gib * GIB
+        assert got["B/0/r0/back"].mem_bytes + got["A/0/r0/held"].mem_bytes <= NODE.mem_bytes
+        assert got["A/0/r0/held"].mem_bytes / NODE.mem_bytes not in (0.2, 0.4, 0.6, 0.8)  # off the levels
+        check_plan(plan, pipes, NODE)
 
 
 def test_continuing_rollouts_on_busy_and_idle_devices_all_start():
