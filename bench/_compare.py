@@ -11,7 +11,7 @@ from jigsaw.sim import workload
 from jigsaw.sim.breakdown import Breakdown, breakdown
 from jigsaw.sim.run import LowerBound, SimConfig, lower_bound, simulate
 
-BASELINES = ("serial", "static", "rollmux", "muxserve", "hrrs", "greedy")
+BASELINES = ("serial", "split", "static", "rollmux", "muxserve", "hrrs", "greedy")
 
 
 @dataclass
@@ -26,6 +26,11 @@ class Row:
     """Where jigsaw's device time went (from its trace)."""
     infeasible: dict[str, str] | None = None
     """Policies that cannot run this mix, and why (e.g. training does not fit their pool)."""
+    placed: str = ""
+    """The placement jigsaw's trials chose (sim/placement.py)."""
+    violations: dict[str, str] | None = None
+    """Policies whose run broke an invariant (a sub-stage ungranted, a pair the grid cannot
+    hold): how many, and the first; such a row's figure is not the policy's."""
 
 
 def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed: int,
@@ -45,7 +50,10 @@ def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed:
                                               for x, a in zip(r.pipelines, bound.alone_s))
                           for p, r in res.items()},
                bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()}, where=where,
-               infeasible=infeasible or None)
+               infeasible=infeasible or None,
+               placed=res["jigsaw"].placement.shape if "jigsaw" in res and res["jigsaw"].placement else "",
+               violations={p: f"{len(r.violations)}, first: {r.violations[0]}" for p, r in res.items()
+                           if r.violations} or None)
 
 
 def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
@@ -55,6 +63,7 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     for p in others:
         t.add_column(f"jigsaw / {p}", justify="right")
     t.add_column("× best baseline", justify="right")
+    t.add_column("jigsaw placed", justify="left")
     t.add_column("jigsaw tok/s", justify="right")
     t.add_column("gap to bound", justify="right")
     t.add_column("latency × alone", justify="right")
@@ -62,19 +71,20 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
         t.add_column(col, justify="right")
     notes = []
     for r in rows:
-        t.add_row(r.label, *[_ratio(r, p) for p in others], _best(r, others),
+        t.add_row(r.label, *[_ratio(r, p) for p in others], _best(r, others), r.placed,
                   f"{r.tokens_per_s['jigsaw']:,.0f}", f"{r.makespan_s['jigsaw'] / r.bound.makespan_s - 1:+.0%}",
                   f"{r.latency_x['jigsaw']:.2f}", *_where(r.where))
         notes += [f"n/a: {p} on {r.label}: {why}" for p, why in (r.infeasible or {}).items()]
+        notes += [f"VIOLATIONS: {p} on {r.label}: {what}" for p, what in (r.violations or {}).items()]
     ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows if p in r.tokens_per_s] for p in others}
     t.caption = "\n".join(notes) or None
     t.add_section()
     best = [b[1] for r in rows if (b := _best_baseline(r, others)) is not None]
     t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], f"{statistics.fmean(best):.2f}", "",
-              f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
+              "", f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
               f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")
-    t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], f"{max(best):.2f}", "", "", "")
-    t.add_row("min", *[f"{min(v):.2f}" for v in ratios.values()], f"{min(best):.2f}", "", "", "")
+    t.add_row("max", *[f"{max(v):.2f}" for v in ratios.values()], f"{max(best):.2f}", "", "", "", "")
+    t.add_row("min", *[f"{min(v):.2f}" for v in ratios.values()], f"{min(best):.2f}", "", "", "", "")
     return t
 
 

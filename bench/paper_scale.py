@@ -19,7 +19,7 @@ from _compare import run_mix, table  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 FIG13 = ("qwen3-4b-gsm8k-a100", "deepseek-r1-distill-qwen-14b-math", "qwen3-32b-math")
-POLICIES = ("serial", "static", "rollmux", "muxserve", "jigsaw")
+POLICIES = ("serial", "split", "static", "rollmux", "muxserve", "jigsaw")
 
 
 def main() -> None:

@@ -69,3 +69,12 @@ def chain(pipe: str, pieces: list[tuple[str, K, float, float]], rank: int = 0) -
 
 def states(*graphs: SubStageGraph, devices: tuple[int, ...] = (0,)) -> list[PipelineState]:
     return [PipelineState(graph=g, devices=devices) for g in graphs]
+
+
+def colocated(**fields):
+    """A simulation whose jigsaw and greedy pipelines share every device (placement
+    `colocated`, what every simulation ran on before placements were chosen): the co-location
+    paths a test means to exercise, where `auto` could pick a shape that shares nothing."""
+    from jigsaw.sim.run import SimConfig
+
+    return SimConfig(placement="colocated", **fields)

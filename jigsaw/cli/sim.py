@@ -3,7 +3,8 @@
     --workload A,B --gpus 8 --policy all
         ─► lower bound (each pipeline alone; resource bound)
         ─► one simulate() per policy, same samples ─► table: tokens/s, ×serial, gap to bound,
-           mean step latency per pipeline ─► trace of jigsaw (or the one policy) to --out
+           mean step latency per pipeline, the placement jigsaw / greedy were tried on and run
+           on (--placement auto: sim/placement.py) ─► trace of jigsaw (or the one policy) to --out
     --lengths-from LOG: the first workload's lengths from a user's log (sim/lengthlog.py),
         written as a workload TOML and its trace to --lengths-out, then simulated like any other
     --replay TRACE --policy all
@@ -161,6 +162,7 @@ def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str]):
         t.add_row(name, f"{r.tokens_per_s:,.0f}", ratio, f"{r.makespan_s:,.1f}", gap,
                   *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines])
     notes = [_same_work(results)] + [_unrun(t, name, "infeasible", why) for name, why in infeasible.items()]
+    notes += [f"{name}: {r.placement.summary()}" for name, r in results.items() if r.placement is not None]
     if bound:
         notes.append(f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
                      f"resource {bound.resource_s:,.1f} s)")

@@ -21,8 +21,9 @@ Scheduling
     schedule.py   the windowed look-ahead: a pure function to a Plan
     merge.py      long-tail migration (ΔT) and multiplexing-aware balancing
 Policies
+    placement.py  where k pipelines go on n devices: the shapes the policies place by
     policy.py     the one Policy protocol, its View, and the look-ahead as a policy (Jigsaw)
-    baselines.py  serial, static, muxserve, rollmux, hrrs
+    baselines.py  serial, split, static, muxserve, rollmux, hrrs
     policies.py   every policy by name (`make`)
 
 Nothing here holds a live node's facts or acts on a plan: that is jigsaw/node/ (one ledger,

@@ -5,6 +5,10 @@
                           places pipelines by it; live pipelines bring their own placement)
 
     serial    verl: each pipeline alone on all GPUs, whole steps back to back
+    split     each pipeline alone on its own equal group of GPUs, whole devices: two jobs on
+              one node with nothing shared (each verl job given its half); live, where the
+              pipelines' own placements share a device, one sub-stage holds it at a time,
+              first come first served
     static    an equal split a user sets up by hand (MPS percentages, a fixed green-context
               or core split): each pipeline holds half of every device it uses, SMs and
               memory, for the whole run, whatever the other half does; no migration
@@ -32,8 +36,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from jigsaw.graph.placement import Placement, colocated, disaggregated, paired, shared_pool, split
 from jigsaw.graph.plan import Assignment, Migration, PipelineState, Plan
-from jigsaw.graph.policy import Needs, PipelineNeeds, Placement, View, colocated
+from jigsaw.graph.policy import Needs, PipelineNeeds, View
 from jigsaw.graph.substage import SubStage, SubStageKind, grant_need_bytes
 
 GIB = 2**30
@@ -122,6 +127,25 @@ class _Builder:
         return tuple(replace(a, mem_bytes=half) if count[a.device] > 1 else a for a in self.assignments)
 
 
+def _first_come(view: View, b: _Builder) -> None:
+    """Start what is ready on devices that are free, whole devices, pipelines in the order
+    they became ready: a gang only when all its devices are free (urgent engines go on)."""
+    order = sorted(range(len(view.pipelines)), key=lambda i: view.progress[i].ready_since_s)
+    for i in order:
+        ps = view.pipelines[i]
+        ready = _frontier(ps)
+        for s in ready:
+            if not s.kind.on_device:
+                b.started.append(s.id)
+            elif s.kind.collective:
+                devs = {ps.devices[x.dp_rank] for x in ps.graph if x.kind is s.kind and x.step == s.step}
+                if b.free(devs) and s.id not in b.started:
+                    for x in [x for x in ready if x.kind is s.kind]:
+                        b.start(ps, x)
+            elif s.id in ps.urgent or b.free([_device(ps, s)]):
+                b.start(ps, s)
+
+
 # ---------------------------------------------------------------- policies
 
 @dataclass
@@ -163,6 +187,27 @@ class Serial:
 
 
 @dataclass
+class Split:
+    """Each pipeline alone on its own equal group of devices (module docstring)."""
+
+    name: str = "split"
+    separable: bool = True
+
+    def placement(self, k: int, gpus: int) -> list[Placement]:
+        try:
+            return split(k, gpus)
+        except ValueError as exc:
+            raise ValueError(f"split: {exc}") from exc
+
+    def plan(self, view: View) -> Plan:
+        b = _Builder(view)
+        for ps in view.pipelines:
+            b.keep_running(ps)
+        _first_come(view, b)
+        return b.plan()
+
+
+@dataclass
 class Static:
     """Half of each device per pipeline, every stage, the whole run (module docstring)."""
 
@@ -173,11 +218,10 @@ class Static:
 
     def placement(self, k: int, gpus: int) -> list[Placement]:
         """Two pipelines share every device; more go in pairs onto equal groups of devices."""
-        groups = (k + 1) // 2
-        if groups > gpus:
-            raise ValueError(f"static: {k} pipelines need {groups} devices (two per device), the node has {gpus}")
-        per = gpus // groups
-        return [(g, g) for g in (tuple(range((i // 2) * per, (i // 2 + 1) * per)) for i in range(k))]
+        try:
+            return paired(k, gpus)
+        except ValueError as exc:
+            raise ValueError(f"static: {exc}") from exc
 
     def plan(self, view: View) -> Plan:
         units: dict[int, list[tuple[PipelineState, SubStage]]] = {}
@@ -363,28 +407,14 @@ class RollMux:
     consolidated: set = field(default_factory=set)
 
     def placement(self, k: int, gpus: int) -> list[Placement]:
-        half = max(1, gpus // 2)
-        return [(tuple(range(half)), tuple(range(half, gpus)))] * k
+        return disaggregated(k, gpus)
 
     def plan(self, view: View) -> Plan:
         b = _Builder(view)
         for ps in view.pipelines:
             b.keep_running(ps)
         migrations = self._consolidate(view, b)
-        order = sorted(range(len(view.pipelines)), key=lambda i: view.progress[i].ready_since_s)
-        for i in order:
-            ps = view.pipelines[i]
-            ready = _frontier(ps)
-            for s in ready:
-                if not s.kind.on_device:
-                    b.started.append(s.id)
-                elif s.kind.collective:
-                    devs = {ps.devices[x.dp_rank] for x in ps.graph if x.kind is s.kind and x.step == s.step}
-                    if b.free(devs) and s.id not in b.started:
-                        for x in [x for x in ready if x.kind is s.kind]:
-                            b.start(ps, x)
-                elif s.id in ps.urgent or b.free([_device(ps, s)]):
-                    b.start(ps, s)
+        _first_come(view, b)
         return b.plan(migrations)
 
     def _consolidate(self, view: View, b: _Builder) -> list[Migration]:
@@ -424,9 +454,7 @@ class HRRS:
     separable: bool = False
 
     def placement(self, k: int, gpus: int) -> list[Placement]:
-        pool = tuple(range(gpus // 2, gpus)) or (0,)
-        own = max(1, (gpus // 2) // k)
-        return [(tuple((i * own + j) % max(1, gpus // 2) for j in range(own)), pool) for i in range(k)]
+        return shared_pool(k, gpus)
 
     def plan(self, view: View) -> Plan:
         b = _Builder(view)

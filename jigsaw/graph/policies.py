@@ -1,7 +1,7 @@
 """Every policy by name: what `jigsaw daemon --policy` and `jigsaw sim --policy` build.
 
     make(name, config) ─► Jigsaw (policy.py: the look-ahead; greedy is it at W = 1)
-                       └► Serial | Static | MuxServe | RollMux | HRRS  (baselines.py)
+                       └► Serial | Split | Static | MuxServe | RollMux | HRRS  (baselines.py)
 
 A fresh policy per call: the daemon holds one, every simulation its own.
 """
@@ -15,15 +15,15 @@ from jigsaw.graph import baselines
 from jigsaw.graph.plan import SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 
-NAMES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
+NAMES = ("serial", "split", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
 """Every policy `make` knows, baselines first."""
 
 
 def make(name: str, config: SchedulerConfig = SchedulerConfig()) -> Policy:
     """A fresh policy; `config` is the scheduler's (jigsaw, and greedy at W = 1)."""
     factories: dict[str, Callable[[], Policy]] = {
-        "serial": baselines.Serial, "static": baselines.Static, "muxserve": baselines.MuxServe,
-        "rollmux": baselines.RollMux, "hrrs": baselines.HRRS,
+        "serial": baselines.Serial, "split": baselines.Split, "static": baselines.Static,
+        "muxserve": baselines.MuxServe, "rollmux": baselines.RollMux, "hrrs": baselines.HRRS,
         "greedy": lambda: Jigsaw(name="greedy", config=replace(config, window=1)),
         "jigsaw": lambda: Jigsaw(config=config)}
     if name not in factories:

@@ -5,7 +5,7 @@
 
     jigsaw   the windowed look-ahead scheduler with merging and balancing (JigsawRL §4)
     greedy   the same with W = 1 (JigsawRL Fig. 11)
-    serial, static, muxserve, rollmux, hrrs   the baselines (baselines.py)
+    serial, split, static, muxserve, rollmux, hrrs   the baselines (baselines.py)
 
 `policies.make(name, config)` builds a fresh one: the daemon holds one (`jigsaw daemon
 --policy`), every simulation its own.  Policies may keep state between calls (a baseline's
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from jigsaw.graph.model import PairModels, SlowdownModel
+from jigsaw.graph.placement import SHAPES, Placement, colocated
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, Progress, SchedulerConfig
 from jigsaw.graph.problem import SchedulerCache
-
-Placement = tuple[tuple[int, ...], tuple[int, ...]]
-"""(rollout devices, training devices) of one pipeline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +88,13 @@ class Policy(Protocol):
         """Where k pipelines go on a node of `devices` (the simulator's placement)."""
         ...
 
-    # Optional, not declared here so that a policy without it still is a Policy:
+    # Optional, not declared here so that a policy without them still is a Policy:
     #     def refusal(self, needs: Needs) -> str | None
     # why this policy cannot run pipelines that need `needs` (None: it can); see `refusal`.
+    #     shapes: tuple[str, ...]
+    # the placement shapes (graph/placement.py) it runs on, its own `placement` first: the
+    # simulator may try each and keep the fastest (sim/placement.py); a baseline has none,
+    # its placement is part of what it is.
 
 
 def refusal(policy: Policy, needs: Needs) -> str | None:
@@ -100,11 +102,6 @@ def refusal(policy: Policy, needs: Needs) -> str | None:
     `refusal` method accepts everything."""
     ask = getattr(policy, "refusal", None)
     return None if ask is None else ask(needs)
-
-
-def colocated(k: int, devices: int) -> list[Placement]:
-    every = tuple(range(devices))
-    return [(every, every)] * k
 
 
 @dataclass
@@ -117,14 +114,21 @@ class Jigsaw:
     cache: SchedulerCache | None = None
     """The scheduler's tables for this node, made on first use and owned by this policy
     instance."""
+    end_game: Any = None
+    """The line its last end-game play-out chose (schedule.EndGame), made on first use."""
+    shapes: tuple[str, ...] = tuple(SHAPES)
+    """The placements it runs on (graph/placement.py), colocated first: what it does when the
+    simulator is not asked to choose (and where live pipelines share every device)."""
 
     def placement(self, k: int, devices: int) -> list[Placement]:
         return colocated(k, devices)
 
     def plan(self, view: View) -> Plan:
-        from jigsaw.graph.schedule import schedule
+        from jigsaw.graph.schedule import EndGame, schedule
 
         if self.cache is None:
             self.cache = SchedulerCache()
+        if self.end_game is None and self.config.end_game_follow:
+            self.end_game = EndGame()
         return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache,
-                        pairs=view.pairs, host_frac=view.host_frac)
+                        pairs=view.pairs, host_frac=view.host_frac, end_game=self.end_game)

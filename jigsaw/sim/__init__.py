@@ -14,6 +14,7 @@
                  ─► engines, budgets, physics, invariants, trace
     physics.py   ground-truth slowdowns: each side of a pair priced by its own model
     run.py       SimConfig ─► simulate() ─► SimResult; lower_bound()
+    placement.py jigsaw's placement: each shape it runs on tried for a few steps, the fastest kept
     execute.py   the same node code on known graphs at sub-stage granularity (what-if, tests)
     replay.py    a recorded trace (simulator or daemon) re-packed, or its decisions replayed
     breakdown.py where a run's device time goes, read from its trace

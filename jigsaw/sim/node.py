@@ -76,6 +76,10 @@ class Infeasible(ValueError):
     """The policy cannot run this deployment (its plan failed); the simulation stops."""
 
 
+class Cut(RuntimeError):
+    """The run passed the time it was given (`NodeSim.run(until_s=...)`) and was stopped."""
+
+
 class NodeSim:
     """Runs pipelines to completion under `policy`; see the module docstring."""
 
@@ -102,7 +106,9 @@ class NodeSim:
 
     # ------------------------------------------------------------ loop
 
-    def run(self) -> None:
+    def run(self, until_s: float | None = None) -> None:
+        """Every pipeline to its last step; past `until_s` of simulated time, Cut."""
+        self.until_s = until_s
         for run in self.runs:
             self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
                                                     "device": run.spec.device, "devices": list(run.devices),
@@ -124,6 +130,8 @@ class NodeSim:
     def _loop(self) -> None:
         while self.heap:
             t = self.heap[0][0]
+            if self.until_s is not None and t > self.until_s:
+                raise Cut(f"past {self.until_s:.1f} s of simulated time")
             self.t = t
             changed = False
             while self.heap and self.heap[0][0] == t:

@@ -379,6 +379,19 @@ def shipped() -> dict[str, Path]:
     return {p.name[:-5]: Path(str(p)) for p in base.iterdir() if p.name.endswith(".toml")}
 
 
+def shipped_pairs() -> list[tuple[str, str]]:
+    """Every shipped workload paired with itself and with the next of its device kind (by
+    name): the pairs the simulator is checked on (tests/integration/test_sim_matrix.py) and
+    compared on (bench/shipped_pairs.py)."""
+    names = sorted(shipped())
+    kind = {n: get(n).device for n in names}
+    out = []
+    for w in names:
+        same = [n for n in names if kind[n] == kind[w]]
+        out += [(w, w), (w, same[(same.index(w) + 1) % len(same)])]
+    return out
+
+
 def get(name_or_path: str) -> WorkloadSpec:
     """A shipped workload by name, or a TOML file by path."""
     known = shipped()

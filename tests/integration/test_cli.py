@@ -98,7 +98,8 @@ def test_sim_replays_a_recorded_trace_under_every_policy(tmp_path):
     assert rec.returncode == 0, rec.stderr
     res = _run("sim", "--replay", str(out), "--policy", "all")
     assert res.returncode == 0, res.stderr
-    assert all(p in res.stdout for p in ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"))
+    assert all(p in res.stdout for p in ("serial", "split", "static", "muxserve", "rollmux", "hrrs", "greedy",
+                                         "jigsaw"))
     assert "recorded makespan" in res.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

@@ -24,22 +24,15 @@ from jigsaw.sim.run import SimConfig, simulate
 pytestmark = pytest.mark.timeout(300)
 
 
-def _pairs() -> list[tuple[str, str]]:
-    names = sorted(wl.shipped())
-    kind = {n: wl.get(n).device for n in names}
-    out = []
-    for w in names:
-        same = [n for n in names if kind[n] == kind[w]]
-        out += [(w, w), (w, same[(same.index(w) + 1) % len(same)])]
-    return out
-
-
 def _simulated(pair: tuple[str, str]) -> tuple[dict[str, str], object]:
     """Each policy's outcome ("" for a run, else why it was infeasible) and jigsaw's trace."""
     why, trace = {}, None
     for policy in NAMES:
         try:
-            res = simulate(SimConfig(workload=pair, policy=policy, steps=1, trace=policy == "jigsaw"))
+            # jigsaw on every device, as the baselines it is replayed under run (its own choice of
+            # placement would replay on another deployment: tests/unit/test_placement.py)
+            res = simulate(SimConfig(workload=pair, policy=policy, steps=1, trace=policy == "jigsaw",
+                                     placement="colocated"))
         except Infeasible as exc:
             assert str(exc).strip(), (pair, policy)
             why[policy] = str(exc)
@@ -50,7 +43,7 @@ def _simulated(pair: tuple[str, str]) -> tuple[dict[str, str], object]:
     return why, trace
 
 
-@pytest.mark.parametrize("pair", _pairs(), ids=lambda p: f"{p[0]}+{p[1]}")
+@pytest.mark.parametrize("pair", wl.shipped_pairs(), ids=lambda p: f"{p[0]}+{p[1]}")
 def test_every_policy_runs_or_refuses_with_a_reason_and_replays_the_jigsaw_trace_alike(pair):
     why, trace = _simulated(pair)
     assert not why["jigsaw"] and trace is not None, why["jigsaw"]

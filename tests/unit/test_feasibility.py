@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from factories import GIB, NODE, chain, states, synthetic_grid
+from factories import GIB, NODE, chain, colocated, states, synthetic_grid
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +20,7 @@ from jigsaw.graph.substage import SubStageKind as K
 from jigsaw.mux.model.slowdown import SlowdownGrid
 from jigsaw.sim import run as sim_run
 from jigsaw.sim.node import Infeasible
-from jigsaw.sim.run import SimConfig, simulate
+from jigsaw.sim.run import simulate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,7 +158,7 @@ def test_static_is_refused_before_any_simulated_time_passes(monkeypatch):
     monkeypatch.setattr(sim_run, "NodeSim", no_run)
     # Qwen3-32B's training on 8 H100 needs 42.3 GiB, more than its 40 GiB half.
     with pytest.raises(Infeasible) as exc:
-        simulate(SimConfig(workload=("qwen3-32b-math",) * 2, policy="static", steps=1, trace=False))
+        simulate(colocated(workload=("qwen3-32b-math",) * 2, policy="static", steps=1, trace=False))
     why = str(exc.value)
     assert why.startswith("static: training of p0-qwen3-32b-math needs ")
     assert " GiB; its share of a device is 40.0 GiB" in why
@@ -166,7 +166,7 @@ def test_static_is_refused_before_any_simulated_time_passes(monkeypatch):
 
 
 def test_static_runs_the_14b_pair_to_completion_since_its_training_fits_its_half():
-    config = SimConfig(workload=("deepseek-r1-distill-qwen-14b-math",) * 2, policy="static", steps=2, trace=False)
+    config = colocated(workload=("deepseek-r1-distill-qwen-14b-math",) * 2, policy="static", steps=2, trace=False)
     runs, node, grid, _ = sim_run.build(config)
     need = runs[0].cost.fsdp_mem_bytes(train=True)
     assert grid.mem_levels[1] * node.mem_bytes < need <= node.mem_bytes / 2  # between the levels: 0.4 < need ≤ 0.5

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import msgspec
 import pytest
+from factories import colocated
 from recorder import Recorder
 
 from jigsaw import protocol as pr
@@ -18,7 +19,7 @@ from jigsaw.node.effects import Decision
 from jigsaw.sim.node import NodeSim
 from jigsaw.sim.replay import replay_decisions
 from jigsaw.sim.report import Decided, Sent
-from jigsaw.sim.run import SimConfig, build
+from jigsaw.sim.run import build
 from jigsaw.trace import Trace
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def simulated(workloads: tuple[str, ...], gpus: int, steps: int) -> tuple[list, object, object]:
     """(what the simulator's clients sent and its decisions, the node grid, the node spec)."""
-    runs, node, grid, policy = build(SimConfig(workload=workloads, gpus=gpus, steps=steps, trace=False))
+    runs, node, grid, policy = build(colocated(workload=workloads, gpus=gpus, steps=steps, trace=False))
     record: list = []
     NodeSim(runs, node, grid, policy, trace=False, record=record).run()
     return record, grid, node
@@ -139,7 +140,7 @@ def test_what_the_node_learns_of_a_step_is_what_its_engines_did():
     truth only the simulator has): the same pieces, the same counts, the same exclusive time
     within 1% for nearly every piece.  A regime's first steps, run before its worker told it
     apart, count for it and not for the one before; a migrated piece keeps its owner's counts."""
-    runs, node, grid, policy = build(SimConfig(workload=("llama-3.1-8b-instruct-gsm8k",) * 2, gpus=8, steps=6,
+    runs, node, grid, policy = build(colocated(workload=("llama-3.1-8b-instruct-gsm8k",) * 2, gpus=8, steps=6,
                                                trace=False))
     sim = NodeSim(runs, node, grid, policy, trace=False)
     sim.run()

@@ -6,15 +6,16 @@ import math
 from dataclasses import replace
 
 import pytest
+from factories import colocated
 
 from jigsaw.graph.policies import make
 from jigsaw.sim.execute import Execution
 from jigsaw.sim.replay import Recorded, grid_of, recorded, recorded_makespan_s
 from jigsaw.sim.replay import replay as replay_or_refuse
-from jigsaw.sim.run import SimConfig, simulate
+from jigsaw.sim.run import simulate
 from jigsaw.trace import Trace, TraceEvent
 
-CFG = SimConfig(workload=("qwen3-4b-gsm8k-multiturn", "qwen3-0.6b-gsm8k"), gpus=4, steps=2, seed=3)
+CFG = colocated(workload=("qwen3-4b-gsm8k-multiturn", "qwen3-0.6b-gsm8k"), gpus=4, steps=2, seed=3)
 GIB = 1 << 30
 
 
@@ -110,7 +111,7 @@ def test_a_worker_whose_requests_moved_runs_no_more_of_that_rollout():
     """RollMux consolidates tails while search-R1 workers are mid-chain (decode, tool, decode):
     the rest of a moved worker's chain left with its requests, so it never asks for the device
     RollMux gave to the other pipeline (it used to overcommit that device)."""
-    cfg = SimConfig(workload=("qwen3-4b-search-r1", "qwen3-0.6b-math"), gpus=4, steps=3, seed=0, policy="jigsaw")
+    cfg = colocated(workload=("qwen3-4b-search-r1", "qwen3-0.6b-math"), gpus=4, steps=3, seed=0, policy="jigsaw")
     rec = recorded(simulate(cfg).trace)
     ex = replay(rec, make("rollmux"), grid_of(rec))
     graphs = {ps.graph.pipeline: ps.graph for ps in rec.pipelines}
@@ -150,7 +151,7 @@ def test_muxserve_replays_the_long_cot_pair_whose_tails_continue_beside_each_oth
     """Replayed with its tails' peak footprints, a tail that continued its worker's rollout
     (76 GiB, recorded alone on a whole device) could not join the other pipeline's tail on
     its device, and muxserve raised; with the footprints the engines ran with, it fits."""
-    cfg = SimConfig(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy="jigsaw")
+    cfg = colocated(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy="jigsaw")
     rec = recorded(simulate(cfg).trace)
     assert replay(rec, make("muxserve"), grid_of(rec)).makespan_s > 0
 

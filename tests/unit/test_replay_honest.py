@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from factories import colocated
 
 from jigsaw.graph import policies
 from jigsaw.graph.baselines import Serial
@@ -19,9 +20,9 @@ from jigsaw.graph.plan import NodeSpec, Plan
 from jigsaw.node.state import NodeState
 from jigsaw.sim.execute import Execution, execute
 from jigsaw.sim.replay import Refused, grid_of, recorded, replay
-from jigsaw.sim.run import SimConfig, simulate
+from jigsaw.sim.run import simulate
 
-CFG = SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-gsm8k"), gpus=2, steps=1, policy="jigsaw")
+CFG = colocated(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-gsm8k"), gpus=2, steps=1, policy="jigsaw")
 
 
 @dataclass

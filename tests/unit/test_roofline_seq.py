@@ -32,12 +32,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from factories import colocated
 
 from jigsaw.mux.model.costmodel import StepCost
 from jigsaw.mux.model.specs import DEVICES, MODELS, ModelSpec, PriorConfig
 from jigsaw.sim import workload as wl
 from jigsaw.sim.node import NodeSim
-from jigsaw.sim.run import SimConfig, build
+from jigsaw.sim.run import build
 
 GEMM_EFF = 0.75
 """Fraction of the datasheet BF16 peak large GEMMs reach (cuBLAS on Hopper/Ampere)."""
@@ -137,7 +138,7 @@ def _stage_s(response_tokens: int) -> tuple[float, float, int]:
     lengths = replace(base.lengths, median_tokens=float(response_tokens), prompt_sigma=0.0, response_sigma=0.0,
                       max_tokens=response_tokens)
     spec = replace(base, prompts=16, mini_batch_prompts=16, prompt_sigma=0.0, lengths=lengths)
-    runs, node, grid, policy = build(SimConfig(workload=(base.name,), policy="serial", gpus=4, steps=1, trace=False))
+    runs, node, grid, policy = build(colocated(workload=(base.name,), policy="serial", gpus=4, steps=1, trace=False))
     runs[0].spec = spec
     NodeSim(runs, node, grid, policy, trace=False).run()
     step = runs[0].metrics[0]

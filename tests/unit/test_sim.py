@@ -11,14 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from factories import colocated
 
 from jigsaw.sim import workload as wl
 from jigsaw.sim.node import Event, NodeSim, Priority
-from jigsaw.sim.run import SimConfig, build, lower_bound, simulate
+from jigsaw.sim.run import build, lower_bound, simulate
 from jigsaw.trace import Trace
 
-SMALL = SimConfig(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-gsm8k"), gpus=4, steps=3, seed=1)
-POLICIES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
+SMALL = colocated(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-gsm8k"), gpus=4, steps=3, seed=1)
+POLICIES = ("serial", "split", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
 
 
 def _budgets_from_trace(trace: Trace, mem_bytes: int) -> None:

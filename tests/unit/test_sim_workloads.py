@@ -8,13 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import colocated
 
 from jigsaw.sim import workload as wl
 from jigsaw.sim.node import Infeasible
-from jigsaw.sim.run import SimConfig, build, simulate
+from jigsaw.sim.run import build, simulate
 
 pytestmark = pytest.mark.timeout(240)
-POLICIES = ("serial", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
+POLICIES = ("serial", "split", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
 
 
 def _variant(tmp_path: Path, base: str, name: str, top: dict, sections: str = "") -> str:
@@ -37,14 +38,14 @@ def _by_name(res) -> dict:
 
 @pytest.mark.parametrize("policy", ["serial", "jigsaw", "muxserve"])
 def test_the_order_the_workloads_are_listed_in_changes_nothing(policy):
-    cfg = SimConfig(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-math"), policy=policy, gpus=4, steps=3, trace=False)
+    cfg = colocated(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-math"), policy=policy, gpus=4, steps=3, trace=False)
     a = simulate(cfg)
     b = simulate(replace(cfg, workload=("qwen3-0.6b-math", "qwen3-4b-gsm8k")))
     assert a.makespan_s == b.makespan_s and _by_name(a) == _by_name(b)
 
 
 def test_per_pipeline_flags_follow_their_workload_whatever_the_order():
-    cfg = SimConfig(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-math"), policy="serial", gpus=8, steps=1,
+    cfg = colocated(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-math"), policy="serial", gpus=8, steps=1,
                     trace=False, fsdp_degree=(2, 8))
     runs, *_ = build(cfg)
     runs_swapped, *_ = build(replace(cfg, workload=cfg.workload[::-1], fsdp_degree=(8, 2)))
@@ -55,7 +56,7 @@ def test_per_pipeline_flags_follow_their_workload_whatever_the_order():
 
 
 def test_a_tp1_pipeline_runs_beside_a_tp4_one_as_four_engines_per_device():
-    cfg = SimConfig(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=2, trace=False)
+    cfg = colocated(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=2, trace=False)
     runs, node, _, _ = build(replace(cfg, policy="serial"))
     small = next(r for r in runs if r.spec.model == "qwen3-4b")
     assert node.num_devices == 2 and small.cost.n == 4 and small.cost.config.rollout_tp == 1
@@ -73,7 +74,7 @@ def test_a_tp1_pipeline_runs_beside_a_tp4_one_as_four_engines_per_device():
 
 
 def test_every_policy_trains_the_same_samples_under_tail_batching():
-    cfg = SimConfig(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-gsm8k"), gpus=4, steps=6, tailbatch=True, trace=False)
+    cfg = colocated(workload=("qwen3-4b-gsm8k", "qwen3-0.6b-gsm8k"), gpus=4, steps=6, tailbatch=True, trace=False)
     work = {}
     for policy in POLICIES:
         res = simulate(replace(cfg, policy=policy))
@@ -85,7 +86,7 @@ def test_ppo_epochs_repeat_the_training_pass(tmp_path):
     two = _variant(tmp_path, "qwen3-0.6b-gsm8k", "two-epochs", {"ppo_epochs": 2})
     stage = {}
     for name in ("qwen3-0.6b-gsm8k", two):
-        res = simulate(SimConfig(workload=(name,), policy="serial", gpus=4, steps=2))
+        res = simulate(colocated(workload=(name,), policy="serial", gpus=4, steps=2))
         steps = [e for e in res.trace.events if e.event == "step"]
         stage[name] = [e.data["tokens"] for e in steps], _stage_s(name, "training")
     assert stage[two][0] == stage["qwen3-0.6b-gsm8k"][0]  # the same samples
@@ -95,7 +96,7 @@ def test_ppo_epochs_repeat_the_training_pass(tmp_path):
 def _stage_s(workload: str, stage: str) -> float:
     from jigsaw.sim.node import NodeSim
 
-    runs, node, grid, pol = build(SimConfig(workload=(workload,), policy="serial", gpus=4, steps=2, trace=False))
+    runs, node, grid, pol = build(colocated(workload=(workload,), policy="serial", gpus=4, steps=2, trace=False))
     NodeSim(runs, node, grid, pol, trace=False).run()
     return sum(m.stage_s[stage] for m in runs[0].metrics)
 
@@ -106,7 +107,7 @@ def test_dynamic_sampling_generates_more_and_trains_one_batch(tmp_path):
     ds = _with_provenance(ds, {"dynamic_sampling.keep_frac": "test", "dynamic_sampling.max_gen_batches": "test"})
     from jigsaw.sim.node import NodeSim
 
-    runs, node, grid, pol = build(SimConfig(workload=(ds,), policy="serial", gpus=4, steps=3, trace=False))
+    runs, node, grid, pol = build(colocated(workload=(ds,), policy="serial", gpus=4, steps=3, trace=False))
     NodeSim(runs, node, grid, pol, trace=False).run()
     run = runs[0]
     assert [m.samples for m in run.metrics] == [256] * 3  # 64 prompts × 4 trained, as the recipe says
@@ -114,7 +115,7 @@ def test_dynamic_sampling_generates_more_and_trains_one_batch(tmp_path):
     assert generated in (2 * 256, 3 * 256)  # whole generation batches until 64 prompts pass
     trained = {q.rid // 4 for q in run.trained_samples()}
     assert len(trained) == 64 and max(trained) >= 64  # the filter dropped some of the first batch
-    plain, *_ = build(SimConfig(workload=("qwen3-0.6b-gsm8k",), policy="serial", gpus=4, steps=3, trace=False))
+    plain, *_ = build(colocated(workload=("qwen3-0.6b-gsm8k",), policy="serial", gpus=4, steps=3, trace=False))
     NodeSim(plain, node, grid, pol, trace=False).run()
     assert run.metrics[-1].stage_s["rollout"] > plain[0].metrics[-1].stage_s["rollout"]
 
@@ -139,7 +140,7 @@ def test_an_empirical_length_trace_is_replayed_exactly():
     spec = wl.get("qwen3-4b-longcot-empirical")
     records = [json.loads(line) for line in (wl.shipped()["qwen3-4b-longcot-empirical"].with_suffix(".jsonl"))
                .read_text().splitlines()]
-    res = simulate(SimConfig(workload=(spec.name,), policy="jigsaw", steps=3, trace=True))
+    res = simulate(colocated(workload=(spec.name,), policy="jigsaw", steps=3, trace=True))
     steps = sorted((e.data["step"], e.data["tokens"], e.data["samples"]) for e in res.trace.events
                    if e.event == "step")
     for step, tokens, samples in steps:
@@ -168,7 +169,7 @@ def test_violations_are_printed_and_make_the_exit_code_nonzero(capsys):
 
     from jigsaw.cli.sim import _violations
 
-    res = simulate(SimConfig(workload=("qwen3-0.6b-gsm8k",), policy="serial", gpus=4, steps=1, trace=False))
+    res = simulate(colocated(workload=("qwen3-0.6b-gsm8k",), policy="serial", gpus=4, steps=1, trace=False))
     log = Console(force_terminal=False, width=200)
     assert _violations({"serial": res}, log) is False
     bad = replace(res, violations=("t=1.000: x runs on device 0 without a grant",))
@@ -181,7 +182,7 @@ def test_an_engine_whose_regime_changes_is_placed_by_what_it_holds(policy):
     # Two long-CoT pipelines: a worker's prefill ends into its tail beside the other's tail.
     # Planned with its history's peak memory (the whole batch's KV) the two tails did not fit
     # together, the tail was left waiting and ran without a budget (violations).
-    res = simulate(SimConfig(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy=policy, trace=False))
+    res = simulate(colocated(workload=("qwen3-4b-longcot-empirical",) * 2, steps=2, policy=policy, trace=False))
     assert not res.violations, res.violations[:3]
 
 
@@ -190,7 +191,7 @@ def test_a_running_engine_beside_a_new_one_is_planned_by_what_it_holds(policy):
     # A small model's prefill ends into its tail beside the long-CoT tail that keeps running.
     # Planned with the running tail's history peak the new tail found no split beside it
     # ("no grid split fits beside the partner") and ran without a budget (38 violations).
-    res = simulate(SimConfig(workload=("qwen3-4b-longcot-empirical", "qwen3-0.6b-math"), steps=2, policy=policy,
+    res = simulate(colocated(workload=("qwen3-4b-longcot-empirical", "qwen3-0.6b-math"), steps=2, policy=policy,
                              trace=False))
     assert not res.violations, res.violations[:3]
 
@@ -200,7 +201,7 @@ def test_the_physics_price_each_side_by_its_own_model_not_the_planning_mix():
     from jigsaw.mux.model.specs import A100
     from jigsaw.sim.physics import Physics
 
-    runs, _, grid, _ = build(SimConfig(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=1,
+    runs, _, grid, _ = build(colocated(workload=("qwen3-4b-gsm8k-a100", "qwen3-32b-math"), gpus=8, steps=1,
                                        policy="serial", trace=False))
     keys = [(r.spec.model, r.cost.config) for r in runs]
     physics = Physics.of(grid, runs)
@@ -222,7 +223,7 @@ def test_a_mixed_pair_is_planned_with_its_own_models_not_the_mix(policy):
     from jigsaw.graph.ids import SubStageId
     from jigsaw.sim.node import NodeSim
 
-    runs, node, grid, pol = build(SimConfig(workload=("qwen3-4b-longcot-empirical", "qwen3-0.6b-math"), steps=1,
+    runs, node, grid, pol = build(colocated(workload=("qwen3-4b-longcot-empirical", "qwen3-0.6b-math"), steps=1,
                                             policy=policy, trace=False))
     plans = []
     plan = pol.plan
@@ -254,7 +255,7 @@ def test_a_generation_round_larger_than_the_training_batch_is_generated_and_filt
     for gen in (0, 100):
         path = _with_provenance(_variant(tmp_path, "qwen3-0.6b-gsm8k", f"dapo{gen}", {"gen_prompts": gen}, section),
                                 prov)
-        runs, node, grid, pol = build(SimConfig(workload=(path,), policy="serial", gpus=4, steps=1, trace=False))
+        runs, node, grid, pol = build(colocated(workload=(path,), policy="serial", gpus=4, steps=1, trace=False))
         NodeSim(runs, node, grid, pol, trace=False).run()
         assert runs[0].metrics[0].samples == 64 * 4  # the training batch, whatever was generated
         generated[gen] = sum(len(wk.finished) for wk in runs[0].workers)
@@ -285,3 +286,13 @@ def test_tool_cores_slow_an_agent_rollout_that_outnumbers_them(tmp_path):
     path.write_text(text.replace("[provenance]", '[provenance]\n"tool.cores" = "test"', 1))
     # 256 trajectories' batched search calls on one core per worker instead of all at once
     assert _stage_s(str(path), "rollout") > 1.5 * _stage_s("qwen3-4b-search-r1", "rollout")
+
+
+@pytest.mark.parametrize("policy", ["greedy", "jigsaw"])
+def test_agents_back_from_their_tools_are_granted_beside_what_took_the_device_meanwhile(policy):
+    # Two Qwen3-32B SWE agents on 8 H100: a worker back from a tool call found the other
+    # pipeline's tail (49 GiB) or training on its device; no memory level held both, and the
+    # engine ran without a grant (3-5 violations in 2 steps before the split by need).
+    res = simulate(colocated(workload=("qwen3-32b-swe-agent",) * 2, steps=2, policy=policy,
+                             trace=False))
+    assert not res.violations, res.violations[:3]

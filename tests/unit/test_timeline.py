@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import colocated
 
 from jigsaw import timeline as tlm
 from jigsaw.cli.main import main
@@ -130,9 +131,9 @@ def test_peaks_come_from_the_device_name_peak_flops_or_the_override():
 
 @pytest.fixture(scope="module")
 def sim_trace(tmp_path_factory) -> Path:
-    from jigsaw.sim.run import SimConfig, simulate
+    from jigsaw.sim.run import simulate
 
-    result = simulate(SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-math"), gpus=2, steps=2))
+    result = simulate(colocated(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-math"), gpus=2, steps=2))
     path = tmp_path_factory.mktemp("trace") / "sim.jsonl"
     result.trace.write(path)
     return path

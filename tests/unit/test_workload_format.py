@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from factories import colocated
 
 from jigsaw.mux.model.costmodel import StepCost
 from jigsaw.mux.model.specs import H100
@@ -214,7 +215,7 @@ def test_a_trace_of_a_described_model_replays_in_a_process_that_never_loaded_its
     import subprocess
     import sys
 
-    from jigsaw.sim.run import SimConfig, simulate
+    from jigsaw.sim.run import simulate
 
     raw = tomllib.loads(Path(wl.shipped()["qwen2.5-32b-dapo"]).read_text())
     raw.update(model="test-own-32b", prompts=8, gen_prompts=12, gpus=8)
@@ -222,7 +223,7 @@ def test_a_trace_of_a_described_model_replays_in_a_process_that_never_loaded_its
     import tomli_w
 
     path.write_text(tomli_w.dumps(raw))
-    res = simulate(SimConfig(workload=(str(path),), policy="jigsaw", steps=1))
+    res = simulate(colocated(workload=(str(path),), policy="jigsaw", steps=1))
     res.trace.write(tmp_path / "t.jsonl")
     code = ("from jigsaw.sim.replay import grid_of, recorded, replay; from jigsaw.trace import Trace; "
             "from jigsaw.graph.policies import make; rec = recorded(Trace.read('t.jsonl')); "

@@ -1,0 +1,92 @@
+"""Where k pipelines go on a node of n scheduling devices: the shapes the policies place by.
+
+    colocated      every pipeline on every device              jigsaw's default, serial, muxserve
+    paired         two pipelines on each equal group of devices                            static
+    split          each pipeline alone on its own equal group     two jobs on one node, unshared
+    disaggregated  rollouts on the first half, reference and training on the second      rollmux
+    shared-pool    each pipeline its own rollout devices, one training pool for all         hrrs
+
+A placement is one (rollout devices, training devices) pair per pipeline, devices in DP rank
+order.  Each shape is a pure function of (k, n); one that cannot hold k pipelines on n devices
+raises ValueError saying why.  A baseline's shape is part of what it is; jigsaw runs on any
+(`Jigsaw.shapes`), and the simulator tries each for a few steps to choose (sim/placement.py).
+Live pipelines bring their own placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Placement = tuple[tuple[int, ...], tuple[int, ...]]
+"""(rollout devices, training devices) of one pipeline."""
+
+
+def colocated(k: int, devices: int) -> list[Placement]:
+    every = tuple(range(devices))
+    return [(every, every)] * k
+
+
+def paired(k: int, devices: int) -> list[Placement]:
+    """Two pipelines share every device; more go in pairs onto equal groups of devices."""
+    groups = (k + 1) // 2
+    if groups > devices:
+        raise ValueError(f"{k} pipelines need {groups} devices (two per device), the node has {devices}")
+    per = devices // groups
+    return [(g, g) for g in (tuple(range((i // 2) * per, (i // 2 + 1) * per)) for i in range(k))]
+
+
+def split(k: int, devices: int) -> list[Placement]:
+    """Each pipeline on a group of its own, the groups as equal as the devices allow (the
+    first ones one device larger where k does not divide n)."""
+    if k > devices:
+        raise ValueError(f"{k} pipelines need {k} devices (one group each), the node has {devices}")
+    out, start = [], 0
+    for i in range(k):
+        size = devices // k + (1 if i < devices % k else 0)
+        group = tuple(range(start, start + size))
+        out.append((group, group))
+        start += size
+    return out
+
+
+def disaggregated(k: int, devices: int) -> list[Placement]:
+    """Every rollout on the first half of the devices, every reference and training on the
+    other half (RollMux's pools; one device leaves training none)."""
+    half = max(1, devices // 2)
+    return [(tuple(range(half)), tuple(range(half, devices)))] * k
+
+
+def shared_pool(k: int, devices: int) -> list[Placement]:
+    """Each pipeline's rollout on devices of its own in the first half (shared round-robin
+    when there are fewer than pipelines), reference and training on the second half (PlexRL)."""
+    pool = tuple(range(devices // 2, devices)) or (0,)
+    own = max(1, (devices // 2) // k)
+    return [(tuple((i * own + j) % max(1, devices // 2) for j in range(own)), pool) for i in range(k)]
+
+
+SHAPES: dict[str, Callable[[int, int], list[Placement]]] = {
+    "colocated": colocated, "paired": paired, "split": split, "disaggregated": disaggregated,
+    "shared-pool": shared_pool}
+"""Every shape by name, jigsaw's default first."""
+
+
+def shape(name: str) -> Callable[[int, int], list[Placement]]:
+    if name not in SHAPES:
+        raise ValueError(f"unknown placement {name!r}; choose from {', '.join(SHAPES)}")
+    return SHAPES[name]
+
+
+def distinct(names: tuple[str, ...], k: int, devices: int) -> dict[str, list[Placement] | str]:
+    """Each named shape's placement of k pipelines on `devices`, or why it cannot hold them;
+    a shape that places them exactly as an earlier one did is left out (paired is colocated
+    for two pipelines)."""
+    out: dict[str, list[Placement] | str] = {}
+    for name in names:
+        try:
+            got = shape(name)(k, devices)
+        except ValueError as exc:
+            out[name] = str(exc)
+            continue
+        if got not in out.values():
+            out[name] = got
+    return out

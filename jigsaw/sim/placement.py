@@ -1,0 +1,99 @@
+"""Which placement a policy that runs on several is simulated on: each shape, tried for a few
+steps on samples of its own, the fastest kept.
+
+    SimConfig(placement="auto", policy=jigsaw)
+        ─► for each shape of policy.shapes (graph/placement.py) that places the pipelines
+           differently from an earlier one:
+               simulate(placement=shape, steps=placement_trial_steps, seed=trial seed)
+               ─► makespan, or Infeasible and why
+        ─► Choice(shape with the least makespan, every trial)        (ties: the earlier shape;
+           a shape that shares devices must beat split, which shares none, by
+           placement_min_gain_frac: a smaller gain is within the slowdown model's error)
+        ─► simulate() runs the whole run on that shape and reports the choice
+
+A trial stops once its simulated time passes the best makespan so far (and the least gain):
+it could no longer be chosen.  The trials draw their samples from a seed no run uses, so the choice sees what the workloads
+describe (their length distributions, tools, models), as a user choosing a placement before
+a run would, never the run's own draws.  The same scheduler and cost model decide every
+trial: there is no second model of what a placement costs.  Where no shape can hold the
+pipelines, the run is Infeasible with each shape's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jigsaw.graph.placement import distinct
+from jigsaw.graph.policies import make
+from jigsaw.sim.node import Cut, Infeasible
+
+TRIAL_SEED = 1_000_000
+"""Added to the run's seed for the trials: pipeline seeds are seed × 1000 + i, so trial
+samples never coincide with those of a run of any seed below it."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trial:
+    shape: str
+    makespan_s: float | None
+    """Of the trial's steps; None where the shape could not run them or was cut."""
+    why: str = ""
+    """Why the shape could not run (Infeasible), else empty."""
+    cut_s: float | None = None
+    """The trial was stopped there: past the best trial's makespan (and the least gain),
+    it could no longer be chosen."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Choice:
+    shape: str
+    """The shape the run is simulated on."""
+    trials: tuple[Trial, ...]
+
+    def summary(self) -> str:
+        """One line: the shape kept and each trial's makespan."""
+        tried = ", ".join(f"{t.shape} {t.makespan_s:,.1f} s" if t.makespan_s is not None else
+                          f"{t.shape} > {t.cut_s:,.1f} s (cut)" if t.cut_s is not None else f"{t.shape} n/a"
+                          for t in self.trials)
+        return f"placed {self.shape} (trials: {tried})"
+
+
+def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
+    """The fastest shape of `config.policy` (a sim.run.SimConfig) for its `pipelines` on
+    `devices` scheduling devices, each tried with `simulate` (module docstring)."""
+    pol = make(config.policy, config.sched)
+    trial_cfg = replace(config, steps=min(config.steps, config.placement_trial_steps),
+                        seed=TRIAL_SEED + config.seed, trace=False)
+    trials: list[Trial] = []
+    for name, placed in distinct(pol.shapes, pipelines, devices).items():
+        if isinstance(placed, str):  # the shape cannot hold them on this node
+            trials.append(Trial(shape=name, makespan_s=None, why=placed))
+            continue
+        ran = [t.makespan_s for t in trials if t.makespan_s is not None]
+        cut_s = min(ran) * (1.0 + config.placement_min_gain_frac) if ran else None
+        try:
+            res = simulate(replace(trial_cfg, placement=name), until_s=cut_s)
+        except Infeasible as exc:
+            trials.append(Trial(shape=name, makespan_s=None, why=str(exc)))
+            continue
+        except Cut:
+            trials.append(Trial(shape=name, makespan_s=None, cut_s=cut_s))
+            continue
+        trials.append(Trial(shape=name, makespan_s=res.makespan_s))
+    ran = [t for t in trials if t.makespan_s is not None]
+    if not ran:
+        raise Infeasible(f"{pol.name}: no placement holds these pipelines: "
+                         + "; ".join(f"{t.shape}: {t.why}" for t in trials))
+    return Choice(shape=_fastest(ran, config.placement_min_gain_frac), trials=tuple(trials))
+
+
+def _fastest(ran: list[Trial], min_gain_frac: float) -> str:
+    """The shape of the shortest trial (the first of equals, in shape order), unless split
+    (nothing shared) ran and the shortest is not at least `min_gain_frac` shorter."""
+    best = min(ran, key=lambda t: t.makespan_s)
+    unshared = next((t for t in ran if t.shape == "split"), None)
+    if unshared is not None and best.makespan_s * (1.0 + min_gain_frac) > unshared.makespan_s:
+        return unshared.shape
+    return best.shape

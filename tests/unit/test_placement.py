@@ -1,0 +1,157 @@
+"""Placement: the shapes pipelines are placed by, the `split` baseline, and how the simulator
+chooses jigsaw's shape (a short trial of each on samples of its own)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from jigsaw.graph import placement as pl
+from jigsaw.graph.baselines import Split
+from jigsaw.graph.policies import make
+from jigsaw.sim import placement as choose_mod
+from jigsaw.sim import run
+from jigsaw.sim.node import Infeasible
+from jigsaw.sim.run import SimConfig, build, lower_bound, simulate
+
+pytestmark = pytest.mark.timeout(300)
+
+# Qwen3-4B on 8 A100: FSDP over 8 GPUs is no faster than over 4, so two pipelines on halves of
+# their own beat sharing all 8 (the simulator's cost model; bench/paper_scale.py's first row).
+APART = SimConfig(workload=("qwen3-4b-gsm8k-a100",) * 2, gpus=8, steps=3, trace=False)
+
+
+def test_every_shape_places_k_pipelines_on_its_devices_or_says_why():
+    assert pl.split(3, 8) == [((0, 1, 2),) * 2, ((3, 4, 5),) * 2, ((6, 7),) * 2]
+    assert pl.paired(3, 4) == [((0, 1),) * 2, ((0, 1),) * 2, ((2, 3),) * 2]
+    assert pl.disaggregated(2, 8) == [((0, 1, 2, 3), (4, 5, 6, 7))] * 2
+    assert pl.shared_pool(2, 8) == [((0, 1), (4, 5, 6, 7)), ((2, 3), (4, 5, 6, 7))]
+    with pytest.raises(ValueError, match="3 pipelines need 3 devices"):
+        pl.split(3, 2)
+    with pytest.raises(ValueError, match="unknown placement 'ring'"):
+        pl.shape("ring")
+
+
+def test_distinct_shapes_drop_a_placement_an_earlier_shape_already_gave():
+    got = pl.distinct(tuple(pl.SHAPES), 2, 8)
+    assert "paired" not in got  # two pipelines paired on one group of all 8 is colocated
+    assert list(got) == ["colocated", "split", "disaggregated", "shared-pool"]
+    assert pl.distinct(("colocated", "split"), 3, 2)["split"] == "3 pipelines need 3 devices (one group each), " \
+                                                                  "the node has 2"
+
+
+def test_the_split_baseline_runs_each_pipeline_alone_on_its_own_devices():
+    res = simulate(replace(APART, policy="split", trace=True))
+    assert not res.violations
+    devices = {p.name: set() for p in res.pipelines}
+    for e in res.trace.events:
+        if e.event == "grant":
+            devices[e.pipeline].add(e.device)
+            assert e.sm_frac == 1.0  # whole devices: nothing is shared
+    assert sorted(map(sorted, devices.values())) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_live_pipelines_that_share_a_device_take_it_one_at_a_time_under_split():
+    from factories import NODE, chain, states, synthetic_grid
+
+    from jigsaw.graph.substage import SubStageKind as K
+    from jigsaw.sim.execute import execute
+
+    a = chain("A", [("train", K.TRAINING, 4.0, 10)])
+    b = chain("B", [("train", K.TRAINING, 3.0, 10)])
+    ex = execute(states(a, b), NODE, synthetic_grid(), policy=Split())
+    on = sorted((iv.start_s, iv.end_s, iv.pipeline) for iv in ex.intervals if iv.device is not None)
+    assert [p for *_, p in on] == ["A", "B"] and on[1][0] == pytest.approx(on[0][1])  # back to back, alone
+    assert ex.makespan_s == pytest.approx(7.0)
+
+
+def test_jigsaw_is_placed_by_a_trial_on_samples_the_run_never_draws(monkeypatch):
+    seen = []
+    real = run.simulate
+
+    def spy(config, until_s=None):
+        seen.append((config.seed, config.steps, config.placement, config.trace))
+        return real(config, until_s)
+
+    monkeypatch.setattr(run, "simulate", spy)  # simulate() hands itself to the trials (sim/placement.py)
+    res = real(replace(APART, policy="jigsaw", seed=3))
+    trials = {t.shape: t for t in res.placement.trials}
+    assert set(trials) == {"colocated", "split", "disaggregated", "shared-pool"}
+    assert seen and all(seed == choose_mod.TRIAL_SEED + 3 and steps == 3 and not trace
+                        for seed, steps, _, trace in seen)
+    assert sorted(shape for *_, shape, _ in seen) == sorted(trials)
+    # the shortest trial wins here by far more than the least gain: split; the shapes tried
+    # after it were stopped once they passed it
+    ran = {s: t.makespan_s for s, t in trials.items() if t.makespan_s is not None}
+    assert res.placement.shape == min(ran, key=ran.get) == "split"
+    assert res.config.placement == "split"
+    assert all(trials[s].cut_s == pytest.approx(ran["split"] * 1.02) for s in ("disaggregated", "shared-pool"))
+
+
+def test_the_run_is_simulated_on_the_shape_chosen():
+    res = simulate(replace(APART, policy="jigsaw", trace=True))
+    runs, *_ = build(res.config)
+    assert [(r.rollout_devices, r.train_devices) for r in runs] == pl.split(2, 8)
+    used = {(e.pipeline, e.device) for e in res.trace.events if e.event == "grant"}
+    assert {d for p, d in used if p == runs[0].name} == {0, 1, 2, 3}
+    assert {d for p, d in used if p == runs[1].name} == {4, 5, 6, 7}
+    # and jigsaw on the shape it would choose is not slower than the split baseline there
+    assert res.makespan_s <= simulate(replace(APART, policy="split")).makespan_s * (1 + 1e-9)
+
+
+def test_a_trial_that_can_no_longer_win_is_stopped_and_the_choice_is_the_same():
+    got = simulate(replace(APART, policy="jigsaw"))
+    full = {}
+    for shape in ("colocated", "split", "disaggregated", "shared-pool"):
+        full[shape] = simulate(replace(APART, policy="jigsaw", placement=shape, steps=3,
+                                       seed=choose_mod.TRIAL_SEED + APART.seed)).makespan_s
+    assert got.placement.shape == min(full, key=full.get)
+    for t in got.placement.trials:
+        if t.cut_s is not None:  # stopped only where the whole trial would have lost
+            assert full[t.shape] > t.cut_s
+        else:
+            assert t.makespan_s == full[t.shape]
+
+
+def test_sharing_must_beat_the_unshared_split_by_the_least_gain():
+    t = choose_mod.Trial
+    close = [t(shape="colocated", makespan_s=99.0), t(shape="split", makespan_s=100.0)]
+    assert choose_mod._fastest(close, 0.02) == "split"  # 1% is within the model's error
+    assert choose_mod._fastest(close, 0.0) == "colocated"
+    clear = [t(shape="colocated", makespan_s=90.0), t(shape="split", makespan_s=100.0)]
+    assert choose_mod._fastest(clear, 0.02) == "colocated"
+    no_split = [t(shape="colocated", makespan_s=99.0), t(shape="paired", makespan_s=100.0)]
+    assert choose_mod._fastest(no_split, 0.02) == "colocated"
+
+
+def test_a_configured_shape_is_used_and_one_jigsaw_cannot_run_is_refused():
+    res = simulate(replace(APART, policy="jigsaw", placement="colocated", steps=1))
+    assert res.placement is None and res.config.placement == "colocated"
+    with pytest.raises(Infeasible, match="jigsaw runs on colocated, paired, split, disaggregated, shared-pool, "
+                                         "not on placement 'ring'"):
+        simulate(replace(APART, policy="jigsaw", placement="ring", steps=1))
+    # a baseline keeps its own placement whatever is configured
+    assert simulate(replace(APART, policy="rollmux", placement="split", steps=1)).placement is None
+
+
+def test_no_shape_that_holds_the_pipelines_is_infeasible_with_every_reason():
+    # two Qwen3-32B trainings on 2 scheduling devices: only colocated holds them; on one, none
+    tight = SimConfig(workload=("qwen3-32b-math",) * 2, gpus=4, steps=1, trace=False, policy="jigsaw")
+    with pytest.raises(Infeasible, match=r"no placement holds these pipelines: colocated: .*; split: "):
+        simulate(tight)
+
+
+def test_the_lower_bound_counts_a_pipeline_alone_on_every_group_a_shape_gives_it():
+    places = run._alone_placements(replace(APART, policy="serial"), 0)
+    assert ((0, 1, 2, 3), (0, 1, 2, 3)) in places  # split's half, renumbered
+    assert ((0, 1, 2, 3), (4, 5, 6, 7)) in places  # rollmux's pools
+    assert len(places) == len(set(places))
+    bound = lower_bound(APART)
+    for policy in ("jigsaw", "split", "rollmux"):
+        assert simulate(replace(APART, policy=policy)).makespan_s >= bound.makespan_s * (1 - 1e-9)
+
+
+def test_greedy_chooses_its_shape_too():
+    assert getattr(make("greedy"), "shapes", ()) == tuple(pl.SHAPES)
+    assert simulate(replace(APART, policy="greedy", steps=2)).placement is not None
