@@ -545,7 +545,10 @@ class Daemon:
         self._gauge()  # before any grant goes out: a worker acting on its grant sees it counted
         for ms in d.orders.values():  # a migration the applier ignored is in the plan's notes, not here
             for m in ms:
-                self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s})
+                # The ranks too: an operator's order to a rank whose rollout has ended names no target.
+                self._event("migration", m.pipeline, m.source, data={"target": m.target, "delta_s": m.delta_s,
+                                                                      "source_rank": m.source_rank,
+                                                                      "target_rank": m.target_rank})
         for h, g in zip(d.moved, made.moved):  # its owner hands its requests over: told like a budget change
             if h.owner is not None and h.owner.session in self.sessions:
                 self.sessions[h.owner.session].queue(g, self.wall(), 0.0)
