@@ -14,8 +14,9 @@ steps on samples of its own, the fastest kept.
 A trial stops once its simulated time passes the best makespan so far (and the least gain):
 it could no longer be chosen.  The trials draw their samples from a seed no run uses, so the
 choice sees what the workloads describe (their length distributions, tools, models), as a
-user choosing a placement before a run would, never the run's own draws.  The same scheduler and cost model decide every
-trial: there is no second model of what a placement costs.  Where no shape can hold the
+user choosing a placement before a run would, never the run's own draws.  The same
+scheduler and cost model decide every trial: there is no second model of what a placement
+costs.  Where no shape can hold the
 pipelines, the run is Infeasible with each shape's reason.
 """
 

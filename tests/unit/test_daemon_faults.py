@@ -238,6 +238,8 @@ def test_a_migration_order_reaches_the_sources_owner_and_its_late_end_is_a_no_op
         pr.MigrationOrder(source=src, target=tgt, source_rank=1, target_rank=0),)
     assert src not in d.state.pipelines["A"].running and tgt in d.state.pipelines["A"].running
     assert [e["substage"] for e in ev if e["event"] == "migration"] == [src]
+    # the event names the ranks too (an operator's order may name no target sub-stage)
+    assert [(e["data"]["source_rank"], e["data"]["target_rank"]) for e in ev if e["event"] == "migration"] == [(1, 0)]
     assert any(e["event"] == "release" and e["substage"] == src and e["data"].get("migrated") for e in ev)
     assert isinstance(d.ask(pr.Done(session=s1, substage=src, final=True, req=4))[-1], pr.Ok)
     assert tgt in d.state.pipelines["A"].running
