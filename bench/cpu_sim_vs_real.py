@@ -36,7 +36,7 @@ from jigsaw.profiles import CPU_DEFAULT
 from jigsaw.recipes.demo import DemoConfig, run_demo
 from jigsaw.recipes.demo_report import print_report
 from jigsaw.sim.calibrate import Calibration, calibrate
-from jigsaw.sim.replay import recorded, replay
+from jigsaw.sim.replay import recorded, replay, step_latencies
 from jigsaw.trace import Trace
 
 MODES = ("serial", "static", "serial-live", "static-live", "jigsaw")
@@ -53,11 +53,8 @@ def predict(trace: Trace, first_step: int, grid, factors=None) -> dict[str, tupl
     out = {}
     for name in PREDICTED:
         ex = replay(rec, make(name), grid)
-        spans: dict[tuple[str, int], list[float]] = defaultdict(lambda: [float("inf"), 0.0])
-        for iv in ex.intervals:
-            span = spans[(iv.pipeline, SubStageId.parse(iv.substage).step)]
-            span[0], span[1] = min(span[0], iv.start_s), max(span[1], iv.end_s)
-        out[name] = (tokens / ex.makespan_s, statistics.fmean(end - start for start, end in spans.values()))
+        steps = [s for per in step_latencies(ex).values() for s in per]
+        out[name] = (tokens / ex.makespan_s, statistics.fmean(steps))
     return out
 
 

@@ -6,6 +6,7 @@ Heavy imports happen inside `run`, so `jigsaw --help` stays light (no torch, no 
     run.py           jigsaw run -- CMD: a pipeline under the node daemon (started on demand)
     daemon.py        jigsaw daemon [serve|status|stop|migrate]
     sim.py           jigsaw sim: simulated nodes, every policy, replays
+    advise.py        jigsaw advise: should these jobs share a node, and at what cost
     timeline.py      jigsaw timeline: what every device did in a trace
     profile.py       jigsaw profile: measure a device's slowdown grid
     prior.py         jigsaw prior: write an analytic prior grid

@@ -3,6 +3,8 @@
     FILE ─► SlowdownGrid.load (every rule checked; errors name file, field, problem)
          ─► rich tables: alone slowdown per kind and SM share; best partition per pair;
             with --pair A B the full σ × memory table of that pair.
+         ─► with --learned FILE (a daemon's learned grid over this one, GridLearner.load):
+            each entry with evidence, its prior, learned value and confidence (count, spread)
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ class Args:
     """Grid file, e.g. profiles/h100/qwen3-4b.prior.json."""
     pair: tuple[str, str] | None = None
     """Also print the full σ × memory table of this pair of kinds (A beside B)."""
+    learned: Path | None = None
+    """A learned grid over this one (`jigsaw daemon --learn-grid` keeps it under the profile
+    directory's learned/<node>/<device>/<model>.json): show each entry's prior, learned value and
+    confidence."""
 
 
 def run(args: Args) -> int:
@@ -39,7 +45,28 @@ def run(args: Args) -> int:
     console.print(f"best packing efficiency (1/s_a + 1/s_b): {grid.max_pack_efficiency():.2f}")
     if args.pair:
         console.print(_pair_table(grid, *args.pair))
+    if args.learned:
+        from jigsaw.mux.model.learned import GridLearner
+
+        console.print(_learned_table(GridLearner.load(args.learned, grid), args.learned))
     return 0
+
+
+def _learned_table(learner, path):
+    from rich.table import Table
+
+    c = learner.config
+    t = Table(title=f"learned ({path}): entries with evidence; an entry moves at {c.min_samples} samples, "
+                    f"within x[{c.min_factor:g}, {c.max_factor:g}] of its prior")
+    for col in ("kind", "beside", "SM", "mem", "prior", "learned", "count", "spread (log)"):
+        t.add_column(col, justify="left" if col in ("kind", "beside") else "right")
+    for e in learner.report():
+        moved = abs(e.learned / e.prior - 1.0) > 1e-9
+        sm = "shared" if e.entry[1] and e.sm_frac == 1.0 else f"{e.sm_frac:.0%}"
+        value = f"[bold]{e.learned:.2f}[/]" if moved else _fmt(e.learned)
+        t.add_row(e.entry[0], e.entry[1] or "alone", sm, f"{e.mem_frac:.0%}", _fmt(e.prior), value, str(e.count),
+                  f"{e.spread_log:.3f}")
+    return t
 
 
 def _fmt(v: float | None) -> str:

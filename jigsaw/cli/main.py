@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 COMMANDS = {
     "sim": "jigsaw.cli.sim",
+    "advise": "jigsaw.cli.advise",
     "prior": "jigsaw.cli.prior",
     "inspect": "jigsaw.cli.inspect_grid",
     "timeline": "jigsaw.cli.timeline",

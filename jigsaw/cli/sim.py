@@ -59,6 +59,9 @@ class Args:
     """Responses per prompt of a log that names no prompt; unset: one."""
     lengths_out: Path = Path("lengths-workload.toml")
     """Where --lengths-from writes the workload (TOML) and its length trace (the .jsonl beside it)."""
+    usd_per_gpu_hour: float | None = None
+    """Price of one GPU for an hour: the table then prices each policy's run, GPU-hours per step
+    (the node's GPUs for the makespan over every pipeline's steps) and $ per million tokens."""
 
 
 def run(args: Args) -> int:
@@ -72,6 +75,9 @@ def run(args: Args) -> int:
             console.print(f"{name:36s} {wl.get(name).description}")
         return 0
     policies = _policies(args.sim.policy)
+    from jigsaw.sim.cost import check_price
+
+    check_price(args.usd_per_gpu_hour)
     if args.lengths_from is not None:
         args = replace(args, sim=_from_log(args, console))
     if args.replay is not None:
@@ -101,7 +107,7 @@ def run(args: Args) -> int:
             from jigsaw.sim.run import lower_bound
 
             bound = lower_bound(replace(args.sim, policy="serial"))
-    console.print(_table(results, bound, args.sim, infeasible))
+    console.print(_table(results, bound, args.sim, infeasible, args.usd_per_gpu_hour))
     violated = _violations(results, log)
     keep = results.get("jigsaw") or next(reversed(results.values()))
     if keep.trace is not None:
@@ -146,21 +152,27 @@ def _outcome(result) -> str:
     return f"{result.tokens_per_s:,.0f} tokens/s, makespan {result.makespan_s:,.1f} s"
 
 
-def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str]):
+def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str], usd_per_gpu_hour: float | None = None):
     from rich.table import Table
+
+    from jigsaw.sim.cost import columns
+    from jigsaw.sim.run import num_gpus
 
     first = next(iter(results.values()))
     names = [p.name for p in first.pipelines]
     t = Table(title=f"{', '.join(names)} on {config.gpus or 'default'} GPUs, {config.steps} steps"
                     + (", tail batching" if config.tailbatch else ""))
-    for col in ("policy", "tokens/s", "x serial", "makespan s", "gap to bound", *[f"step s {n}" for n in names]):
+    priced = usd_per_gpu_hour is not None  # an 80-column terminal has no room for them otherwise
+    for col in ("policy", "tokens/s", "x serial", "makespan s", "gap to bound", *[f"step s {n}" for n in names],
+                *(columns() if priced else ())):
         t.add_column(col, justify="left" if col == "policy" else "right", min_width=10 if col == "tokens/s" else None)
     serial = results.get("serial")
     for name, r in results.items():
         ratio = f"{r.tokens_per_s / serial.tokens_per_s:.2f}" if serial else "—"
         gap = f"{r.makespan_s / bound.makespan_s - 1:+.1%}" if bound else "—"
         t.add_row(name, f"{r.tokens_per_s:,.0f}", ratio, f"{r.makespan_s:,.1f}", gap,
-                  *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines])
+                  *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines],
+                  *(_cost(r, num_gpus(config), usd_per_gpu_hour) if priced else ()))
     notes = [_same_work(results)] + [_unrun(t, name, "infeasible", why) for name, why in infeasible.items()]
     notes += [f"{name}: {r.placement.summary()}" for name, r in results.items() if r.placement is not None]
     if bound:
@@ -168,6 +180,14 @@ def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str]):
                      f"resource {bound.resource_s:,.1f} s)")
     t.caption = "\n".join(notes) or None
     return t
+
+
+def _cost(result, gpus: int, usd_per_gpu_hour: float | None) -> tuple[str, str]:
+    from jigsaw.sim.cost import cost_of
+
+    steps = sum(p.steps for p in result.pipelines)
+    return cost_of(device_s=gpus * result.makespan_s, steps=steps, tokens=result.tokens,
+                   usd_per_gpu_hour=usd_per_gpu_hour).cells()
 
 
 def _from_log(args: Args, console) -> SimConfig:

@@ -33,12 +33,17 @@ class Args:
     """Peak dense TFLOP/s per device for MFU; if unset, the trace's, e.g. 989 for an h100 pipeline."""
     devices: tuple[int, ...] | None = None
     """Only these devices; if unset, every device of the trace."""
+    usd_per_gpu_hour: float | None = None
+    """Price of one device for an hour: the HTML page's $ per million tokens (GPU-hours per step
+    is always on it)."""
 
 
 def run(args: Args) -> int:
     from jigsaw import timeline
+    from jigsaw.sim.cost import check_price
 
     timeline.check_format(args.out)  # before the (possibly long) read
+    check_price(args.usd_per_gpu_hour)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
     trace = args.trace
@@ -47,7 +52,7 @@ def run(args: Args) -> int:
         print(f"using the latest daemon trace: {trace}")
     tl = timeline.load(trace, peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                        devices=args.devices)
-    fmt = timeline.write(tl, args.out)
+    fmt = timeline.write(tl, args.out, args.usd_per_gpu_hour)
     print(f"wrote {args.out} ({fmt}): {timeline.describe(tl)}")
     return 0
 

@@ -12,6 +12,9 @@
                  merge targets' new sizes, rates; what the plan got wrong is noted, not obeyed
     ─► Decision (effects.py: admitted, changed, moved, every holder after it, notes)
        ─► grants (daemon) / engine starts and physics (simulator) / timeline (graph executor)
+    with a learner: every decision and finish notes where grants run on the grid; a finished
+    grant is evidence for it (learning.py), and the refined grid is planned with from the
+    next decision on
 
 Decision is kept apart from effect: `decide` returns what changed, complete and frozen;
 sending grants, starting engines and writing traces is the caller's, which never reads the
@@ -32,6 +35,7 @@ from jigsaw.graph.plan import Assignment, Budget, Migration, NodeSpec, Plan
 from jigsaw.graph.policy import Policy, View
 from jigsaw.graph.substage import SubStageKind
 from jigsaw.node.effects import Admission, Decision, Held, layout, merged, overcommitted
+from jigsaw.node.learning import GrantLog
 from jigsaw.node.ledger import HOST, LiveNumbers, LivePipeline, Running, Saved, Waiting
 from jigsaw.node.view import ViewMemo, host_frac, pipeline_state
 
@@ -72,8 +76,17 @@ class NodeState:
 
     def __init__(self, node: NodeSpec, grid: SlowdownModel, policy: Policy, *, next_step: bool = True,
                  max_wait_s: float | None = None, liveness: bool = False, fallback: bool = True,
-                 pairs: PairModels | None = None):
+                 pairs: PairModels | None = None, learner=None):
+        """`learner`: a GridLearner over `grid` (mux/model/learned.py) fed by every finished
+        grant; `grid` then follows its refined grid."""
+        if learner is not None and (pairs is not None or learner.base != grid):
+            raise ValueError("a learner refines the node grid it was built over, and only without pair views")
         self.node, self.grid, self.policy, self.pairs = node, grid, policy, pairs
+        self.learner = learner
+        self.grants = GrantLog(learner) if learner is not None else None
+        """Where grants run on the grid, and what the learner took (None: no learner)."""
+        if learner is not None:
+            self.grid = learner.refined()  # a learner loaded from its file plans with what it knows
         self.next_step, self.max_wait_s, self.liveness = next_step, max_wait_s, liveness
         self.fallback = fallback
         """A failing policy's group is decided by the fallback (live pipelines go on); False:
@@ -116,12 +129,22 @@ class NodeState:
         return self.pipeline(name).request(kind, rank, step, now_s, **facts)
 
     def finish(self, name: str, sid: str, now_s: float, *, final: bool = False, **numbers):
-        """A sub-stage ended; (its Running, the finished SubStage), or None (see LivePipeline.finish)."""
-        return self.pipeline(name).finish(sid, now_s, final=final, **numbers)
+        """A sub-stage ended; (its Running, the finished SubStage), or None (see LivePipeline.finish).
+        With a learner, the grant is offered as evidence and the grid refined."""
+        p = self.pipeline(name)
+        got = p.finish(sid, now_s, final=final, **numbers)
+        if got is not None and self.grants is not None:
+            self.grants.close(p, got[0], now_s)
+            self.grants.note(now_s, self.pipelines.values())  # its partner now runs alone
+            self.grid = self.learner.refined()
+        return got
 
     def withdraw(self, name: str, sids: Iterable[str]) -> list[Waiting | Running]:
         """Requests and grants whose requester left; what was withdrawn."""
         p = self.pipeline(name)
+        if self.grants is not None:
+            for sid in sids:
+                self.grants.forget(name, sid)
         return [f for sid in sids if (f := p.withdraw(sid)) is not None]
 
     def drop(self, name: str, whose: Callable[[object], bool]) -> list[Waiting | Running]:
@@ -240,7 +263,7 @@ class NodeState:
         part = NodeState(self.node, self.grid, self.policy, next_step=self.next_step, max_wait_s=self.max_wait_s,
                          liveness=self.liveness, fallback=self.fallback, pairs=self.pairs)
         part.pipelines = {p.name: p for p in group}
-        part._memos = self._memos
+        part._memos, part.grants = self._memos, self.grants  # a migration in the group taints the node's log
         return part
 
     def _decide_safely(self, now_s: float) -> _Changes:
@@ -416,6 +439,7 @@ class NodeState:
                 out.notes.append(f"migration {m.source} -> {m.target} ignored: both must be running")
                 continue
             out.moved.append((p, p.hand_over(m.source, m.target, m.target_remaining_s, now_s)))
+            self._taint(p.name, m.source, m.target)
             done.setdefault(m.pipeline, []).append(m)
         out.orders = {name: tuple(ms) for name, ms in done.items()}
 
@@ -436,12 +460,19 @@ class NodeState:
         self.advance(now_s)
         out = _Changes(Plan(time_s=now_s, started=(), assignments=(), migrations=(m,)))
         out.moved.append((p, p.hand_over(m.source, m.target, 0.0, now_s)))
+        self._taint(pipeline, m.source, m.target)
         out.orders = {pipeline: (m,)}
         return self._snapshot([out], now_s)
 
     def overcommitted(self) -> list[str]:
         """Devices holding more than two sub-stages, SMs or memory beyond capacity."""
         return overcommitted(layout(self._holders()))
+
+    def _taint(self, name: str, source: str, target: str) -> None:
+        """A migration: its source ended early, its target took on requests (neither is evidence)."""
+        if self.grants is not None:
+            self.grants.forget(name, source)
+            self.grants.taint(name, target)
 
     # ------------------------------------------------------------ snapshots
 
@@ -455,6 +486,8 @@ class NodeState:
             decisions=sum((p.decisions for p in plans), ()))
         parts = [self._decision(c) for c in changes]
         d = merged(parts, plan)
+        if self.grants is not None:
+            self.grants.note(now_s, self.pipelines.values())
         return Decision(plan=d.plan, admitted=d.admitted, changed=d.changed, moved=d.moved,
                         holders=tuple(self._holders()), touched=d.touched, notes=d.notes, fallback=d.fallback,
                         orders=d.orders)

@@ -43,6 +43,7 @@ from jigsaw import protocol as pr
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import NAMES, make
 from jigsaw.mux.model.grids import node_grid
+from jigsaw.mux.model.learned import learned_path, load_or_fresh
 from jigsaw.node import inputs
 from jigsaw.node.effects import Decision
 from jigsaw.node.state import NodeState
@@ -54,6 +55,8 @@ from jigsaw.trace import TraceEvent, TraceWriter
 log = logging.getLogger("jigsaw.daemon")
 TICK_MS = 50
 """The loop's longest wait for a message before it checks its timers."""
+LEARNED_SAVE_S = 60.0
+"""How often a daemon that learns its grid writes it (and at exit)."""
 STALL_S = 0.5
 """A loop turn longer than this is a stall of the daemon (a long decision, SIGSTOP): leases
 then restart from when it came back."""
@@ -103,6 +106,10 @@ class DaemonConfig:
     idle_exit_s: float | None = None
     """Exit after this many seconds with no pipeline registered (`jigsaw run` starts its daemon with 600).
     None: serve until stopped."""
+    learn_grid: bool = False
+    """Refine the grid from every finished grant with an exclusive-time estimate, and plan with it
+    (mux/model/learned.py); kept per node, device and model under the profile directory's learned/,
+    saved every minute and at exit.  Off unless asked: a replay of the trace does not learn yet."""
 
     def __post_init__(self) -> None:
         if self.policy not in NAMES:
@@ -167,8 +174,9 @@ class Daemon:
             config = replace(config, sched=replace(config.sched, host_on_device=self.partitioner.kind == "cpu"))
         self.config = config
         node = NodeSpec(num_devices=config.devices, mem_bytes=self.grid.device.mem_bytes)
+        self.learner, self._learned_s = self._learner(), wall()
         self.state = NodeState(node, self.grid, make(config.policy, config.sched), next_step=config.sched.next_step,
-                               max_wait_s=config.max_wait_s, liveness=True)
+                               max_wait_s=config.max_wait_s, liveness=True, learner=self.learner)
         self.inbox = inputs.Inbox(self.state)
         self.t0 = clock()
         self.sessions: dict[str, Session] = {}
@@ -192,12 +200,34 @@ class Daemon:
         if config.trace:
             self._open_trace(config.trace)
 
+    def _learner(self):
+        """The node's learned grid (DaemonConfig.learn_grid), from its file if it has one; a file
+        that cannot be used is said and set aside, and learning starts from the profile's grid."""
+        if not self.config.learn_grid:
+            return None
+        path = learned_path(self.grid)
+        learner, said = load_or_fresh(path, self.grid)
+        if said:
+            log.warning("%s", said)
+        return learner
+
+    def save_learned(self) -> None:
+        """Write what the node learned (never fatal: the daemon serves on without the file)."""
+        if self.learner is None or not self.learner.observed:
+            return
+        try:
+            self.learner.save(learned_path(self.grid))
+        except OSError as exc:
+            log.warning("could not save the learned grid: %s", exc)
+        self._learned_s = self.wall()
+
     def _open_trace(self, path: Path) -> None:
         """Start the trace with the `node` event (what a replay needs to rebuild this node)."""
         c = self.config
         self.trace_writer = TraceWriter(path)
         self._event("node", "", data={"policy": c.policy, "sched": asdict(c.sched), "max_wait_s": c.max_wait_s,
                                       "devices": c.devices, "profile": str(c.profile) if c.profile else None,
+                                      "learn_grid": c.learn_grid,
                                       "partitioner": self.partitioner.kind, "pid": os.getpid(),
                                       "clock_t0_s": self.t0})  # event times are clock − t0
 
@@ -231,6 +261,7 @@ class Daemon:
                 telemetry.stop()
             if self.trace_writer is not None:
                 self.trace_writer.close()
+            self.save_learned()
             home.close(self.listener)
             log.info("jigsaw daemon %d stopped", os.getpid())
 
@@ -300,6 +331,8 @@ class Daemon:
         if self._tick_s - mono > STALL_S:  # a long decision: the heartbeats it held up are not read yet
             self._awake_s = self._tick_s
         self._expire()
+        if self.learner is not None and self.wall() - self._learned_s >= LEARNED_SAVE_S:
+            self.save_learned()
         if self._idle.due(bool(self.state.pipelines), self.wall()) and not self.stopping:
             log.info("no pipeline registered for %g s (idle_exit_s): exiting", self.config.idle_exit_s)
             self.stopping = True

@@ -19,6 +19,8 @@
     replay.py    a recorded trace (simulator or daemon) re-packed, or its decisions replayed
     breakdown.py where a run's device time goes, read from its trace
     calibrate.py a grid scaled to the pipelines' own alone and shared runs
+    advise.py    jobs from solo traces, paired under jigsaw / serial / static, best grouping
+    cost.py      GPU-hours per step and $ per million tokens (every table's cost columns)
     workloads/   the shipped workloads
 
 Step costs, grids and pair views come from jigsaw.mux.model (grids.py), never the other way.

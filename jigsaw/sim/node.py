@@ -16,7 +16,8 @@
     every grant, release, migration and finished step goes to the Trace
 
 The simulator is the ground truth: slowdowns come from each model's own prior for what
-really runs side by side, not from the plan's predictions.  A deployment no engine could run
+really runs side by side (or from a true grid the run is given), not from the plan's
+predictions.  A deployment no engine could run
 (a response larger than a device's KV) or a plan a policy cannot make raises Infeasible.
 """
 
@@ -33,7 +34,7 @@ from jigsaw.graph.substage import Stage, SubStageKind
 from jigsaw.node.effects import Decision, overcommitted
 from jigsaw.node.inputs import Inbox
 from jigsaw.node.state import NodeState
-from jigsaw.sim.physics import Physics
+from jigsaw.sim.physics import Physics, floors
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
 from jigsaw.sim.report import Clients, Decided
 from jigsaw.sim.rollout import DoesNotFit
@@ -84,13 +85,17 @@ class NodeSim:
     """Runs pipelines to completion under `policy`; see the module docstring."""
 
     def __init__(self, runs: list[PipelineRun], node: NodeSpec, grid, policy, *, trace: bool = True,
-                 next_step: bool = True, record: list | None = None):
+                 next_step: bool = True, record: list | None = None, truth=None, learner=None):
         """`record`: a list that receives every request the clients send and every decision
-        (report.Sent, report.Decided), to feed a daemon the same messages and compare."""
+        (report.Sent, report.Decided), to feed a daemon the same messages and compare.
+        `truth`: the grid the physics runs by instead of `grid` (the policy still plans with
+        `grid`); `learner`: a GridLearner over `grid`, fed as the daemon's is (NodeState)."""
         self.runs, self.node, self.grid, self.policy = runs, node, grid, policy
-        self.physics = Physics.of(grid, runs)
+        self.physics = Physics.of(grid, runs) if truth is None else Physics(truth, None, [r.name for r in runs],
+                                                                           floors(runs))
         # One set of pair views for the plan and the physics: a plan is priced as it runs.
-        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=self.physics.pairs)
+        self.state = NodeState(node, grid, policy, next_step=next_step, fallback=False, pairs=self.physics.pairs,
+                               learner=learner)
         self.clients = Clients(Inbox(self.state), record)
         self.heap: list[tuple] = []
         self.seq = itertools.count()

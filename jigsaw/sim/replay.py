@@ -194,6 +194,17 @@ def grid_of(rec: Recorded):
     return analytic_prior(DEVICES[first["device"]], first["model"], PriorConfig(**first["prior"]))
 
 
+def recorded_tokens_per_s(trace: Trace, first_step: int = 0) -> float:
+    """Tokens/s a recorded run measured over its steps from `first_step` on: their tokens over
+    the earliest of those steps' starts to the latest end (what `jigsaw demo` reports of
+    pipelines that ran at once; of a run one after the other the span holds start-ups too)."""
+    steps = [e for e in trace.events if e.event == "step" and int(e.data.get("step", 0)) >= first_step]
+    if not steps:
+        raise ValueError(f"the trace has no step from step {first_step} on")
+    span = max(e.t_s for e in steps) - min(e.t_s - float(e.data["latency_s"]) for e in steps)
+    return sum(int(e.data.get("tokens", 0)) for e in steps) / span
+
+
 def recorded_makespan_s(trace: Trace) -> float:
     """When the recorded run's last step ended."""
     return max((e.t_s for e in trace.events if e.event == "step"), default=0.0)
@@ -210,6 +221,19 @@ def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfi
         return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True, fallback=False)
     except PolicyFailed as exc:
         return exc.refused
+
+
+def step_latencies(ex: Execution) -> dict[str, list[float]]:
+    """Per pipeline, the latency of each of its steps in a replay: first sub-stage start to
+    last end of that step."""
+    spans: dict[tuple[str, int], list[float]] = defaultdict(lambda: [float("inf"), 0.0])
+    for iv in ex.intervals:
+        span = spans[(iv.pipeline, SubStageId.parse(iv.substage).step)]
+        span[0], span[1] = min(span[0], iv.start_s), max(span[1], iv.end_s)
+    out: dict[str, list[float]] = defaultdict(list)
+    for (name, _), (start, end) in sorted(spans.items()):
+        out[name].append(end - start)
+    return dict(out)
 
 
 def needs(rec: Recorded, device_mem_bytes: int) -> Needs:

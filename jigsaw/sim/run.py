@@ -9,7 +9,8 @@
                  ─► policy.refusal(needs): a policy that cannot run them is Infeasible with
                     its reason before any simulated time passes
               ─► NodeSim(runs, node, grid, policy).run() ─► SimResult (physics: each side
-                 of a pair priced by its own model, sim/physics.py)
+                 of a pair priced by its own model, sim/physics.py; or a true grid the
+                 config names, while the policy plans with the prior or the grid it learns)
     lower_bound(config): max( each pipeline alone (its own critical path, step after step),
                               device-seconds of all work / (GPUs × best packing efficiency) )
 
@@ -29,7 +30,10 @@ from jigsaw.graph.policies import make
 from jigsaw.graph.policy import Needs, PipelineNeeds, refusal
 from jigsaw.graph.substage import DEVICE_KINDS, SubStageKind
 from jigsaw.mux.model import grids
+from jigsaw.mux.model.learned import GridLearner, parse_scale, scaled
+from jigsaw.mux.model.slowdown import SlowdownGrid
 from jigsaw.mux.model.specs import DEVICES, PriorConfig
+from jigsaw.node.learning import Learned
 from jigsaw.sim import workload
 from jigsaw.sim.deploy import Parallelism, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
@@ -85,6 +89,16 @@ class SimConfig:
     mispredict."""
     trace: bool = True
     """Record grants, releases, migrations and steps."""
+    true_grid: str = ""
+    """The grid the physics runs by (a file or a name, see `jigsaw inspect`), while the policy
+    plans with the prior (or the grid it learns, --learn-grid); empty: the prior is the truth.
+    A node with one grid for all its pipelines then (no per-pair views)."""
+    true_grid_scale: tuple[str, ...] = ()
+    """Entries of the true grid as the prior's times a factor, KIND/PARTNER=FACTOR each (PARTNER
+    `alone`: the kind alone), e.g. training/rollout_decode=1.5; over --true-grid if given."""
+    learn_grid: bool = False
+    """The policy plans with a grid learned online from every finished sub-stage, starting from
+    the prior (mux/model/learned.py, the daemon's --learn-grid)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +126,10 @@ class SimResult:
     trace: Trace | None = field(default=None, compare=False)
     placement: Choice | None = None
     """How the placement was chosen (auto), else None: the configured shape, or the policy's own."""
+    learner: GridLearner | None = field(default=None, compare=False)
+    """What the run learned (learn_grid), else None."""
+    learned: tuple[Learned, ...] = field(default=(), compare=False)
+    """Each finished sub-stage the learner took, in order, with the plan's error for it."""
 
     @property
     def tokens(self) -> int:
@@ -234,7 +252,10 @@ def simulate(config: SimConfig, until_s: float | None = None) -> SimResult:
     why = refusal(pol, needs(runs, node))
     if why is not None:  # before the run: the row says why, no simulated time is spent
         raise Infeasible(why)
-    sim = NodeSim(runs, node, grid, pol, trace=config.trace, next_step=config.sched.next_step)
+    truth = true_grid(config, grid)
+    learner = GridLearner(grid) if config.learn_grid else None
+    sim = NodeSim(runs, node, grid, pol, trace=config.trace, next_step=config.sched.next_step, truth=truth,
+                  learner=learner)
     sim.run(until_s)
     results = tuple(PipelineResult(name=r.name, workload=r.spec.name, steps=len(r.metrics),
                                    tokens=sum(m.tokens for m in r.metrics),
@@ -242,7 +263,16 @@ def simulate(config: SimConfig, until_s: float | None = None) -> SimResult:
                                    step_latency_s=tuple(m.end_s - m.start_s for m in r.metrics),
                                    finish_s=r.metrics[-1].end_s if r.metrics else 0.0) for r in runs)
     return SimResult(config=config, makespan_s=max(p.finish_s for p in results), pipelines=results,
-                     decisions=sim.decisions, violations=tuple(sim.violations), trace=sim.trace, placement=choice)
+                     decisions=sim.decisions, violations=tuple(sim.violations), trace=sim.trace, placement=choice,
+                     learner=learner, learned=tuple(sim.state.grants.history) if learner else ())
+
+
+def true_grid(config: SimConfig, prior: SlowdownGrid) -> SlowdownGrid | None:
+    """The grid the physics runs by (SimConfig.true_grid, true_grid_scale); None: the prior's."""
+    if not config.true_grid and not config.true_grid_scale:
+        return None
+    base = SlowdownGrid.load(config.true_grid) if config.true_grid else prior
+    return scaled(base, parse_scale(config.true_grid_scale)) if config.true_grid_scale else base
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -284,8 +314,12 @@ def lower_bound(config: SimConfig) -> LowerBound:
 
 def _devices(config: SimConfig) -> int:
     """Scheduling devices of the node (`build`'s count, without building it)."""
-    items = pipelines(config)
-    return (config.gpus or max(s.gpus for s, *_ in items)) // max(tp for _, tp, _, _ in items)
+    return num_gpus(config) // max(tp for _, tp, _, _ in pipelines(config))
+
+
+def num_gpus(config: SimConfig) -> int:
+    """GPUs of the node (a TP group is several): what a run holds and is priced by (sim/cost.py)."""
+    return config.gpus or max(s.gpus for s, *_ in pipelines(config))
 
 
 def _alone_placements(config: SimConfig, i: int) -> list[Placement]:

@@ -91,8 +91,9 @@ def check_format(out: str | Path) -> str:
     return suffix
 
 
-def write(tl: Timeline, out: str | Path) -> str:
-    """Write `out` in the format its suffix names; return the format."""
+def write(tl: Timeline, out: str | Path, usd_per_gpu_hour: float | None = None) -> str:
+    """Write `out` in the format its suffix names; return the format.  `usd_per_gpu_hour`
+    prices the HTML page's cost columns in dollars too."""
     suffix = check_format(out)
     if suffix == ".png":
         Path(out).write_bytes(png_bytes(tl))
@@ -101,5 +102,5 @@ def write(tl: Timeline, out: str | Path) -> str:
         validate_chrome_trace(doc)
         Path(out).write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False))
     else:
-        Path(out).write_text(html_page(tl))
+        Path(out).write_text(html_page(tl, usd_per_gpu_hour))
     return suffix[1:]

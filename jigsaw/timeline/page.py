@@ -4,6 +4,8 @@
                               <img> png_bytes() inlined as base64
                               table per pipeline: busy device-s per kind, host s, tokens, steps,
                                                   TFLOP, mean MFU        (summary.pipeline_summary)
+                                                  GPU-h per step and $ per M tokens of its share
+                                                  of the devices, and the node's (sim/cost.py)
                               table per kind: device-s, share of the device time, mean slowdown,
                                               mean share granted        (summary.kind_summary)
                               fell open: the trace's `open` events (pipeline, sub-stage, kind,
@@ -33,8 +35,9 @@ def esc(value) -> str:
     return html.escape(str(value), quote=True)
 
 
-def html_page(tl: Timeline) -> str:
-    """One self-contained page (see the module docstring)."""
+def html_page(tl: Timeline, usd_per_gpu_hour: float | None = None) -> str:
+    """One self-contained page (see the module docstring); `usd_per_gpu_hour` prices the
+    cost columns in dollars too."""
     img = base64.b64encode(png_bytes(tl)).decode()
     share = tl.hardware.share
     note = (f"<p class=note>{tl.unattributed_flops:.3g} FLOPs fell outside every grant interval and are not "
@@ -49,7 +52,7 @@ time × peak. Means and shares run from the first grant to the end of the last s
 <img alt="per-{esc(tl.hardware.device)} {esc(share)} by sub-stage kind and pipeline, and MFU"
  src="data:image/png;base64,{img}">
 <h2>Per pipeline</h2>
-{pipeline_table(tl, pipeline_summary(tl))}{note}
+{pipeline_table(tl, pipeline_summary(tl), usd_per_gpu_hour)}{note}
 <h2>Per sub-stage kind</h2>
 {kind_table(tl, kind_summary(tl))}
 <h2>Fell open</h2>
@@ -63,21 +66,37 @@ def _kind_head(tl: Timeline, kind: str) -> str:
     return f"<span class=sw style=\"background:{color}\"></span>{esc(kind)}"
 
 
-def pipeline_table(tl: Timeline, rows: list[PipelineSummary]) -> str:
+def pipeline_table(tl: Timeline, rows: list[PipelineSummary], usd_per_gpu_hour: float | None = None) -> str:
+    """Per pipeline, then the node's whole devices: what each did and what it cost (its cost is
+    its share-weighted device time, so the pipelines' costs add up to what the node did)."""
+    from jigsaw.sim.cost import columns, cost_of
+
     kinds = tl.kinds + tl.host_kinds
     head = "".join(f"<th>{_kind_head(tl, k)} s</th>" for k in kinds)
-    body = "".join(_pipeline_row(s, kinds) for s in rows)
+    costs = "".join(f"<th>{esc(c)}</th>" for c in columns(tl.hardware.device))
+    body = "".join(_pipeline_row(s, kinds, cost_of(device_s=s.sm_device_s, steps=s.steps, tokens=s.tokens,
+                                                   usd_per_gpu_hour=usd_per_gpu_hour)) for s in rows)
+    node = cost_of(device_s=tl.window_s * len(tl.devices), steps=sum(s.steps for s in rows),
+                   tokens=sum(s.tokens for s in rows), usd_per_gpu_hour=usd_per_gpu_hour)
+    gap = "<td></td>" * (len(kinds) + 5)
+    body += (f"<tr><td>node: {len(tl.devices)} {esc(tl.hardware.device)}s held</td>"
+             f"<td>{seconds(tl.window_s * len(tl.devices))}</td>{gap}{_cost_cells(node)}</tr>\n")
     return (f"<table class=pipelines><thead><tr><th>pipeline</th><th>busy {esc(tl.hardware.device)}-s</th>{head}"
-            f"<th>tokens</th><th>steps</th><th>FLOPs</th><th>FLOPs from</th><th>mean MFU</th></tr></thead>"
+            f"<th>tokens</th><th>steps</th><th>FLOPs</th><th>FLOPs from</th><th>mean MFU</th>{costs}</tr></thead>"
             f"<tbody>\n{body}</tbody></table>")
 
 
-def _pipeline_row(s: PipelineSummary, kinds: tuple[str, ...]) -> str:
+def _pipeline_row(s: PipelineSummary, kinds: tuple[str, ...], cost) -> str:
     by_kind = {**s.busy_by_kind_s, **s.host_by_kind_s}
     cells = "".join(f"<td>{seconds(by_kind[k])}</td>" if k in by_kind else "<td>—</td>" for k in kinds)
     mfu = "—" if s.mfu_frac is None else f"{s.mfu_frac:.2%}"
     return (f"<tr><td>{esc(s.name)}</td><td>{seconds(s.busy_device_s)}</td>{cells}<td>{s.tokens:,}</td>"
-            f"<td>{s.steps}</td><td>{flops(s.flops)}</td><td>{esc(s.flops_source)}</td><td>{mfu}</td></tr>\n")
+            f"<td>{s.steps}</td><td>{flops(s.flops)}</td><td>{esc(s.flops_source)}</td><td>{mfu}</td>"
+            f"{_cost_cells(cost)}</tr>\n")
+
+
+def _cost_cells(cost) -> str:
+    return "".join(f"<td>{esc(c)}</td>" for c in cost.cells())
 
 
 def seconds(x_s: float) -> str:

@@ -16,6 +16,7 @@ from jigsaw.graph.plan import SchedulerConfig
 from jigsaw.integrations.sglang.plugin import PluginConfig
 from jigsaw.integrations.verl.job import JobConfig
 from jigsaw.integrations.verl.server import ServerConfig
+from jigsaw.mux.model.learned import LearnConfig
 from jigsaw.mux.model.specs import PriorConfig
 from jigsaw.mux.profiling.profiler import ProfileConfig
 from jigsaw.recipes.demo import DemoConfig
@@ -26,7 +27,7 @@ from jigsaw.sim.run import SimConfig
 
 CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
            RecipeConfig, GpuRecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig,
-           PluginConfig, SandboxConfig]
+           PluginConfig, SandboxConfig, LearnConfig]
 
 
 def _field_docstrings(cls) -> set[str]:

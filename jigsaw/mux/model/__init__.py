@@ -13,6 +13,7 @@
 
     slowdown.py   SlowdownGrid: file format v1, validation, interpolation, load_grid (profiles/)
     validate.py   does a measured grid describe the device or the load on it?
+    learned.py    GridLearner: a grid refined online from finished grants (a rule per entry)
     costmodel.py  StepCost: exclusive decode / prefill / reference / training times (roofline)
 
 The config flows one way, down the arrows; nothing here imports torch or graph/.

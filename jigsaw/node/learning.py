@@ -1,0 +1,123 @@
+"""Where each grant ran on the grid, for the learner (mux/model/learned.py): NodeState's side.
+
+    every decision, and every finish (a partner leaving changes the survivor's point)
+        note(now, pipelines) ─► per running device sub-stage, when its point changes:
+            (time, entry, predicted rate)   entry = (kind, partner or None, sm level, mem level)
+    finish(r)  ─► close ─► Segments (wall seconds at each point) + reference exclusive seconds
+               ─► GridLearner.observe ─► Learned (entry or None, the plan's error) ─► NodeState swaps
+                  in learner.refined() for the next decision
+
+The reference is a number the node did not compute from the grid: the requester's own
+estimate (Admit.expected_s) or the static graph's duration.  Without one a grant is not
+evidence: the ledger's work is wall time over the predicted slowdown, so comparing it with
+the prediction would only check the grid against itself.  A grant that began before it asked
+(its head start ran under no grant), or that took over a migration's requests, is skipped.
+Replicas of a gang at different points run at the slowest one's pace: none of them is
+evidence about its own point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from jigsaw.mux.model.learned import Entry, GridLearner, Segment
+
+SNAP_FRAC = 0.01
+"""A memory budget this close to a level is at it (budgets are bytes, levels fractions)."""
+HISTORY = 4096
+"""Learned records kept (the bench's error curve; bounded for a daemon that runs for weeks)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Learned:
+    """One finished grant with a reference, and how far off the plan was."""
+
+    t_s: float
+    pipeline: str
+    sid: str
+    entry: Entry | None
+    """The entry it was evidence about; None: none (the learner's `skipped` says why)."""
+    error_log: float
+    """log(predicted work / true work) over its life: the plan's error for it (0: exact)."""
+
+
+class GrantLog:
+    """Each running device sub-stage's points on the grid since it started."""
+
+    def __init__(self, learner: GridLearner):
+        self.learner = learner
+        self._points: dict[tuple[str, str], list[tuple[float, Entry | None, float]]] = {}
+        self._tainted: set[tuple[str, str]] = set()
+        self.history: deque[Learned] = deque(maxlen=HISTORY)
+
+    def note(self, now_s: float, pipelines) -> None:
+        """Where every running device sub-stage of `pipelines` (LivePipeline) runs now."""
+        by_device: dict[int, list] = {}
+        for p in pipelines:
+            for r in p.running.values():
+                if r.on_device:
+                    by_device.setdefault(r.device, []).append((p, r))
+        points = {}
+        for group in by_device.values():
+            for p, r in group:
+                partner = next((o.kind.value for q, o in group if o is not r), None) if len(group) == 2 else None
+                entry = self._entry(r.kind.value, partner, r.budget) if len(group) <= 2 else None
+                points[(p.name, r.sid)] = (entry, r.rate, p, r)
+        self._unpace(points)
+        for key, (entry, rate, _, _) in points.items():
+            log = self._points.setdefault(key, [])
+            if not log or log[-1][1:] != (entry, rate):
+                log.append((now_s, entry, rate))
+
+    def taint(self, pipeline: str, sid: str) -> None:
+        """`sid` took on work it was not asked with (a migration's target)."""
+        self._tainted.add((pipeline, sid))
+
+    def forget(self, pipeline: str, sid: str) -> None:
+        self._points.pop((pipeline, sid), None)
+        self._tainted.discard((pipeline, sid))
+
+    def close(self, p, r, now_s: float) -> Learned | None:
+        """Running `r` of LivePipeline `p` finished at `now_s`: offered to the learner if it has
+        a reference; what was recorded of it, else None."""
+        key = (p.name, r.sid)
+        log, tainted = self._points.pop(key, None), key in self._tainted
+        self._tainted.discard(key)
+        reference = r.expected_s if r.expected_s is not None else (
+            p.static[r.sid].duration_s if p.static is not None and r.sid in p.static else None)
+        why = ("not on a device" if not r.on_device else "no reference" if reference is None
+               else "head start" if r.paces and r.paces[0][1] > 0.0 else "took on requests" if tainted
+               else "never noted" if not log else "")
+        if why:
+            self.learner.skipped[why] += 1
+            return None
+        segments = [Segment(entry=e, wall_s=max(0.0, t1 - t0), slowdown=1.0 / rate)
+                    for (t0, e, rate), t1 in zip(log, [t for t, _, _ in log[1:]] + [now_s])]
+        got = Learned(t_s=now_s, pipeline=p.name, sid=r.sid, entry=self.learner.observe(segments, reference),
+                      error_log=math.log(max(r.work_s, 1e-12) / reference))
+        self.history.append(got)
+        return got
+
+    def _entry(self, kind: str, partner: str | None, budget) -> Entry | None:
+        g = self.learner.base
+        i = next((n for n, x in enumerate(g.sm_levels) if abs(x - budget.sm_frac) <= 1e-6), None)
+        mem = min(budget.mem_frac, g.mem_levels[-1])  # more memory than profiled prices as the top level
+        j = next((n for n, x in enumerate(g.mem_levels) if abs(x - mem) <= SNAP_FRAC), None)
+        if i is None or j is None or kind not in g.kinds or (partner is not None and partner not in g.kinds):
+            return None
+        return kind, partner, i, j
+
+    @staticmethod
+    def _unpace(points: dict) -> None:
+        """Gang replicas at different points: none is evidence about its own (module docstring)."""
+        gangs: dict[tuple, list] = {}
+        for key, (_, _, p, r) in points.items():
+            if r.kind.collective:
+                gangs.setdefault((p.name, p.gang_key(r.sid)), []).append(key)
+        for keys in gangs.values():
+            if len({points[k][0] for k in keys}) > 1:
+                for k in keys:
+                    entry, rate, p, r = points[k]
+                    points[k] = (None, rate, p, r)

@@ -1,0 +1,185 @@
+"""The grid learned online (mux/model/learned.py, node/learning.py): the rule, the bound,
+the file, and the one path from a finished grant to the grid the scheduler plans with."""
+
+import json
+import math
+
+import pytest
+from factories import GIB, NODE, synthetic_grid
+
+from jigsaw import protocol as pr
+from jigsaw.graph.plan import Assignment, Plan
+from jigsaw.graph.policies import make
+from jigsaw.mux.model.learned import GridLearner, LearnConfig, LearnedFileError, learned_path, load_or_fresh, scaled
+from jigsaw.node.inputs import Inbox
+from jigsaw.node.state import NodeState
+from jigsaw.sim.run import SimConfig, simulate, true_grid
+
+pytestmark = pytest.mark.timeout(60)
+
+PAIR = ("training", "rollout_decode", 1, 1)
+"""training beside a decode at sm 0.5, memory 0.4."""
+
+
+def test_an_entry_never_moves_on_fewer_samples_than_min_samples():
+    grid = synthetic_grid()
+    learner = GridLearner(grid, LearnConfig(min_samples=5))
+    for _ in range(4):
+        learner.record(PAIR, math.log(1.5))
+    assert learner.value(PAIR) == learner.base_value(PAIR)
+    assert learner.refined() is grid  # nothing moved: the scheduler keeps the base grid
+    learner.record(PAIR, math.log(1.5))
+    assert learner.value(PAIR) == pytest.approx(1.5 * learner.base_value(PAIR), rel=1e-3)
+    assert learner.refined().pair("training", "rollout_decode", 0.5, 0.4)[0] == pytest.approx(
+        learner.value(PAIR))
+
+
+def test_evidence_at_one_memory_level_moves_its_row_but_not_another_sm_level_or_its_own_evidence():
+    grid = synthetic_grid()
+    learner = GridLearner(grid, LearnConfig(min_samples=5))
+    for j, x in ((0, 0.4), (1, 0.4), (2, 0.4), (0, 0.4), (1, 0.4)):  # 5 samples over the row, none with 5
+        learner.record(("training", "rollout_decode", 1, j), x)
+    unvisited = ("training", "rollout_decode", 1, 3)
+    assert learner.correction(unvisited) == pytest.approx(0.4, rel=0.05)  # the row's pooled evidence
+    assert learner.refined().pair("training", "rollout_decode", 0.5, 0.8)[0] == pytest.approx(learner.value(unvisited))
+    assert learner.correction(("training", "rollout_decode", 0, 3)) == 0.0  # another SM share: its own row
+    for _ in range(5):
+        learner.record(unvisited, -0.2)
+    assert learner.correction(unvisited) == pytest.approx(-0.2, rel=0.05)  # its own 5 samples override the row
+    alone = GridLearner(grid, LearnConfig(min_samples=5, pool_memory_levels=False))
+    for j in (0, 1, 2, 0, 1):
+        alone.record(("training", "rollout_decode", 1, j), 0.4)
+    assert alone.correction(unvisited) == 0.0 and alone.refined() is grid
+
+
+def test_a_few_outliers_do_not_move_an_entry():
+    learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=5))
+    for x in (0.0, 0.0, math.log(10), 0.0, math.log(10)):
+        learner.record(PAIR, x)
+    assert learner.correction(PAIR) == 0.0  # the median of five: two outliers move nothing
+
+
+def test_a_correction_is_clamped_and_shrunk_by_its_spread():
+    learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=5, max_factor=2.0))
+    for _ in range(8):
+        learner.record(PAIR, math.log(5.0))
+    assert learner.value(PAIR) == pytest.approx(2.0 * learner.base_value(PAIR))
+    noisy = ("training", "rollout_decode", 0, 1)
+    for x in (0.05, 0.25, -0.15, 0.4, 0.1):
+        learner.record(noisy, x)
+    assert 0.0 < learner.correction(noisy) < 0.1  # median 0.1, pulled toward the prior by a 0.2 spread
+
+
+def test_the_normalisation_point_never_moves_and_refined_grids_stay_valid():
+    grid = synthetic_grid()
+    learner = GridLearner(grid, LearnConfig(min_samples=1))
+    top = ("training", None, len(grid.sm_levels) - 1, len(grid.mem_levels) - 1)
+    for _ in range(3):
+        learner.record(top, math.log(1.8))
+        learner.record(("rollout_tail", None, 0, 0), math.log(0.1))  # below the noise floor: clamped
+    refined = learner.refined()
+    assert refined.alone("training", 1.0, 0.8) == 1.0
+    assert refined.alone("rollout_tail", 0.25, 0.2) >= 0.5
+    assert refined.kinds == grid.kinds and refined.sm_levels == grid.sm_levels
+
+
+def test_a_learned_file_round_trips(tmp_path):
+    grid = synthetic_grid()
+    learner = GridLearner(grid)
+    for x in (0.3, 0.31, 0.29, 0.3, 0.3, 0.32):
+        learner.record(PAIR, x)
+    path = learned_path(grid, node="n1", root=tmp_path)
+    assert path == tmp_path / "learned" / "n1" / "synthetic" / "synthetic.json"
+    learner.save(path)
+    back = GridLearner.load(path, grid)
+    assert back.report() == learner.report()
+    assert back.refined() == learner.refined()
+    rebased = GridLearner.load(path, scaled(grid, {("training", "rollout_decode"): 1.2}))
+    assert rebased.value(PAIR) == pytest.approx(learner.value(PAIR), rel=1e-3)  # the evidence, not the offset
+
+
+def test_a_malformed_learned_file_names_itself_and_the_node_starts_from_the_base(tmp_path):
+    grid = synthetic_grid()
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": "jigsaw-learned-grid", "version": 1, "device": "synthetic",
+                                "model": "synthetic", "entries": [{"kind": "training", "partner": None,
+                                                                   "sm_frac": 0.3, "mem_frac": 0.4}]}))
+    with pytest.raises(LearnedFileError, match="bad.json.*sm_frac 0.3"):
+        GridLearner.load(path, grid)
+    learner, said = load_or_fresh(path, grid)
+    assert "bad.json" in said and "base grid" in said
+    assert learner.refined() is grid and not path.exists() and (tmp_path / "bad.rejected.json").exists()
+
+
+def _two_on_one_device(learner):
+    state = NodeState(NODE, learner.base, make("jigsaw"), fallback=False, learner=learner)
+    inbox = Inbox(state)
+    for name, kind in (("a", "training"), ("b", "rollout_decode")):
+        inbox.register(pr.Register(pipeline=name, pid=1, devices=(0,)))
+        inbox.take(name, pr.Admit(session="", kind=kind, dp_rank=0, step=0, expected_s=10.0), 0.0)
+    ids = {name: next(iter(state.pipeline(name).waiting)) for name in ("a", "b")}
+    mem = NODE.mem_bytes
+    state.apply(Plan(time_s=0.0, started=tuple(ids.values()), assignments=(
+        Assignment(substage=ids["a"], pipeline="a", device=0, sm_frac=0.5, mem_bytes=int(0.4 * mem), slowdown=1.2),
+        Assignment(substage=ids["b"], pipeline="b", device=0, sm_frac=0.5, mem_bytes=int(0.6 * mem),
+                   slowdown=1.1))), 0.0)
+    return state, inbox, ids
+
+
+def test_a_finished_grant_reaches_the_learner_through_the_daemons_path():
+    learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=1))
+    state, inbox, ids = _two_on_one_device(learner)
+    base = learner.base_value(PAIR)
+    inbox.take("a", pr.Done(session="", substage=ids["a"]), 10.0 * base * 1.3)  # a Done, as a worker sends it
+    assert learner.observed == 1
+    assert learner.value(PAIR) == pytest.approx(1.3 * base, rel=1e-2)  # one sample: shrunk a little
+    assert state.grid.pair("training", "rollout_decode", 0.5, 0.4)[0] == pytest.approx(learner.value(PAIR))
+    got = state.grants.history[-1]
+    assert got.entry == PAIR and got.error_log == pytest.approx(math.log(10.0 * base * 1.3 / 1.2 / 10.0))
+
+
+def test_a_grant_without_a_reference_is_not_evidence():
+    learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=1))
+    state = NodeState(NODE, learner.base, make("jigsaw"), fallback=False, learner=learner)
+    inbox = Inbox(state)
+    inbox.register(pr.Register(pipeline="a", pid=1, devices=(0,)))
+    inbox.take("a", pr.Admit(session="", kind="training", dp_rank=0, step=0, mem_bytes=GIB), 0.0)
+    sid = next(iter(state.pipeline("a").waiting))
+    state.apply(Plan(time_s=0.0, started=(sid,), assignments=(
+        Assignment(substage=sid, pipeline="a", device=0, sm_frac=0.5, mem_bytes=int(0.4 * NODE.mem_bytes),
+                   slowdown=1.5),)), 0.0)
+    inbox.take("a", pr.Done(session="", substage=sid), 30.0)
+    assert learner.observed == 0 and learner.skipped["no reference"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_learned_grid_converges_to_a_known_true_grid_in_simulation():
+    config = SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-gsm8k"), steps=24, placement="colocated",
+                       trace=False, learn_grid=True,
+                       true_grid_scale=("reference/rollout_tail=1.5", "reference/training=1.5",
+                                        "training/rollout_tail=1.5", "training/reference=1.5"))
+    result = simulate(config)
+    truth = true_grid(config, result.learner.base)
+    true_tables = truth.to_dict()
+    settled = [e for e in result.learner.report() if e.count >= result.learner.config.min_samples]
+    moved = [e for e in settled if abs(e.learned / e.prior - 1.0) > 0.1]
+    assert len(moved) >= 2
+    for e in settled:
+        kind, partner, i, j = e.entry
+        want = (true_tables["alone"][kind] if partner is None else true_tables["pairs"][kind][partner])[i][j]
+        assert e.learned == pytest.approx(want, rel=0.01), e
+
+
+def test_a_daemon_that_learns_survives_a_malformed_file_and_saves_what_it_learned(tmp_path, caplog):
+    from jigsaw.runtime.daemon import Daemon, DaemonConfig
+
+    grid = Daemon(DaemonConfig(), directory=tmp_path / "a").grid
+    path = learned_path(grid)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    daemon = Daemon(DaemonConfig(learn_grid=True), directory=tmp_path / "b")
+    assert str(path) in caplog.text and daemon.state.learner is daemon.learner
+    daemon.learner.record(("training", "rollout_decode", 1, 1), 0.2)
+    daemon.learner.observed = 1
+    daemon.save_learned()
+    assert GridLearner.load(path, grid).report() == daemon.learner.report()
