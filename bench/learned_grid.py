@@ -9,6 +9,10 @@
        (the plan's prediction error), and the entries learned so far; throughput of each run
 
     python bench/learned_grid.py [--steps 30] [--workload qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k]
+
+Live: `--traces T.jsonl ...` reads daemon traces of runs that learned (`jigsaw demo --learn-grid`,
+`jigsaw daemon --learn-grid`): per step, the mean |log(predicted / reference)| of the grants the
+learner took (a release event's `learned`), and how many there were.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from jigsaw.graph.ids import SubStageId
 from jigsaw.mux.model.learned import GridLearner, LearnConfig
 from jigsaw.sim.node import NodeSim
 from jigsaw.sim.run import SimConfig, build, true_grid
+from jigsaw.trace import Trace
 
 SCALE = ("reference/rollout_tail=1.5", "reference/training=1.5", "training/rollout_tail=1.5",
          "training/reference=1.5")
@@ -44,11 +49,27 @@ def run(config: SimConfig, mode: str):
     return tokens / makespan, per_step, learner
 
 
+def live(paths) -> None:
+    """The plan's error per step over daemon traces that learned (module docstring)."""
+    print(f"{'trace':<40} {'step':>4} {'grants':>6} {'mean |error|':>12}")
+    for path in paths:
+        per_step: dict[int, list[float]] = {}
+        for e in Trace.read(path).events:
+            if e.event == "release" and "learned" in e.data:
+                per_step.setdefault(SubStageId.parse(e.substage).step, []).append(abs(e.data["learned"]["error_log"]))
+        for step, errs in sorted(per_step.items()):
+            print(f"{str(path)[-40:]:<40} {step:>4} {len(errs):>6} {statistics.fmean(errs):12.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--workload", default="qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k")
+    ap.add_argument("--traces", nargs="+", default=None, help="daemon traces of runs that learned: print their error")
     args = ap.parse_args()
+    if args.traces:
+        live(args.traces)
+        return
     config = SimConfig(workload=(args.workload,), steps=args.steps, placement="colocated", trace=False,
                        true_grid_scale=SCALE)
     t0 = time.perf_counter()

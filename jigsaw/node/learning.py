@@ -8,10 +8,17 @@
                   in learner.refined() for the next decision
 
 The reference is a number the node did not compute from the grid: the requester's own
-estimate (Admit.expected_s) or the static graph's duration.  Without one a grant is not
-evidence: the ledger's work is wall time over the predicted slowdown, so comparing it with
-the prediction would only check the grid against itself.  A grant that began before it asked
-(its head start ran under no grant), or that took over a migration's requests, is skipped.
+estimate (Admit.expected_s), the static graph's duration, or the pipeline's own rate alone
+(AloneRates: seconds per unit of the work its Done reports, from its grants of that kind that
+ran their whole life alone at one point).  At the normalisation point (alone on the whole
+device) wall time is exclusive time by definition; alone at a smaller share it is exclusive
+time × that alone entry's current value, so a pair is learned against its kind alone at the
+same share (where a node never runs anything on a whole device: the CPU demo's two pipelines).
+A grant is never evidence about the point its own reference was measured at.  Without a
+reference a grant is not evidence: the ledger's work is wall time over the predicted slowdown,
+so comparing it with the prediction would only check the grid against itself.  A grant that
+began before it asked (its head start ran under no grant), or that took over a migration's
+requests, is skipped.
 Replicas of a gang at different points run at the slowest one's pace: none of them is
 evidence about its own point.
 """
@@ -19,6 +26,7 @@ evidence about its own point.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -28,6 +36,28 @@ SNAP_FRAC = 0.01
 """A memory budget this close to a level is at it (budgets are bytes, levels fractions)."""
 HISTORY = 4096
 """Learned records kept (the bench's error curve; bounded for a daemon that runs for weeks)."""
+UNIT = {"rollout_prefill": "num_tokens", "rollout_decode": "num_steps", "rollout_tail": "num_steps",
+        "reference": "num_tokens", "training": "num_tokens"}
+"""The work a kind's exclusive time scales with, as its Done reports it (SubStage field)."""
+
+
+class AloneRates:
+    """Per (pipeline, alone entry), wall seconds per unit of work (UNIT) of its grants that ran
+    wholly there; known once it has `min_samples` (the median: a slow start-up or two moves
+    nothing)."""
+
+    def __init__(self, window: int, min_samples: int):
+        self.window, self.min_samples = window, min_samples
+        self._rates: dict[tuple[str, Entry], deque[float]] = {}
+
+    def note(self, key: tuple[str, Entry], units: float, wall_s: float) -> None:
+        if units > 0 and wall_s > 0:
+            self._rates.setdefault(key, deque(maxlen=self.window)).append(wall_s / units)
+
+    def rate(self, key: tuple[str, Entry]) -> float | None:
+        """Wall seconds per unit there, or None (too few grants)."""
+        rates = self._rates.get(key)
+        return statistics.median(rates) if rates is not None and len(rates) >= self.min_samples else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +81,7 @@ class GrantLog:
         self._points: dict[tuple[str, str], list[tuple[float, Entry | None, float]]] = {}
         self._tainted: set[tuple[str, str]] = set()
         self.history: deque[Learned] = deque(maxlen=HISTORY)
+        self.rates = AloneRates(learner.config.window, learner.config.min_samples)
 
     def note(self, now_s: float, pipelines) -> None:
         """Where every running device sub-stage of `pipelines` (LivePipeline) runs now."""
@@ -79,26 +110,55 @@ class GrantLog:
         self._points.pop((pipeline, sid), None)
         self._tainted.discard((pipeline, sid))
 
-    def close(self, p, r, now_s: float) -> Learned | None:
-        """Running `r` of LivePipeline `p` finished at `now_s`: offered to the learner if it has
-        a reference; what was recorded of it, else None."""
+    def close(self, p, r, now_s: float, done=None) -> Learned | None:
+        """Running `r` of LivePipeline `p` finished at `now_s` (`done`: the finished SubStage,
+        its numbers as its Done reported them): offered to the learner if it has a reference;
+        what was recorded of it, else None."""
         key = (p.name, r.sid)
         log, tainted = self._points.pop(key, None), key in self._tainted
         self._tainted.discard(key)
+        segments = [Segment(entry=e, wall_s=max(0.0, t1 - t0), slowdown=1.0 / rate)
+                    for (t0, e, rate), t1 in zip(log or [], [t for t, _, _ in (log or [])[1:]] + [now_s])]
+        fresh = not (r.paces and r.paces[0][1] > 0.0) and not tainted  # all its work ran under these grants
+        units = float(getattr(done, UNIT.get(r.kind.value, ""), 0) or 0) if done is not None else 0.0
+        alone = {s.entry for s in segments if s.wall_s > 0}
+        at = alone.pop() if len(alone) == 1 and None not in alone and next(iter(alone))[1] is None else None
+        if fresh and at is not None:
+            self.rates.note((p.name, at), units, sum(s.wall_s for s in segments))
         reference = r.expected_s if r.expected_s is not None else (
-            p.static[r.sid].duration_s if p.static is not None and r.sid in p.static else None)
+            p.static[r.sid].duration_s if p.static is not None and r.sid in p.static
+            else self._reference(p.name, r.kind.value, segments, units, own=at))
         why = ("not on a device" if not r.on_device else "no reference" if reference is None
                else "head start" if r.paces and r.paces[0][1] > 0.0 else "took on requests" if tainted
                else "never noted" if not log else "")
         if why:
             self.learner.skipped[why] += 1
             return None
-        segments = [Segment(entry=e, wall_s=max(0.0, t1 - t0), slowdown=1.0 / rate)
-                    for (t0, e, rate), t1 in zip(log, [t for t, _, _ in log[1:]] + [now_s])]
         got = Learned(t_s=now_s, pipeline=p.name, sid=r.sid, entry=self.learner.observe(segments, reference),
                       error_log=math.log(max(r.work_s, 1e-12) / reference))
         self.history.append(got)
         return got
+
+    def _reference(self, pipeline: str, kind: str, segments, units: float, own: Entry | None) -> float | None:
+        """Exclusive seconds of `units` of work from the pipeline's rate alone: at the
+        normalisation point, else alone at the share of its longest segment (over that entry's
+        value); never the point `own` the grant itself ran at."""
+        if units <= 0:
+            return None
+        longest = max(segments, key=lambda s: s.wall_s, default=None)
+        places = [self._top(kind)]
+        if longest is not None and longest.entry is not None:
+            places.append((kind, None, longest.entry[2], longest.entry[3]))
+        for place in places:
+            rate = self.rates.rate((pipeline, place)) if place != own else None
+            if rate is not None and (value := self.learner.value(place)) < math.inf:
+                return units * rate / value
+        return None
+
+    def _top(self, kind: str) -> Entry:
+        """The normalisation point of `kind`: alone, every SM, the top memory level."""
+        g = self.learner.base
+        return kind, None, len(g.sm_levels) - 1, len(g.mem_levels) - 1
 
     def _entry(self, kind: str, partner: str | None, budget) -> Entry | None:
         g = self.learner.base

@@ -134,7 +134,7 @@ class NodeState:
         p = self.pipeline(name)
         got = p.finish(sid, now_s, final=final, **numbers)
         if got is not None and self.grants is not None:
-            self.grants.close(p, got[0], now_s)
+            self.grants.close(p, got[0], now_s, got[1])
             self.grants.note(now_s, self.pipelines.values())  # its partner now runs alone
             self.grid = self.learner.refined()
         return got

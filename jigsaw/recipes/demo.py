@@ -114,6 +114,11 @@ class DemoConfig:
     green (SMs; the default of --framework gpu).  green on a CPU recipe needs a FAKE GPU
     (JIGSAW_FAKE_GPU=<num_sms>, mux/partition/fake_gpu.py): the recipe's workers then log the
     side each forward and micro-batch ran on, and run on all cores."""
+    learn_grid: bool = False
+    """The live modes' daemons refine their grid from every finished grant (`jigsaw daemon
+    --learn-grid`), each run from the profile's grid (a fresh profile directory per run, so no
+    run starts from what an earlier one learned); each grant the learner took carries the
+    plan's error for it in the trace (a release event's `learned`)."""
     verl_poll_s: float | None = None
     """--framework verl: poll verl's replay buffer this often (s) in every mode instead of
     verl's 2 s, which makes `gen` last a multiple of 2 s whatever the rollout takes.
@@ -306,6 +311,8 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
     rt = Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     (rt / "rt").mkdir(mode=0o700)
     run.env = dict(run.env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
+    if cfg.learn_grid:  # what this run learns stays in this run
+        run.env["JIGSAW_PROFILE_DIR"] = str(rt / "profiles")
     trace = cfg.out_dir / f"{mode}-trace-r{rep + 1}.jsonl"  # every repeat's: a slow one can be looked at
     trace.unlink(missing_ok=True)
     devices, grid = daemon_layout(cfg)
@@ -315,7 +322,7 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
                                    "--devices", str(devices), "--policy", DAEMON_POLICY[mode],
                                    "--partitioner", cfg.partitioner or ("green" if cfg.framework == "gpu" else "cpu"),
-                                   "--trace", str(trace)],
+                                   "--trace", str(trace), *(["--learn-grid"] if cfg.learn_grid else [])],
                                   env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)
     try:

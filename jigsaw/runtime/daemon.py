@@ -462,9 +462,19 @@ class Daemon:
         if not r.on_device:  # host work (reward, tool): it never held the device
             self._event("host", name, piece.id, t_s=r.start_s, data={"end_s": now})
         else:
-            self._event("release", name, piece.id, device=r.device,
-                        data={"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s})
+            data = {"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s}
+            if (got := self._learned(piece.id)) is not None:  # the plan's error for it, as the learner saw it
+                data["learned"] = {"entry": list(got.entry), "error_log": got.error_log}
+            self._event("release", name, piece.id, device=r.device, data=data)
         return pr.Ok(req=msg.req)
+
+    def _learned(self, sid: str):
+        """What the learner took of the grant of `sid` that just ended, or None."""
+        grants = self.state.grants
+        if grants is None or not grants.history or grants.history[-1].sid != sid:
+            return None
+        got = grants.history[-1]
+        return got if got.entry is not None else None
 
     def _release(self, msg: Release) -> pr.Error:
         """A Done refused for its report still ends its grant; the sender gets the refusal."""

@@ -152,6 +152,56 @@ def test_a_grant_without_a_reference_is_not_evidence():
     assert learner.observed == 0 and learner.skipped["no reference"] == 1
 
 
+def test_a_pipelines_own_rate_alone_is_the_reference_of_its_later_grants():
+    """No expected_s (jigsaw's engines send none): a training that ran alone on the whole device
+    gives its pipeline's seconds per token, the reference of a later training on half of it."""
+    learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=1))
+    state = NodeState(NODE, learner.base, make("jigsaw"), fallback=False, learner=learner)
+    inbox = Inbox(state)
+    inbox.register(pr.Register(pipeline="a", pid=1, devices=(0,)))
+
+    def train(step: int, t0: float, sm_frac: float, mem_frac: float, tokens: int, wall_s: float) -> None:
+        inbox.take("a", pr.Admit(session="", kind="training", dp_rank=0, step=step, mem_bytes=GIB), t0)
+        sid = next(iter(state.pipeline("a").waiting))
+        state.apply(Plan(time_s=t0, started=(sid,), assignments=(
+            Assignment(substage=sid, pipeline="a", device=0, sm_frac=sm_frac, mem_bytes=int(mem_frac * NODE.mem_bytes),
+                       slowdown=learner.base.alone("training", sm_frac, mem_frac)),)), t0)
+        inbox.take("a", pr.Done(session="", substage=sid, num_tokens=tokens), t0 + wall_s)
+
+    train(0, 0.0, 1.0, 0.8, tokens=1000, wall_s=10.0)  # alone, whole device: 10 ms a token
+    assert learner.observed == 0  # never evidence about the point its own reference was measured at
+    train(1, 20.0, 0.5, 0.4, tokens=2000, wall_s=30.0)  # half the SMs: 1.5x its 20 s alone
+    half = ("training", None, 1, 1)
+    assert learner.observed == 1
+    assert learner.value(half) == pytest.approx(1.5, rel=0.02)  # not the base's 1.9, nor 30 / 10
+
+
+def test_where_nothing_runs_on_a_whole_device_a_pair_is_learned_against_its_kind_alone_at_that_share():
+    learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=1))
+    state = NodeState(NODE, learner.base, make("jigsaw"), fallback=False, learner=learner)
+    inbox = Inbox(state)
+    for name in ("a", "b"):
+        inbox.register(pr.Register(pipeline=name, pid=1, devices=(0,)))
+    half, mem = 0.5, int(0.4 * NODE.mem_bytes)
+    alone = learner.base.alone("training", half, 0.4)  # 1.9: the grid's training alone on half
+
+    def grant(t0: float, *asks: tuple[str, str, int]) -> dict[str, str]:
+        for name, kind, step in asks:
+            inbox.take(name, pr.Admit(session="", kind=kind, dp_rank=0, step=step, mem_bytes=GIB), t0)
+        ids = {name: next(iter(state.pipeline(name).waiting)) for name, _, _ in asks}
+        state.apply(Plan(time_s=t0, started=tuple(ids.values()), assignments=tuple(
+            Assignment(substage=sid, pipeline=name, device=0, sm_frac=half, mem_bytes=mem, slowdown=alone)
+            for name, sid in ids.items())), t0)
+        return ids
+
+    a0 = grant(0.0, ("a", "training", 0))["a"]
+    inbox.take("a", pr.Done(session="", substage=a0, num_tokens=1000), 19.0)  # alone on half: 10 s exclusive
+    ids = grant(20.0, ("a", "training", 1), ("b", "rollout_decode", 0))
+    inbox.take("a", pr.Done(session="", substage=ids["a"], num_tokens=1000), 46.0)  # beside the decode: 26 s
+    assert learner.observed == 1
+    assert learner.value(PAIR) == pytest.approx(2.6, rel=0.02)  # 26 s over 10 s exclusive, not over 19 s
+
+
 @pytest.mark.timeout(120)
 def test_the_learned_grid_converges_to_a_known_true_grid_in_simulation():
     config = SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-gsm8k"), steps=24, placement="colocated",
