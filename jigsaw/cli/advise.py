@@ -29,8 +29,10 @@ class Args:
     """Traces of the jobs (JSON lines of `jigsaw run`'s daemon or `jigsaw sim --out`); every pipeline
     in them is a job, ideally each recorded alone on the node."""
     profile: Path | None = None
-    """Slowdown grid of the node, a file or a name (cpu/tiny-qwen3, h100/qwen3-4b.prior); if unset,
-    the first trace's: its daemon's profile, or the analytic prior of its model and device."""
+    """Slowdown grid of the node, a file or a name (cpu/tiny-qwen3, h100/qwen3-4b.prior), for every
+    job and pair; if unset, jobs whose traces name their model and device (`jigsaw sim`'s) are
+    priced as the simulator prices them (each model by its own prior, a pair of two models by its
+    pair view), the others by the first trace's grid (its daemon's profile)."""
     usd_per_gpu_hour: float | None = None
     """Price of one device for an hour; prints $ per million tokens beside GPU-hours per step."""
     warmup_steps: int = 1
@@ -53,7 +55,8 @@ def run(args: Args) -> int:
     grid = _grid(args)
     log = Console(stderr=True, highlight=False)
     with console.status("replaying ...") as status:
-        pairs, pairing = adv.advise(jobs, grid, usd_per_gpu_hour=args.usd_per_gpu_hour, say=status.update)
+        pairs, pairing = adv.advise(jobs, grid, usd_per_gpu_hour=args.usd_per_gpu_hour, say=status.update,
+                                    views=args.profile is None)
     console.print(_jobs_table(jobs, pairs))
     if len(pairs) == 1:
         console.print(_pair_table(pairs[0]))

@@ -49,6 +49,9 @@ class Job:
     tokens: int
     """Tokens of its recorded steps (warm-up left out)."""
     steps: int
+    deployment: tuple[str, tuple] | None = None
+    """(device name, (model, PriorConfig)) a simulator's trace says it ran as; None: unknown (a
+    daemon's trace), the node grid prices it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,7 +122,8 @@ def jobs_of(paths: Sequence[Path], warmup_steps: int = 1) -> list[Job]:
         for ps in rec.pipelines:
             steps = len({s.step for s in ps.graph.substages})
             jobs.append(Job(name=ps.graph.pipeline, source=str(path), state=ps,
-                            tokens=rec.tokens.get(ps.graph.pipeline, 0), steps=steps))
+                            tokens=rec.tokens.get(ps.graph.pipeline, 0), steps=steps,
+                            deployment=_deployment(rec.meta.get(ps.graph.pipeline) or {})))
     if not jobs:
         raise ValueError("no pipeline in the traces given: nothing to advise on")
     return jobs
@@ -142,18 +146,47 @@ def per_pipeline(trace: Trace) -> dict[str, Trace]:
     return {name: Trace([e for e in trace.events if e.pipeline in ("", name)]) for name in names}
 
 
+def _deployment(meta: dict) -> tuple[str, tuple] | None:
+    """What a simulator's pipeline event says the job ran as, or None."""
+    from jigsaw.mux.model.specs import DEVICES, PriorConfig, model_from_config, register_model
+
+    if not all(k in meta for k in ("model", "device", "prior")) or meta["device"] not in DEVICES:
+        return None
+    if "model_config" in meta:  # a model the workload described by its shape
+        register_model(meta["model"], model_from_config(meta["model_config"], "the trace's model_config"))
+    return meta["device"], (meta["model"], PriorConfig(**meta["prior"]))
+
+
+def views_of(jobs: Sequence[Job]):
+    """(node grid, PairGrids or None) for jobs whose models and device are known (one kind of
+    device), priced as `jigsaw sim` prices them: one model by its own prior, several by the
+    mix prior with each pair by its own view; None where they are not known (the given grid
+    prices them)."""
+    from jigsaw.mux.model.grids import pair_grids, prior_grid
+
+    known = [j.deployment for j in jobs]
+    if any(k is None for k in known) or len({d for d, _ in known}) != 1:
+        return None
+    device, deps = known[0][0], [dep for _, dep in known]
+    return prior_grid(device, deps), pair_grids(device, {j.name: j.deployment[1] for j in jobs})
+
+
 def _free_name(base: str, jobs: Sequence[Job]) -> str:
     taken = {j.name for j in jobs}
     return next(n for n in itertools.chain([base], (f"{base}-{k}" for k in itertools.count(2))) if n not in taken)
 
 
 def run_group(jobs: Sequence[Job], policy: str, grid, sched: SchedulerConfig = SchedulerConfig(),
-              usd_per_gpu_hour: float | None = None) -> Outcome:
-    """`jobs` on one node (each on its recorded devices) to the end under `policy`."""
+              usd_per_gpu_hour: float | None = None, views: bool = True) -> Outcome:
+    """`jobs` on one node (each on its recorded devices) to the end under `policy`; `views`:
+    jobs of different known models are priced by their pair views (`views_of`), not `grid`."""
+    pairs = None
+    if views and (got := views_of(jobs)) is not None:
+        grid, pairs = got
     num_devices = max(max(j.state.devices) + 1 for j in jobs)
     rec = Recorded(pipelines=tuple(j.state for j in jobs), tokens={j.name: j.tokens for j in jobs}, meta={},
                    num_devices=num_devices)
-    ex = replay(rec, make(policy, sched), grid, sched)
+    ex = replay(rec, make(policy, sched), grid, sched, pairs=pairs)
     names = tuple(j.name for j in jobs)
     tokens, steps = sum(j.tokens for j in jobs), sum(j.steps for j in jobs)
     if isinstance(ex, Refused):
@@ -166,11 +199,13 @@ def run_group(jobs: Sequence[Job], policy: str, grid, sched: SchedulerConfig = S
 
 
 def advise_pair(a: Job, b: Job, grid, sched: SchedulerConfig = SchedulerConfig(),
-                usd_per_gpu_hour: float | None = None, alone: dict[str, Outcome] | None = None) -> PairAdvice:
+                usd_per_gpu_hour: float | None = None, alone: dict[str, Outcome] | None = None,
+                views: bool = True) -> PairAdvice:
     """Jobs a and b on one node under every pair policy, and each alone (`alone`, if known)."""
     alone = alone or {}
-    solo = {j.name: alone.get(j.name) or run_group([j], "serial", grid, sched, usd_per_gpu_hour) for j in (a, b)}
-    options = {p: run_group([a, b], p, grid, sched, usd_per_gpu_hour) for p in PAIR_POLICIES}
+    solo = {j.name: alone.get(j.name) or run_group([j], "serial", grid, sched, usd_per_gpu_hour, views)
+            for j in (a, b)}
+    options = {p: run_group([a, b], p, grid, sched, usd_per_gpu_hour, views) for p in PAIR_POLICIES}
     return PairAdvice(jobs=(a.name, b.name), alone=solo, options=options)
 
 
@@ -199,8 +234,8 @@ def best_pairing(names: Sequence[str], alone_node_s: dict[str, float],
 
 
 def advise(jobs: Sequence[Job], grid, sched: SchedulerConfig = SchedulerConfig(),
-           usd_per_gpu_hour: float | None = None,
-           say: Callable[[str], None] = lambda line: None) -> tuple[list[PairAdvice], Pairing]:
+           usd_per_gpu_hour: float | None = None, say: Callable[[str], None] = lambda line: None,
+           views: bool = True) -> tuple[list[PairAdvice], Pairing]:
     """Every pair of `jobs` advised on, and the best way to group them all."""
     if len(jobs) < 2:
         raise ValueError(f"advise needs at least two jobs, the traces hold {len(jobs)}")
@@ -209,11 +244,11 @@ def advise(jobs: Sequence[Job], grid, sched: SchedulerConfig = SchedulerConfig()
     alone = {}
     for j in jobs:
         say(f"{j.name} alone ...")
-        alone[j.name] = run_group([j], "serial", grid, sched, usd_per_gpu_hour)
+        alone[j.name] = run_group([j], "serial", grid, sched, usd_per_gpu_hour, views)
     pairs = []
     for a, b in itertools.combinations(jobs, 2):
         say(f"{a.name} beside {b.name} ...")
-        pairs.append(advise_pair(a, b, grid, sched, usd_per_gpu_hour, alone))
+        pairs.append(advise_pair(a, b, grid, sched, usd_per_gpu_hour, alone, views))
     pair_node_s = {frozenset(p.jobs): p.options["jigsaw"].node_s for p in pairs if p.options["jigsaw"].refused is None}
     pairing = best_pairing([j.name for j in jobs], {n: o.node_s for n, o in alone.items()}, pair_node_s)
     return pairs, pairing

@@ -87,18 +87,22 @@ class PolicyFailed(RuntimeError):
 
 def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             config: SchedulerConfig = SchedulerConfig(), policy: Policy | None = None,
-            max_plans: int = 1_000_000, continuous: bool = False, fallback: bool = True) -> Execution:
+            max_plans: int = 1_000_000, continuous: bool = False, fallback: bool = True,
+            pairs=None) -> Execution:
     """Run every pipeline's graph to completion; `policy` defaults to jigsaw with `config`.
+    `pairs` (PairGrids, by pipeline name): pipelines of different models, each pair planned and
+    timed by its own view, as the node simulator's physics does; None: `model` prices every pair.
     With `continuous`, a plan that does not start an urgent rollout piece is an error.
     `fallback` off: a policy that raises is a PolicyFailed, not a plan of the node state's
     fallback (what measuring the policy needs); on, the node goes on as a live one does."""
-    state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False, fallback=fallback)
+    state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False, fallback=fallback,
+                      pairs=pairs)
     for ps in pipelines:
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
         state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1)
     footprints = {(ps.graph.pipeline, s.id): s.mem_bytes for ps in pipelines for s in ps.graph.substages}
-    run = _Run(state, model, config.balance, continuous, fallback, footprints)
+    run = _Run(state, model, config.balance, continuous, fallback, footprints, pairs)
     while not run.done():
         if len(run.plans) >= max_plans:
             raise run.failed(f"no completion after {max_plans} plans")
@@ -114,8 +118,9 @@ class _Run:
     """The executor's clock, the work left of running replicas, and what it recorded."""
 
     def __init__(self, state: NodeState, model, balanced: bool, continuous: bool, fallback: bool,
-                 footprint_bytes: dict[tuple[str, str], int]):
+                 footprint_bytes: dict[tuple[str, str], int], pairs=None):
         self.state, self.model, self.balanced, self.continuous = state, model, balanced, continuous
+        self.pairs = pairs
         self.fallback = fallback
         self.fallbacks: list[str] = []
         self.footprint_bytes = footprint_bytes
@@ -229,7 +234,8 @@ class _Run:
         is not trusted: this is the effect side)."""
         out = {}
         for dev, group in layout(d.holders).items():
-            got = self.model.actual(*[self._unit(h) for h in group])
+            view = self.model if self.pairs is None else self.pairs.between(group[0].pipeline, group[-1].pipeline)
+            got = view.actual(*[self._unit(h) for h in group])
             if got is None or not all(math.isfinite(x) for x in got):  # a holder alone says inf
                 raise self.failed(f"the plan gives {[h.sid for h in group]} budgets on device {dev} that the "
                                   "slowdown grid says do not fit")

@@ -210,15 +210,18 @@ def recorded_makespan_s(trace: Trace) -> float:
     return max((e.t_s for e in trace.events if e.event == "step"), default=0.0)
 
 
-def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig()) -> Execution | Refused:
+def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig(),
+           pairs=None) -> Execution | Refused:
     """Run the recorded pipelines' work to completion under `policy` alone: the node state's
-    fallback is off, so a policy that fails is Refused, never a row the fallback computed."""
+    fallback is off, so a policy that fails is Refused, never a row the fallback computed.
+    `pairs`: each pair of pipelines of different models priced by its own view (execute)."""
     node = NodeSpec(num_devices=rec.num_devices, mem_bytes=grid.device.mem_bytes)
     why = refusal(policy, needs(rec, node.mem_bytes))
     if why is not None:  # what the simulator says before a run it would refuse
         return Refused(policy=policy.name, time_s=0.0, reason=why)
     try:
-        return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True, fallback=False)
+        return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True, fallback=False,
+                       pairs=pairs)
     except PolicyFailed as exc:
         return exc.refused
 

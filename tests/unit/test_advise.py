@@ -173,3 +173,17 @@ def test_advise_on_two_recorded_cpu_demo_jobs_predicts_the_measured_pairing_with
     assert measured == pytest.approx(3346, rel=1e-3)  # the README's number: the right recording
     assert pair.options["jigsaw"].tokens_per_s == pytest.approx(measured, rel=0.10)
     assert pair.gain("jigsaw", "serial") > 1.5  # a pairing worth making, as measured (3,346 vs 1,613 tokens/s)
+
+
+def test_jobs_of_different_models_are_priced_by_their_pair_views_as_the_simulator_prices_them(solos, grid):
+    """A 0.6B and a 4B job: one grid (the first trace's, the 0.6B's) would price the 4B's training
+    beside the 0.6B's rollout as the 0.6B's own; the advice follows the simulator's pricing."""
+    a, b = adv.jobs_of(solos[:2], warmup_steps=0)
+    assert a.deployment[1][0] != b.deployment[1][0]  # two models, both known from the traces
+    sim = {p: simulate(colocated(workload=("qwen3-0.6b-gsm8k", "qwen3-4b-gsm8k-multiturn"), gpus=4, steps=STEPS,
+                                 seed=1, policy=p)) for p in ("serial", "static")}
+    simulated = sim["static"].tokens_per_s / sim["serial"].tokens_per_s
+    viewed = adv.advise_pair(a, b, grid).gain("static", "serial")
+    one_grid = adv.advise_pair(a, b, grid, views=False).gain("static", "serial")
+    assert abs(viewed / simulated - 1) < abs(one_grid / simulated - 1)
+    assert viewed == pytest.approx(simulated, rel=0.05)
