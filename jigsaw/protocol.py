@@ -100,6 +100,9 @@ class Register(_Msg, tag="register"):
     max_tokens: Tokens = 0
     """Its response cap in tokens (0: not said); with it, turn lengths (`Lengths`) tell how
     long a live tail still runs."""
+    slo_slowdown: Annotated[float, Meta(ge=0.0, le=1000.0)] = 0.0
+    """Its steps may take at most this × their exclusive time (`jigsaw run --slo`, >= 1;
+    0: no SLO); the scheduler keeps it where it can and says when it cannot."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
@@ -330,6 +333,16 @@ class PipelineInfo(msgspec.Struct, frozen=True, kw_only=True):
     talks to the daemon)."""
     granted: int = 0
     """Sub-stages admitted since it registered."""
+    slo_slowdown: float = 0.0
+    """Its step SLO: a step may take at most this × its exclusive time (0: none)."""
+    slo_kept: int = 0
+    """Finished steps within the SLO."""
+    slo_steps: int = 0
+    """Finished steps held to the SLO."""
+    last_slowdown: float = 0.0
+    """The last finished step's latency over its exclusive time (0: no step finished)."""
+    slo_given_up: str = ""
+    """Why the latest plan gives its SLO up ("" when it keeps it, or has no forecast for it)."""
 
 
 class StatusReply(_Msg, tag="status_reply"):

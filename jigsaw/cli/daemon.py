@@ -2,7 +2,8 @@
 
     serve (default)  DaemonConfig (flags) ─► Daemon(config).serve()   until SIGINT / SIGTERM, a
                      Stop request, or idle_exit_s with no pipeline; then its socket and lock go
-    status           Status ─► the daemon's pid, uptime, set-up, trace, pipelines  (exit 1: none)
+    status           Status ─► the daemon's pid, uptime, set-up, trace, pipelines (with an SLO: steps
+                     kept, the last step's slowdown, why the latest plan gives it up)  (exit 1: none)
     stop             Status (its pid) ─► Stop ─► wait until that pid has exited, or stop_timeout_s
                      (exit 0: stopped, or none was running; 1: it did not stop)
     migrate          Migrate(pipeline, source rank, target rank) ─► the rollout's requests in flight
@@ -215,10 +216,21 @@ def describe(st, ep: str) -> list[str]:
              f"  trace      {st.trace}",
              f"  idle exit  {idle}",
              f"  pipelines  {len(st.pipelines)}"]
-    lines += [f"    {p.name}: {p.clients} client(s), step {p.step}, sub-stages asked {p.requested}, granted "
-              f"{p.granted}, running {len(p.running)}, waiting {len(p.pending)}" for p in st.pipelines]
+    for p in st.pipelines:
+        lines.append(f"    {p.name}: {p.clients} client(s), step {p.step}, sub-stages asked {p.requested}, granted "
+                     f"{p.granted}, running {len(p.running)}, waiting {len(p.pending)}")
+        lines += _slo_lines(p)
     lines.append(f"  errors {st.errors}, refused connections {st.refused}, scheduler failures {st.scheduler_failures}")
     return lines
+
+
+def _slo_lines(p) -> list[str]:
+    """A pipeline's SLO in `jigsaw daemon status` (none without one)."""
+    if not p.slo_slowdown:
+        return []
+    last = f", last step {p.last_slowdown:.2f}× exclusive" if p.last_slowdown else ""
+    lines = [f"      SLO {p.slo_slowdown:g}×: {p.slo_kept}/{p.slo_steps} steps kept{last}"]
+    return lines + ([f"      given up: {p.slo_given_up}"] if p.slo_given_up else [])
 
 
 def _duration(seconds: float) -> str:

@@ -71,6 +71,10 @@ class Args:
     through jigsaw's verl plugin (install jigsaw[verl] where verl runs)."""
     start_timeout_s: float = 10.0
     """How long to wait for a daemon started on demand."""
+    slo: float | None = None
+    """Slowdown SLO of CMD's steps: each may take at most this × its step alone on its devices
+    (e.g. 1.3).  The scheduler co-locates and splits so as to keep it, says in `jigsaw daemon
+    status` and the trace when it cannot, and counts the steps kept.  Unset: no SLO."""
     warn_unscheduled_s: float = 60.0
     """Warn once if CMD still runs after this many seconds without asking the daemon for a sub-stage
     (a verl job: at least 300 s, its start-up takes minutes).  0: never."""
@@ -83,6 +87,10 @@ def run(args: Args) -> int:
 
     if not args.cmd:
         raise ValueError("jigsaw run needs a command after `--`, e.g. jigsaw run -- python train.py")
+    if args.slo is not None:
+        from jigsaw.graph.slo import check_slo
+
+        check_slo(args.slo)
     from jigsaw.protocol import check_name, safe_name
 
     name = check_name(args.name) if args.name else safe_name(f"{Path(args.cmd[0]).name}-{os.getpid()}")
@@ -94,7 +102,7 @@ def run(args: Args) -> int:
         _say(f"{framework} has no jigsaw integration in this version: {name}'s stages run unscheduled "
              f"(nothing in {framework} asks the jigsaw daemon for them)")
     token = secrets.token_hex(16)
-    owner = Client(name, ep, owner=token)
+    owner = Client(name, ep, owner=token, slo_slowdown=args.slo or 0.0)
     if owner.refusal is not None and owner.refusal.code == "name-taken":
         owner.close()
         raise ValueError(owner.refusal.message)

@@ -163,8 +163,9 @@ def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str], 
     t = Table(title=f"{', '.join(names)} on {config.gpus or 'default'} GPUs, {config.steps} steps"
                     + (", tail batching" if config.tailbatch else ""))
     priced = usd_per_gpu_hour is not None  # an 80-column terminal has no room for them otherwise
+    held = [p.name for p in first.pipelines if p.slo_slowdown is not None]
     for col in ("policy", "tokens/s", "x serial", "makespan s", "gap to bound", *[f"step s {n}" for n in names],
-                *(columns() if priced else ())):
+                *[f"SLO {n}" for n in held], *(columns() if priced else ())):
         t.add_column(col, justify="left" if col == "policy" else "right", min_width=10 if col == "tokens/s" else None)
     serial = results.get("serial")
     for name, r in results.items():
@@ -172,14 +173,23 @@ def _table(results: dict, bound, config: SimConfig, infeasible: dict[str, str], 
         gap = f"{r.makespan_s / bound.makespan_s - 1:+.1%}" if bound else "—"
         t.add_row(name, f"{r.tokens_per_s:,.0f}", ratio, f"{r.makespan_s:,.1f}", gap,
                   *[f"{p.mean_step_latency_s:.1f}" for p in r.pipelines],
+                  *[_slo_cell(p) for p in r.pipelines if p.name in held],
                   *(_cost(r, num_gpus(config), usd_per_gpu_hour) if priced else ()))
     notes = [_same_work(results)] + [_unrun(t, name, "infeasible", why) for name, why in infeasible.items()]
     notes += [f"{name}: {r.placement.summary()}" for name, r in results.items() if r.placement is not None]
+    if held:
+        notes.append("SLO: steps within the SLO of all, and the mean step against the same step of the "
+                     "pipeline alone on the node")
     if bound:
         notes.append(f"lower bound {bound.makespan_s:,.1f} s = max(pipeline alone {bound.critical_path_s:,.1f} s, "
                      f"resource {bound.resource_s:,.1f} s)")
     t.caption = "\n".join(notes) or None
     return t
+
+
+def _slo_cell(p) -> str:
+    kept, steps = p.slo_kept
+    return f"{kept}/{steps} at {p.slowdown:.2f}×"
 
 
 def _cost(result, gpus: int, usd_per_gpu_hour: float | None) -> tuple[str, str]:

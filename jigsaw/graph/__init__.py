@@ -20,6 +20,7 @@ Scheduling
     actions.py    the action space and its critical-path cost
     schedule.py   the windowed look-ahead: a pure function to a Plan
     merge.py      long-tail migration (ΔT) and multiplexing-aware balancing
+    slo.py        slowdown SLOs: a step's exclusive time, its deadline, the plan's forecast
 Policies
     placement.py  where k pipelines go on n devices: the shapes the policies place by
     policy.py     the one Policy protocol, its View, and the look-ahead as a policy (Jigsaw)

@@ -71,12 +71,17 @@ class Packing(NamedTuple):
     sum of its replicas' 1/s, so every device counts at its best pair's 1/s_a + 1/s_b."""
 
 
+def _held(d) -> tuple[int, float, float, float]:
+    return d.step, d.deadline_s, d.next_exclusive_s, d.slo_slowdown
+
+
 class Context:
     """Per-call constants of the search: config, node, slowdown lookups."""
 
     __slots__ = ("config", "balanced", "mem_bytes", "sm_budgets_frac", "model", "_table", "peak_flops", "_feasible",
                  "min_pack_efficiency", "decode", "prefill_work", "multi_turn", "start_beside", "_merge_configs",
-                 "bound_weight", "min_slowdown", "pack", "solo", "capped", "_pairs", "_names", "_cls", "elastic")
+                 "bound_weight", "min_slowdown", "pack", "solo", "capped", "_pairs", "_names", "_cls", "elastic", "slo",
+                 "given_up", "deadlines")
 
     def __init__(self, model: SlowdownModel, config: SchedulerConfig, node: NodeSpec, cache: SchedulerCache,
                  pipelines: Sequence[PipelineState] = (), pairs: PairModels | None = None,
@@ -95,6 +100,13 @@ class Context:
         self.decode = tuple(ps.decode_fit for ps in pipelines)
         self.prefill_work = tuple(ps.prefill_work for ps in pipelines)
         self.multi_turn = tuple(ps.multi_turn for ps in pipelines)
+        self.slo = {p: _held(ps.deadline) for p, ps in enumerate(pipelines) if ps.deadline is not None} or None
+        """Per pipeline with an SLO: (the step held to it, its deadline, the next step's
+        exclusive time, its SLO); None: no SLO held."""
+        self.given_up: dict[int, str] = {}
+        """Deadlines given up before the search (actions.initial), and why."""
+        self.deadlines = dict(self.slo or {})
+        """Every pipeline's deadline, held or given up (the plan reports each)."""
         self.peak_flops = model.device.peak_flops
         self.start_beside = {b: Option(Verb.START, b) for b in self.sm_budgets_frac}
         self._table = cache.tables_for(model, pairs)

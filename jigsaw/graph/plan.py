@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.merge import DecodeFit, MergeConfig
+from jigsaw.graph.slo import Deadline, SloForecast
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,6 +145,9 @@ class PipelineState:
     prefill_work: tuple[float, float] | None = None
     """(FLOPs, exclusive seconds) of the pipeline's prefill sub-stages: their MFU prices a
     migration's KV recompute (None: read from the graph's prefill sub-stages)."""
+    deadline: Deadline | None = None
+    """When its current step must end to keep its slowdown SLO (graph/slo.py); the look-ahead
+    keeps every deadline it can before it looks at throughput.  None: no SLO."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,8 @@ class Plan:
     """Predicted completion of the slowest pipeline (critical path after the window)."""
     decisions: tuple[str, ...] = ()
     """Human-readable actions chosen at this point, for traces and debugging."""
+    slo: tuple[SloForecast, ...] = ()
+    """Per pipeline with a deadline: the step end this plan predicts, and whether it keeps it."""
 
     def on_device(self, device: int) -> tuple[Assignment, ...]:
         return tuple(a for a in self.assignments if a.device == device)

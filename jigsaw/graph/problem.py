@@ -27,7 +27,8 @@ class Task:
     """A schedulable unit (see module docstring); immutable once the Problem is built."""
 
     __slots__ = ("idx", "pipe", "kind", "ids", "ranks", "devices", "hold_device", "excl_s", "mem_bytes", "preds",
-                 "succs", "tail_s", "batch_size", "mergeable", "context_tokens", "num_steps", "flops_per_token")
+                 "succs", "tail_s", "step", "step_tail_s", "batch_size", "mergeable", "context_tokens", "num_steps",
+                 "flops_per_token")
 
     def __repr__(self) -> str:
         return f"Task({self.idx}, {self.ids[0]}{'...' if len(self.ids) > 1 else ''})"
@@ -178,7 +179,7 @@ class _Shape:
         dominant = list(self.part.dominant)
         for i in sorted(dirty, reverse=True):  # successors first
             t = tasks[i]
-            t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
+            _fill_tail(t, tasks, start)
             dominant[i] = _dominant(t, tasks, start, self.chain)
         if self.tools:
             for i in changed:
@@ -302,7 +303,7 @@ def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe
     t = Task()
     first = group[0]
     kind, on_device, _, _ = _KIND[first.kind]
-    t.idx, t.pipe, t.kind = idx, pipe, kind
+    t.idx, t.pipe, t.kind, t.step = idx, pipe, kind, first.step
     deps, succ = graph.deps, graph._succ
     if len(group) == 1:  # most tasks: written out, this runs for every task at every decision
         sid, rank = first.id, first.dp_rank
@@ -337,6 +338,13 @@ def _make_task(graph: SubStageGraph, group: list, devices: tuple[int, ...], pipe
 
 
 def _fill_tails(tasks: list[Task], start: int) -> None:
-    """tail_s: longest chain of exclusive durations after the task (to its pipeline's sink)."""
+    """tail_s: longest chain of exclusive durations after the task (to its pipeline's sink);
+    step_tail_s: the same within the task's own step (to the step's end: its SLO deadline)."""
     for t in reversed(tasks):
-        t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
+        _fill_tail(t, tasks, start)
+
+
+def _fill_tail(t: Task, tasks: Sequence[Task], start: int) -> None:
+    t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
+    t.step_tail_s = max((tasks[j - start].excl_s + tasks[j - start].step_tail_s for j in t.succs
+                         if tasks[j - start].step == t.step), default=0.0)

@@ -36,6 +36,7 @@ from jigsaw.graph.merge import balance
 from jigsaw.graph.model import PairModels, SlowdownModel
 from jigsaw.graph.plan import Assignment, Migration, NodeSpec, PipelineState, Plan, Routing, SchedulerConfig
 from jigsaw.graph.problem import Problem, SchedulerCache
+from jigsaw.graph.slo import TOLERANCE_S, SloForecast
 from jigsaw.graph.state import State
 
 _TIE = 1e-9  # relative: options whose costs differ less are equal; the earlier one wins
@@ -91,9 +92,9 @@ def _schedule(pipelines, node, model, config, time_s, cache, pairs, host_frac, e
             option = search(P, S, ctx, config.window, dec)[1]
         elif end_game is None:
             option = play_out(P, S, ctx, config.window, dec)[1]
-        elif (option := end_game.follow(P, S, dec)) is None:
+        elif (option := end_game.follow(P, S, dec, ctx.deadlines)) is None:
             end_game.solve(P, S, ctx, config.window, dec)
-            option = end_game.follow(P, S, dec)
+            option = end_game.follow(P, S, dec, ctx.deadlines)
         act.apply(P, S, ctx, dec[0], option)
     return _plan(P, S, ctx, before)
 
@@ -112,15 +113,18 @@ class EndGame:
     predicted, another choice open) the rest is solved again from there.  A plan then depends
     on an earlier call's line, as a baseline's turn does."""
 
-    __slots__ = ("problem", "line")
+    __slots__ = ("problem", "line", "deadlines")
 
     def __init__(self) -> None:
         self.problem: Problem | None = None
         self.line: list[act.Logged] = []
+        self.deadlines: dict = {}
+        """The SLO deadlines the line was solved under (a new step's deadline is another game)."""
 
-    def follow(self, P: Problem, S: State, dec) -> act.Option | None:
-        """The line's option for `dec` at S, or None where S is off the line."""
-        if P is not self.problem:
+    def follow(self, P: Problem, S: State, dec, deadlines: dict | None = None) -> act.Option | None:
+        """The line's option for `dec` at S, or None where S is off the line (or the deadlines
+        it was solved under have changed)."""
+        if P is not self.problem or (deadlines or {}) != self.deadlines:
             return None
         item, options = dec
         tol = _TIE * max(1.0, S.now_s)
@@ -146,7 +150,7 @@ class EndGame:
                     dec = act.settle(P, T, ctx, advance_time=False)
         finally:
             ctx.pack = pack
-        self.problem, self.line = P, line
+        self.problem, self.line, self.deadlines = P, line, dict(ctx.deadlines)
 
 
 def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
@@ -178,7 +182,8 @@ def play_out(P: Problem, S: State, ctx: act.Context, depth: int, dec) -> tuple[t
     best_cost, best_opt = None, options[0]
     for first, k in ranked:
         branch = _after(P, S, ctx, item, options[k])
-        cut = best_cost[0] if best_cost is not None else None
+        # A makespan bound cannot cut a play valued by its SLO lateness first.
+        cut = best_cost[0] if best_cost is not None and ctx.slo is None else None
         while (nxt := act.settle(P, branch, ctx, advance_time=True)) is not None:
             # the call's packing (the bound's input) exists only where the leaf blends the bound
             if cut is not None and ctx.bound_weight > 0.0 and \
@@ -187,6 +192,8 @@ def play_out(P: Problem, S: State, ctx: act.Context, depth: int, dec) -> tuple[t
             act.apply(P, branch, ctx, nxt[0], search(P, branch, ctx, depth, nxt)[1])
         else:
             c = (max(branch.end_s), *first)
+            if ctx.slo is not None:
+                c = (act.cost(P, branch, ctx.slo, ctx=ctx)[0], *c)
             if best_cost is None or _better(c, best_cost):
                 best_cost, best_opt = c, options[k]
     return best_cost, best_opt
@@ -230,7 +237,35 @@ def _plan(P: Problem, S: State, ctx: act.Context, before: set[int]) -> Plan:
         time_s=S.now_s, started=started, assignments=assignments(P, S, ctx),
         migrations=_migrations(P, S), routing=_routing(P, S, ctx),
         cost_s=act.cost(P, S)[0], decisions=tuple(_describe(P, item, opt) for _, item, opt in S.log),
+        slo=_slo(P, S, ctx),
     )
+
+
+def _slo(P: Problem, S: State, ctx: act.Context) -> tuple[SloForecast, ...]:
+    """Each deadline's predicted step end after this plan, and why one given up is."""
+    if not ctx.deadlines:
+        return ()
+    ends: dict[int, float] = {}
+    all_held = dict(ctx.deadlines)
+    T = S.copy(history=False)  # the given-up ones' ends too, on the same path (no time passed in the call)
+    T.watch = frozenset(i for p, (step, *_) in all_held.items() for i in P.pipe_tasks[p] if P.tasks[i].step == step)
+    T.slo_end = [-float("inf")] * len(P.names)
+    act.cost(P, T, all_held, ends, ctx)
+    kept = {p for p, (_, deadline, *_) in all_held.items()
+            if p not in ctx.given_up and ends[p] <= deadline + TOLERANCE_S}
+    out = []
+    for p, (step, deadline, *_) in sorted(all_held.items()):
+        why = "" if p in kept else ctx.given_up.get(p) or _given_up([P.names[q] for q in sorted(kept)])
+        out.append(SloForecast(pipeline=P.names[p], step=step, deadline_s=deadline,
+                               predicted_end_s=max(ends[p], S.now_s), kept=p in kept, reason=why))
+    return tuple(out)
+
+
+def _given_up(kept: list[str]) -> str:
+    if kept:
+        return f"given up for the SLO of {', '.join(kept)}: no option in the look-ahead keeps all of them"
+    return ("given up: the devices are held by work already running; every option in the look-ahead ends "
+            "its step late")
 
 
 def assignments(P: Problem, S: State, ctx: act.Context) -> tuple[Assignment, ...]:

@@ -47,7 +47,7 @@ class State:
 
     __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
                  "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged",
-                 "solo", "capped", "pace")
+                 "solo", "capped", "pace", "watch", "slo_end")
 
     def copy(self, history: bool = True) -> State:
         """A state to branch on; without `history`, its starts and log begin empty (a branch of
@@ -63,6 +63,8 @@ class State:
         c.urgent = self.urgent  # fixed for the whole call: never mutated
         c.merged = self.merged  # replaced, never mutated, by a merge
         c.solo, c.capped, c.pace = self.solo, self.capped, self.pace  # fixed for the whole call
+        c.watch = self.watch  # fixed for the whole call
+        c.slo_end = None if self.slo_end is None else self.slo_end[:]
         return c
 
 
@@ -82,6 +84,9 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.capped = capped or {}
     """Devices a host-busy pipeline keeps its share of: every kind's split alone there."""
     S.pace = _pace(P, S.solo)
+    S.watch, S.slo_end = frozenset(), None
+    """Tasks of a step held to a deadline, and per pipeline the latest end of one of them in
+    this search (-inf: none ended yet); set by the caller (actions.initial) when SLOs exist."""
     S.ready, S.running, S.closed, S.deferred = set(), set(), set(), set()
     S.touched = set(range(P.num_devices))
     S.end_s, S.started, S.log = [time_s] * len(pipelines), [], []
@@ -224,6 +229,8 @@ def finish(P: Problem, S: State, i: int, balanced: bool) -> None:
         S.held[task.hold_device] = tuple(j for j in S.held[task.hold_device] if j != i)
     if S.now_s > S.end_s[task.pipe]:
         S.end_s[task.pipe] = S.now_s
+    if i in S.watch and S.now_s > S.slo_end[task.pipe]:
+        S.slo_end[task.pipe] = S.now_s
     for d in task.devices:
         S.dev[d] = tuple(j for j in S.dev[d] if j != i)
         del S.split[(i, d)]

@@ -7,6 +7,8 @@
                 ledger.py  LivePipeline: one pipeline's facts, changed by named methods only
                 view.py    the facts ─► the scheduler's PipelineState (one builder)
                 learning.py GrantLog: where grants ran on the grid, evidence for a learned grid
+                slo.py     StepClock: each step's latency against its exclusive time and SLO
+                           (deadlines for the view; outcomes for traces, status, metrics)
         ─► effects.py Decision: frozen, everything acting on it needs (admitted, changed,
                       moved, every holder, orders); the one capacity check
         ─► the daemon's grants (runtime/grants.py), the simulator's engines (sim/node.py),

@@ -9,6 +9,7 @@
     ─► the daemon's grants (runtime/grants.py: budgets, partitions of the touched layouts,
        routing and migration orders), the simulator's engines (sim/node.py: budgets, the
        physics of each layout), the graph executor's timeline (sim/execute.py)
+    record() ─► the trace's plan event (its plan's SLO forecasts under "slo" when it has any)
 
 Nobody reads the ledger again to act: a Decision is frozen and complete.  `overcommitted`
 is the one capacity check, of the node state's layouts and of a simulator's engines alike.
@@ -95,11 +96,16 @@ class Decision(Generic[Owner]):
         return layout(self.holders, devices)
 
     def record(self) -> dict:
-        """The decision as plain data (a trace's plan event): enough to compare a replay with."""
-        return {"started": list(self.plan.started),
-                "assignments": [[a.substage, a.device, a.sm_frac, a.mem_bytes, a.slowdown, a.micro_batch]
-                                for a in self.plan.assignments],
-                "decisions": list(self.plan.decisions), "fallback": self.fallback, "notes": list(self.notes)}
+        """The decision as plain data (a trace's plan event): enough to compare a replay with;
+        with deadlines, "slo": [pipeline, step, deadline_s, predicted_end_s, kept, reason] each."""
+        out = {"started": list(self.plan.started),
+               "assignments": [[a.substage, a.device, a.sm_frac, a.mem_bytes, a.slowdown, a.micro_batch]
+                               for a in self.plan.assignments],
+               "decisions": list(self.plan.decisions), "fallback": self.fallback, "notes": list(self.notes)}
+        if self.plan.slo:
+            out["slo"] = [[f.pipeline, f.step, f.deadline_s, f.predicted_end_s, f.kept, f.reason]
+                          for f in self.plan.slo]
+        return out
 
 
 def layout(holders: Iterable[Held], devices: Iterable[int] | None = None) -> dict[int, list[Held]]:

@@ -51,7 +51,11 @@ class Inbox:
         self._turns: dict[str, list[int]] = {}
 
     def register(self, msg: pr.Register) -> None:
-        self.state.register(msg.pipeline, tuple(msg.devices), steps=msg.steps or None, max_tokens=msg.max_tokens)
+        if 0.0 < msg.slo_slowdown < 1.0:
+            raise pr.ProtocolError("bad-request", f"an SLO is a step slowdown >= 1.0 against the step alone, "
+                                                  f"got {msg.slo_slowdown}")
+        self.state.register(msg.pipeline, tuple(msg.devices), steps=msg.steps or None, max_tokens=msg.max_tokens,
+                            slo_slowdown=msg.slo_slowdown or None)
 
     def release(self, name: str, sid: str, now_s: float):
         """A Done whose report was refused: the piece ends, its numbers unknown (what

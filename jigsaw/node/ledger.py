@@ -38,8 +38,10 @@ from jigsaw.graph.ids import SubStageId, check_name
 from jigsaw.graph.plan import Assignment, Budget
 from jigsaw.graph.problem import gang_keys
 from jigsaw.graph.residual import ResidualLength
+from jigsaw.graph.slo import StepOutcome
 from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStage, SubStageKind
+from jigsaw.node.slo import StepClock
 
 HISTORY_STEPS = 5
 """Step graphs kept per pipeline (the prediction reads the last GraphConfig.history_steps)."""
@@ -165,8 +167,10 @@ class LivePipeline:
     are called by NodeState, which every message reaches first."""
 
     def __init__(self, name: str, devices: tuple[int, ...], *, steps: int | None = None, max_tokens: int = 0,
-                 static: SubStageGraph | None = None):
+                 static: SubStageGraph | None = None, slo_slowdown: float | None = None):
         self.name = check_name(name)
+        self.clock = StepClock(slo_slowdown)
+        """Its steps' timing against its slowdown SLO (node/slo.py)."""
         self.devices = tuple(devices)
         self.steps = steps
         """Steps the pipeline runs in all (None: not said; another step always follows)."""
@@ -271,6 +275,7 @@ class LivePipeline:
         sid = sid or self._new_id(kind, rank, step, ordinal)
         if sid in self._waiting or sid in self._running or sid in self._finished:
             raise ValueError(f"{sid} was already requested")
+        self.clock.begin(now_s)
         stage = stage_of(kind)
         if self.stage_since_s is None or STAGE_ORDER.index(stage) > STAGE_ORDER.index(self.stage):
             self.stage, self.stage_since_s = stage, now_s
@@ -381,6 +386,8 @@ class LivePipeline:
         if self.static is not None or piece.step == self.step:
             self._finished[sid] = piece
             self._first_start_s[sid] = r.start_s
+        if piece.step == self.step:
+            self.clock.end(now_s)
         return r, piece
 
     def hand_over(self, source: str, target: str, target_remaining_s: float, now_s: float) -> Running:
@@ -461,7 +468,9 @@ class LivePipeline:
     # ------------------------------------------------------------ steps
 
     def _close_step(self, new_step: int) -> None:
-        """The step is over: its graph, assembled from the finished pieces, joins the history."""
+        """The step is over: its graph, assembled from the finished pieces, joins the history
+        (and its outcome the step clock's)."""
+        self.clock.close(self.step, self._finished.values(), self._first_start_s)
         if self._finished and self.static is None:
             self._history.append(assemble_step_graph(self._finished.values(), self._first_start_s))
         if self.static is None:
@@ -498,6 +507,12 @@ class LivePipeline:
             return self._gang_keys[sid]
         i = SubStageId.parse(sid)
         return i.step, i.kind.value, i.ordinal
+
+    def step_outcomes(self, current: bool = True) -> tuple[StepOutcome, ...]:
+        """Its finished steps measured (the last KEPT_OUTCOMES), and with `current` the step
+        in progress as it stands (a pipeline's last step never closes)."""
+        now = self.clock.outcome(self.step, self._finished.values(), self._first_start_s) if current else None
+        return (*self.clock.outcomes, *(() if now is None else (now,)))
 
     def first_start_s(self, sid: str) -> float | None:
         return self._first_start_s.get(sid)

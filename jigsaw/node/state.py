@@ -52,6 +52,21 @@ class Summary:
     step: int
     running: tuple[str, ...]
     waiting: tuple[str, ...]
+    slo_slowdown: float | None = None
+    """Its step SLO (None: none)."""
+    slo_kept: int = 0
+    """Finished steps within the SLO."""
+    slo_steps: int = 0
+    """Finished steps held to the SLO."""
+    last_slowdown: float | None = None
+    """The last finished step's latency over its exclusive time (None: no step finished)."""
+
+
+def _summary(p: LivePipeline) -> Summary:
+    kept, held = p.clock.attainment()
+    last = p.clock.outcomes[-1].slowdown if p.clock.outcomes else None
+    return Summary(name=p.name, step=p.step, running=tuple(p.running), waiting=tuple(p.waiting),
+                   slo_slowdown=p.clock.slo_slowdown, slo_kept=kept, slo_steps=held, last_slowdown=last)
 
 
 class _Changes:
@@ -107,16 +122,18 @@ class NodeState:
         return p
 
     def register(self, name: str, devices: tuple[int, ...] = (), *, steps: int | None = None, max_tokens: int = 0,
-                 static: SubStageGraph | None = None) -> LivePipeline:
+                 static: SubStageGraph | None = None, slo_slowdown: float | None = None) -> LivePipeline:
         """A pipeline joins (its name is checked); `devices[r]` hosts DP rank r (default: r).
         `steps`: how many it runs (None: unknown); `max_tokens`: its response cap (turn
-        lengths then tell how long a tail runs on); `static`: its whole graph, known ahead."""
+        lengths then tell how long a tail runs on); `static`: its whole graph, known ahead;
+        `slo_slowdown`: its steps may take at most this × their exclusive time (graph/slo.py)."""
         if name in self.pipelines:
             raise ValueError(f"pipeline {name!r} is already registered")
         devs = tuple(devices) or tuple(range(self.node.num_devices))
         if len(set(devs)) != len(devs) or any(not 0 <= d < self.node.num_devices for d in devs):
             raise ValueError(f"devices {devs} must be distinct and on this node's 0..{self.node.num_devices - 1}")
-        p = self.pipelines[name] = LivePipeline(name, devs, steps=steps, max_tokens=max_tokens, static=static)
+        p = self.pipelines[name] = LivePipeline(name, devs, steps=steps, max_tokens=max_tokens, static=static,
+                                                slo_slowdown=slo_slowdown)
         self._memos[name] = ViewMemo()
         return p
 
@@ -200,9 +217,9 @@ class NodeState:
         return [(p.name, w.sid, w.owner) for p in self.pipelines.values() for w in p.waiting.values()]
 
     def summary(self) -> tuple[Summary, ...]:
-        """Each pipeline's step and what of it runs and waits (status replies, metrics)."""
-        return tuple(Summary(name=p.name, step=p.step, running=tuple(p.running), waiting=tuple(p.waiting))
-                     for p in self.pipelines.values())
+        """Each pipeline's step, what of it runs and waits, and its finished steps against its SLO
+        (status replies, metrics)."""
+        return tuple(_summary(p) for p in self.pipelines.values())
 
     def budget(self, a: Assignment) -> Budget:
         return Budget(sm_frac=a.sm_frac, mem_frac=a.mem_bytes / self.node.mem_bytes)
@@ -483,7 +500,7 @@ class NodeState:
             time_s=now_s, started=sum((p.started for p in plans), ()),
             assignments=sum((p.assignments for p in plans), ()), migrations=sum((p.migrations for p in plans), ()),
             routing=sum((p.routing for p in plans), ()), cost_s=max(p.cost_s for p in plans),
-            decisions=sum((p.decisions for p in plans), ()))
+            decisions=sum((p.decisions for p in plans), ()), slo=sum((p.slo for p in plans), ()))
         parts = [self._decision(c) for c in changes]
         d = merged(parts, plan)
         if self.grants is not None:

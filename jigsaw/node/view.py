@@ -83,9 +83,21 @@ def pipeline_state(p: LivePipeline, now_s: float, *, next_step: bool = True,
     fit, prefill, turns = _measured(base, memo)
     state = PipelineState(graph=graph, devices=p.devices, done=frozenset(done), running=running,
                           remaining_s=remaining, urgent=frozenset(urgent), aged=aged, decode_fit=fit,
-                          prefill_work=prefill,
-                          multi_turn=turns)
+                          prefill_work=prefill, multi_turn=turns, deadline=_deadline(p, base, graph, remaining, now_s))
     return state, _progress(p, nodes, done, remaining, now_s)
+
+
+def _deadline(p: LivePipeline, base: SubStageGraph | None, graph: SubStageGraph, remaining: dict[str, float],
+              now_s: float):
+    """The step's SLO deadline (node/slo.py), its exclusive time as known now: finished pieces
+    at their work, running ones at work done + left, the rest as predicted."""
+    if p.clock.slo_slowdown is None:
+        return None
+    known = {sid: s.duration_s for sid, s in p.finished.items()}
+    for sid, r in p.running.items():
+        if sid in remaining:
+            known[sid] = r.work_s + max(0.0, now_s - r.since_s) * r.rate + remaining[sid]
+    return p.clock.deadline(p.step, base, known, graph)
 
 
 def host_frac(pipelines: Iterable[LivePipeline]) -> dict[int, float]:

@@ -15,6 +15,9 @@
         ▼
       leases: a session silent for lease_s since its last arrival expires, but never within a
         lease of the daemon coming back from a stall (it was the one not listening)
+    SLOs: each plan's forecasts (Plan.slo) kept per pipeline, a given-up one logged once a
+      step; StepEnd ─► the "step" event carries the step's exclusive time and whether it kept
+      its SLO (node/slo.py) ─► status replies and metrics say attainment and what was given up
     trace (jigsaw/trace.py; stops on a write error, the daemon serves on) · Prometheus metrics
     housekeeping.py: the lock and the socket (removed on exit while still its own), a fresh
       trace under traces/ when none is named, exit after idle_exit_s with no pipeline, Stop
@@ -42,10 +45,12 @@ from typing import NamedTuple
 from jigsaw import protocol as pr
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import NAMES, make
+from jigsaw.graph.slo import SloForecast
 from jigsaw.mux.model.grids import node_grid
 from jigsaw.mux.model.learned import learned_path, load_or_fresh
 from jigsaw.node import inputs
 from jigsaw.node.effects import Decision
+from jigsaw.node.slo import step_fields
 from jigsaw.node.state import NodeState
 from jigsaw.runtime import grants, housekeeping, owners, plumbing
 from jigsaw.runtime.paths import runtime_dir
@@ -186,6 +191,10 @@ class Daemon:
         self.requested: Counter[str] = Counter()
         self.granted: Counter[str] = Counter()
         """Sub-stages asked for and admitted, per pipeline (in status replies)."""
+        self.slo: dict[str, SloForecast] = {}
+        """Per pipeline with a deadline: the latest policy plan's forecast for it."""
+        self._warned_slo: dict[str, int] = {}
+        """Per pipeline, the last step whose given-up SLO was logged (once a step)."""
         self.errors = self.give_ups = 0
         self.listener = None
         self._dirty = False
@@ -408,6 +417,7 @@ class Daemon:
             self.owners[name], self.step_start[name] = owner, self.now()
             self._event("pipeline", name, data={"devices": list(self.state.pipeline(name).devices), "pid": msg.pid,
                                                 "steps": msg.steps, "max_tokens": msg.max_tokens,
+                                                "slo_slowdown": msg.slo_slowdown,
                                                 "device": self.grid.device.sku,
                                                 "peak_flops": self.grid.device.peak_flops})
         token = secrets.token_hex(8)
@@ -505,7 +515,8 @@ class Daemon:
         start = self.step_start.get(name, 0.0)
         self.step_start[name] = self.now()
         self._event("step", name, data={"step": msg.step, "latency_s": self.now() - start, "tokens": msg.tokens,
-                                        "samples": msg.samples, "flops": msg.flops})
+                                        "samples": msg.samples, "flops": msg.flops,
+                                        **step_fields(self.state.pipeline(name), msg.step)})
         return pr.Ok(req=msg.req)
 
     # ------------------------------------------------------------ leases
@@ -542,7 +553,8 @@ class Daemon:
         if removed:
             self.state.remove(name)
             self.inbox.forget(name)
-            for per_pipeline in (self.owners, self.step_start, self.requested, self.granted):
+            for per_pipeline in (self.owners, self.step_start, self.requested, self.granted, self.slo,
+                                 self._warned_slo):
                 per_pipeline.pop(name, None)
         self._withdrawn(name, gone, reason, removed)
         if gone or removed:
@@ -583,6 +595,8 @@ class Daemon:
             log.warning("policy %s failed (%s): requests admitted alone by turn", self.config.policy, d.fallback)
         for note in d.notes:
             log.warning("plan at %.3f s: %s", now, note)
+        if not operator:
+            self._forecasts(d.plan.slo, now)
         self._event("plan", "", t_s=now, data={**d.record(), "decide_ms": decide_ms,
                                                **({"operator": True} if operator else {})})
         self._gauge()  # before any grant goes out: a worker acting on its grant sees it counted
@@ -610,6 +624,15 @@ class Daemon:
         for session in self.sessions.values():
             self._wake(session)
 
+    def _forecasts(self, slo: tuple[SloForecast, ...], now: float) -> None:
+        """The plan's SLO forecasts replace the last plan's; a given-up SLO is logged once a step."""
+        self.slo = {f.pipeline: f for f in slo}
+        for f in slo:
+            if not f.kept and self._warned_slo.get(f.pipeline) != f.step:
+                self._warned_slo[f.pipeline] = f.step
+                log.warning("plan at %.3f s gives up the SLO of %s for step %d (%.3g s late): %s", now,
+                            f.pipeline, f.step, f.late_s, f.reason)
+
     def _traced_grant(self, h, g: pr.Grant) -> None:
         if h.on_device:
             part = {"partition": grants.describe(g.partition)} if g.partition is not None else {}
@@ -627,4 +650,4 @@ class Daemon:
 
     def _gauge(self) -> None:
         if self._metrics is not None:
-            self._metrics.set(self.state)
+            self._metrics.set(self.state, self.slo)

@@ -28,6 +28,8 @@ from jigsaw.runtime.paths import endpoint, new_trace_path, socket_path, traces_d
 log = logging.getLogger("jigsaw.daemon")
 KEEP_TRACES = 20
 """Daemon traces kept in the runtime directory's traces/ (the newest, the new one included)."""
+GIVEN_UP_CHARS = 240
+"""A status reply's reason for a given-up SLO is cut to this (the log has it whole)."""
 TRACE_GLOB = "daemon-*.jsonl"
 """The only files trace rotation ever deletes."""
 LOCK_ATTEMPTS = 3
@@ -172,7 +174,8 @@ def status_reply(d, req: int) -> pr.StatusReply:
     """What `jigsaw daemon status` shows: the set-up, the counters, each pipeline."""
     clients = Counter(s.pipeline for s in d.sessions.values())
     info = tuple(pr.PipelineInfo(name=p.name, clients=clients[p.name], step=p.step, running=p.running,
-                                 pending=p.waiting, requested=d.requested[p.name], granted=d.granted[p.name])
+                                 pending=p.waiting, requested=d.requested[p.name], granted=d.granted[p.name],
+                                 **_slo_info(p, d.slo.get(p.name)))
                  for p in d.state.summary())
     c = d.config
     return pr.StatusReply(pid=os.getpid(), pipelines=info, refused=d.refused, errors=d.errors,
@@ -180,6 +183,16 @@ def status_reply(d, req: int) -> pr.StatusReply:
                           uptime_s=d.wall() - d.started_s, policy=c.policy, profile=str(c.profile or ""),
                           grid=grid_file(d.grid), devices=c.devices, partitioner=d.partitioner.kind,
                           idle_exit_s=c.idle_exit_s, req=req)
+
+
+def _slo_info(p, forecast) -> dict:
+    """A pipeline's SLO fields of its PipelineInfo (p: its NodeState Summary; forecast: the
+    latest plan's SloForecast for it, or None)."""
+    given_up = "" if forecast is None or forecast.kept else forecast.reason or "given up"
+    if len(given_up) > GIVEN_UP_CHARS:  # it names the pipelines kept instead: a reply stays small
+        given_up = given_up[:GIVEN_UP_CHARS - 1] + "…"
+    return {"slo_slowdown": p.slo_slowdown or 0.0, "slo_kept": p.slo_kept, "slo_steps": p.slo_steps,
+            "last_slowdown": p.last_slowdown or 0.0, "slo_given_up": given_up}
 
 
 def grid_file(grid) -> str:

@@ -22,11 +22,12 @@ graphs (`jigsaw sim --replay`, the scheduler's tests, `bench/`).  The node simul
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
+from jigsaw.graph.slo import StepOutcome
 from jigsaw.graph.state import EPS_S, gang_rate
 from jigsaw.graph.substage import SubStageKind, grant_need_bytes
 from jigsaw.node.effects import Decision, Held, layout
@@ -59,6 +60,9 @@ class Execution:
     fallbacks: tuple[str, ...] = ()
     """Why the node state's fallback decided instead of the policy, once per such plan (a
     makespan with any is not the policy's alone); always empty with `fallback` off."""
+    steps: tuple[tuple[str, tuple[StepOutcome, ...]], ...] = ()
+    """Each pipeline's steps as its step clock measured them (node/slo.py: first request to
+    last end, against the step's exclusive work), with its SLO if it had one."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,19 +92,21 @@ class PolicyFailed(RuntimeError):
 def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             config: SchedulerConfig = SchedulerConfig(), policy: Policy | None = None,
             max_plans: int = 1_000_000, continuous: bool = False, fallback: bool = True,
-            pairs=None) -> Execution:
+            pairs=None, slo: Mapping[str, float] | None = None) -> Execution:
     """Run every pipeline's graph to completion; `policy` defaults to jigsaw with `config`.
     `pairs` (PairGrids, by pipeline name): pipelines of different models, each pair planned and
     timed by its own view, as the node simulator's physics does; None: `model` prices every pair.
     With `continuous`, a plan that does not start an urgent rollout piece is an error.
     `fallback` off: a policy that raises is a PolicyFailed, not a plan of the node state's
-    fallback (what measuring the policy needs); on, the node goes on as a live one does."""
+    fallback (what measuring the policy needs); on, the node goes on as a live one does.
+    `slo`: a slowdown SLO per pipeline name (graph/slo.py), registered as `jigsaw run --slo`."""
     state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False, fallback=fallback,
                       pairs=pairs)
     for ps in pipelines:
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
-        state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1)
+        state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1,
+                       slo_slowdown=(slo or {}).get(ps.graph.pipeline))
     footprints = {(ps.graph.pipeline, s.id): s.mem_bytes for ps in pipelines for s in ps.graph.substages}
     run = _Run(state, model, config.balance, continuous, fallback, footprints, pairs)
     while not run.done():
@@ -111,7 +117,8 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     finish = tuple((name, run.finish_s.get(name, 0.0)) for name in state.pipelines)
     return Execution(makespan_s=max((f for _, f in finish), default=0.0), finish_s=finish,
                      intervals=tuple(sorted(run.intervals, key=lambda iv: (iv.start_s, iv.substage))),
-                     plans=tuple(run.plans), fallbacks=tuple(run.fallbacks))
+                     plans=tuple(run.plans), fallbacks=tuple(run.fallbacks),
+                     steps=tuple((name, p.step_outcomes()) for name, p in state.pipelines.items()))
 
 
 class _Run:

@@ -13,7 +13,8 @@
            slowdowns (physics.py) for what really shares a device ─► workers re-timed
            (interrupt), gangs re-rated; requests an interrupt finished are counted; the one
            capacity check (node/effects.py) on what the engines hold
-    every grant, release, migration and finished step goes to the Trace
+    every grant, release, migration and finished step goes to the Trace (a step with its
+    exclusive time and SLO as the node state measured it: node/slo.py)
 
 The simulator is the ground truth: slowdowns come from each model's own prior for what
 really runs side by side (or from a true grid the run is given), not from the plan's
@@ -33,6 +34,7 @@ from jigsaw.graph.state import gang_rate
 from jigsaw.graph.substage import Stage, SubStageKind
 from jigsaw.node.effects import Decision, overcommitted
 from jigsaw.node.inputs import Inbox
+from jigsaw.node.slo import step_fields
 from jigsaw.node.state import NodeState
 from jigsaw.sim.physics import Physics, floors
 from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
@@ -231,8 +233,13 @@ class NodeSim:
         m = run.metrics[-1]
         self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
                                             "samples": m.samples, "round": m.round,
-                                            "flops": run.cost.flops_per_token * m.tokens * 4})
+                                            "flops": run.cost.flops_per_token * m.tokens * 4,
+                                            **self._slo_fields(run, m.step)})
         self._begin_step(run, self.t)
+
+    def _slo_fields(self, run: PipelineRun, step: int) -> dict:
+        """The step's exclusive time and SLO as the node measured it (node/slo.py; none untraced)."""
+        return step_fields(self.state.pipeline(run.name), step) if self.trace is not None else {}
 
     def _trace_host(self, run: PipelineRun) -> None:
         """Host sub-stages of the finished step (tool waits, reward), numbered as the builder does."""

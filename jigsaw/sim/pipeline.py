@@ -96,8 +96,11 @@ class PipelineRun:
 
     def __init__(self, index: int, spec: WorkloadSpec, *, name: str, steps: int, seed: int, cost: StepCost,
                  rollout_devices: tuple[int, ...], train_devices: tuple[int, ...], tailbatch: bool = False,
-                 graph_config: GraphConfig = GraphConfig(), kv_pool_tokens: int | None = None):
+                 graph_config: GraphConfig = GraphConfig(), kv_pool_tokens: int | None = None,
+                 slo_slowdown: float | None = None):
         self.index, self.spec, self.name, self.steps_total = index, spec, name, steps
+        self.slo_slowdown = slo_slowdown
+        """Its steps may take at most this × their exclusive time (registered with the node)."""
         self.device_mem_bytes = cost.device.mem_bytes
         self.cost, self.tailbatch, self.graph_config = cost, tailbatch, graph_config
         self.rollout_devices, self.train_devices = rollout_devices, train_devices

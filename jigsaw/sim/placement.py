@@ -3,7 +3,7 @@ steps on samples of its own, the fastest kept.
 
     SimConfig(placement="auto", policy=jigsaw)
         ─► for each shape of policy.shapes (graph/placement.py) that places the pipelines
-           differently from an earlier one:
+           differently from an earlier one (and leaves a pipeline with an SLO every device):
                simulate(placement=shape, steps=placement_trial_steps, seed=trial seed)
                ─► makespan, or Infeasible and why
         ─► Choice(shape with the least makespan, every trial)        (ties: the earlier shape;
@@ -72,10 +72,13 @@ def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
         if isinstance(placed, str):  # the shape cannot hold them on this node
             trials.append(Trial(shape=name, makespan_s=None, why=placed))
             continue
+        if (why := _short_of_slo(config, placed, devices)) is not None:
+            trials.append(Trial(shape=name, makespan_s=None, why=why))
+            continue
         ran = [t.makespan_s for t in trials if t.makespan_s is not None]
         cut_s = min(ran) * (1.0 + config.placement_min_gain_frac) if ran else None
         try:
-            res = simulate(replace(trial_cfg, placement=name), until_s=cut_s)
+            res = simulate(replace(trial_cfg, placement=name), until_s=cut_s, measure_slo=False)
         except Infeasible as exc:
             trials.append(Trial(shape=name, makespan_s=None, why=str(exc)))
             continue
@@ -88,6 +91,19 @@ def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
         raise Infeasible(f"{pol.name}: no placement holds these pipelines: "
                          + "; ".join(f"{t.shape}: {t.why}" for t in trials))
     return Choice(shape=_fastest(ran, config.placement_min_gain_frac), trials=tuple(trials))
+
+
+def _short_of_slo(config: Any, placed: list, devices: int) -> str | None:
+    """Why a shape cannot hold a pipeline to its SLO: it gives it fewer devices than the node
+    has.  Its SLO is against its step alone with the devices it would have (every device: a
+    job keeps its GPUs), and the step clock measures against the devices it runs on, blind
+    to a shape that halves them."""
+    every = tuple(range(devices))
+    short = [i for i, (roll, train) in enumerate(placed)
+             if config.slo_of(i) is not None and (tuple(sorted(roll)) != every or tuple(sorted(train)) != every)]
+    if not short:
+        return None
+    return f"gives pipeline(s) {short} with an SLO fewer than the node's {devices} devices"
 
 
 def _fastest(ran: list[Trial], min_gain_frac: float) -> str:

@@ -211,17 +211,18 @@ def recorded_makespan_s(trace: Trace) -> float:
 
 
 def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfig(),
-           pairs=None) -> Execution | Refused:
+           pairs=None, slo=None) -> Execution | Refused:
     """Run the recorded pipelines' work to completion under `policy` alone: the node state's
     fallback is off, so a policy that fails is Refused, never a row the fallback computed.
-    `pairs`: each pair of pipelines of different models priced by its own view (execute)."""
+    `pairs`: each pair of pipelines of different models priced by its own view (execute);
+    `slo`: a slowdown SLO per pipeline name (execute)."""
     node = NodeSpec(num_devices=rec.num_devices, mem_bytes=grid.device.mem_bytes)
     why = refusal(policy, needs(rec, node.mem_bytes))
     if why is not None:  # what the simulator says before a run it would refuse
         return Refused(policy=policy.name, time_s=0.0, reason=why)
     try:
         return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True, fallback=False,
-                       pairs=pairs)
+                       pairs=pairs, slo=slo)
     except PolicyFailed as exc:
         return exc.refused
 
@@ -338,7 +339,8 @@ class _Replaying:
 
         if e.event == "pipeline" and e.pipeline not in self.state.pipelines:
             self.inbox.register(pr.Register(pipeline=e.pipeline, pid=1, devices=tuple(e.data["devices"]),
-                                            steps=e.data.get("steps", 0), max_tokens=e.data.get("max_tokens", 0)))
+                                            steps=e.data.get("steps", 0), max_tokens=e.data.get("max_tokens", 0),
+                                            slo_slowdown=e.data.get("slo_slowdown", 0.0)))
         elif e.event == "migrate":
             m = inputs.message(e.event, e.data)
             self.ordered = self.state.migrate(m.pipeline, m.source_rank, m.target_rank, e.t_s)

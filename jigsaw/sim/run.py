@@ -28,6 +28,7 @@ from jigsaw.graph.placement import Placement, shape
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import make
 from jigsaw.graph.policy import Needs, PipelineNeeds, refusal
+from jigsaw.graph.slo import TOLERANCE_S, check_slo
 from jigsaw.graph.substage import DEVICE_KINDS, SubStageKind
 from jigsaw.mux.model import grids
 from jigsaw.mux.model.learned import GridLearner, parse_scale, scaled
@@ -99,6 +100,25 @@ class SimConfig:
     learn_grid: bool = False
     """The policy plans with a grid learned online from every finished sub-stage, starting from
     the prior (mux/model/learned.py, the daemon's --learn-grid)."""
+    slo: tuple[float, ...] = ()
+    """Slowdown SLO per pipeline, in --workload order (one value: every pipeline; 0: none):
+    a step may take at most this × its exclusive time (graph/slo.py).  jigsaw and greedy plan
+    to keep it; every policy's steps are measured against it."""
+
+    def __post_init__(self) -> None:
+        if self.slo and len(self.slo) not in (1, len(expand(self.workload))):
+            raise ValueError(f"--slo takes one value or one per workload ({len(expand(self.workload))}), "
+                             f"got {len(self.slo)}")
+        for x in self.slo:
+            if x:
+                check_slo(x)
+
+    def slo_of(self, i: int) -> float | None:
+        """Pipeline i's SLO (None: none)."""
+        if not self.slo:
+            return None
+        got = self.slo[0] if len(self.slo) == 1 else self.slo[i]
+        return got or None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,6 +130,25 @@ class PipelineResult:
     samples: int
     step_latency_s: tuple[float, ...]
     finish_s: float
+    exclusive_step_s: tuple[float, ...] = ()
+    """With an SLO: each step of the pipeline alone on the node, the same samples
+    (`exclusive_steps`; a daemon, with no such truth, measures its pieces' exclusive work:
+    node/slo.py); else empty."""
+    slo_slowdown: float | None = None
+
+    @property
+    def slowdown(self) -> float:
+        """Mean step latency over mean exclusive step (1.0: as fast as alone)."""
+        excl = statistics.fmean(self.exclusive_step_s) if self.exclusive_step_s else 0.0
+        return self.mean_step_latency_s / excl if excl > 0 else 1.0
+
+    @property
+    def slo_kept(self) -> tuple[int, int] | None:
+        """(steps within the SLO, steps), None without one."""
+        if self.slo_slowdown is None:
+            return None
+        pairs = list(zip(self.step_latency_s, self.exclusive_step_s))
+        return sum(1 for lat, ex in pairs if lat <= self.slo_slowdown * ex + TOLERANCE_S), len(pairs)
 
     @property
     def mean_step_latency_s(self) -> float:
@@ -201,7 +240,8 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
             raise Infeasible(f"{pol.name}: {spec.name} on {len(train)} of {gpus // per_device} devices: {exc}; "
                              "more GPUs per pipeline, a larger fsdp_degree or offload would fit") from exc
         runs.append(PipelineRun(k, spec, name=f"p{i}-{spec.name}", steps=config.steps, seed=config.seed * 1000 + i,
-                                cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch))
+                                cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch,
+                                slo_slowdown=config.slo_of(i)))
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
     try:
         grid = grids.prior_grid(device_name, deployments)
@@ -241,9 +281,10 @@ def needs(runs: list[PipelineRun], node: NodeSpec) -> Needs:
                       mem_bytes={k.value: need_bytes(r, k) for k in DEVICE_KINDS}) for r in runs))
 
 
-def simulate(config: SimConfig, until_s: float | None = None) -> SimResult:
+def simulate(config: SimConfig, until_s: float | None = None, measure_slo: bool = True) -> SimResult:
     """The run `config` describes; with `until_s`, node.Cut once it passes that much simulated
-    time (a placement trial that can no longer win)."""
+    time (a placement trial that can no longer win).  With SLOs (and `measure_slo`), each
+    pipeline is also run alone for its exclusive steps, the truth its SLO is measured by."""
     choice = None
     if config.placement == "auto" and getattr(make(config.policy), "shapes", ()):
         choice = choose(config, pipelines=len(expand(config.workload)), devices=_devices(config), simulate=simulate)
@@ -257,14 +298,32 @@ def simulate(config: SimConfig, until_s: float | None = None) -> SimResult:
     sim = NodeSim(runs, node, grid, pol, trace=config.trace, next_step=config.sched.next_step, truth=truth,
                   learner=learner)
     sim.run(until_s)
+    alone = exclusive_steps(config) if config.slo and measure_slo else {}
     results = tuple(PipelineResult(name=r.name, workload=r.spec.name, steps=len(r.metrics),
                                    tokens=sum(m.tokens for m in r.metrics),
                                    samples=sum(m.samples for m in r.metrics),
                                    step_latency_s=tuple(m.end_s - m.start_s for m in r.metrics),
-                                   finish_s=r.metrics[-1].end_s if r.metrics else 0.0) for r in runs)
+                                   finish_s=r.metrics[-1].end_s if r.metrics else 0.0,
+                                   exclusive_step_s=alone.get(i, ()), slo_slowdown=r.slo_slowdown)
+                    for i, r in enumerate(runs))
     return SimResult(config=config, makespan_s=max(p.finish_s for p in results), pipelines=results,
                      decisions=sim.decisions, violations=tuple(sim.violations), trace=sim.trace, placement=choice,
                      learner=learner, learned=tuple(sim.state.grants.history) if learner else ())
+
+
+def exclusive_steps(config: SimConfig) -> dict[int, tuple[float, ...]]:
+    """Per pipeline with an SLO, each of its steps alone on every device of the node (the same
+    samples, one step after another): the exclusive step its SLO is measured against."""
+    serial = replace(config, policy="serial", trace=False, slo=())
+    every = tuple(range(_devices(config)))
+    out = {}
+    for i in range(len(expand(config.workload))):
+        if config.slo_of(i) is None:
+            continue
+        runs, node, grid, _ = build(serial, only=i, placed=[(every, every)])
+        NodeSim(runs, node, grid, make("serial"), trace=False).run()
+        out[i] = tuple(m.end_s - m.start_s for m in runs[0].metrics)
+    return out
 
 
 def true_grid(config: SimConfig, prior: SlowdownGrid) -> SlowdownGrid | None:

@@ -18,11 +18,12 @@
     ├─► hardware(): GPU (SM share) or CPU (core share, cores) — hardware.py
     ▼
     device_series(): per device a step function: share per (pipeline, kind) and per pipeline,
-        utilisation, MFU ─► Timeline (+ host, open, migration events; the first grant)
+        utilisation, MFU ─► Timeline (+ host, open, migration events; the first grant; per
+        pipeline its steps against exclusive time and its SLO: model.slo_steps)
         ─► summary.py: a row per pipeline and per kind
         ─► write(out) by suffix: .png png_bytes (draw.py; matplotlib, imported only there)
                                  | .json chrome_trace (Perfetto; validate_chrome_trace checks it)
-                                 | .html html_page (page.py: the PNG inlined + the tables + fell open)
+                                 | .html html_page (page.py: the PNG inlined + the tables + SLOs + fell open)
 
 Definitions.  Utilisation is the share granted (SM share on a GPU, core share on a CPU), not
 measured activity: min(1, Σ sm_frac of the intervals holding the device).  An unpartitioned

@@ -1,4 +1,10 @@
-"""Trace → intervals → per-device series → Timeline (no drawing; see the package docstring)."""
+"""Trace → intervals → per-device series → Timeline (no drawing; see the package docstring).
+
+Steps against their SLO (slo_steps): a "step" event's data exclusive_s, step_slowdown,
+slo_slowdown and slo_kept (node/slo.py), and a "plan" event's "slo" records (node/effects.py)
+─► per pipeline: steps kept of those held to an SLO, mean slowdown against exclusive time,
+plans that gave its SLO up.
+"""
 
 from __future__ import annotations
 
@@ -182,6 +188,79 @@ def _steps(trace: Trace) -> dict[str, list[TraceEvent]]:
     return out
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SloSteps:
+    """One pipeline's steps against their exclusive time and its SLO (its "step" events)."""
+
+    slo_slowdown: float
+    """Its SLO (its last step event's; 0: none)."""
+    kept: int
+    """Steps within the SLO."""
+    held: int
+    """Steps held to the SLO."""
+    mean_slowdown: float | None
+    """Mean step latency over exclusive time, over its steps that say it (None: none does)."""
+    given_up_plans: int = 0
+    """Plan events whose "slo" records give its SLO up."""
+
+
+def slo_steps(trace: Trace) -> dict[str, SloSteps]:
+    """Per pipeline whose step events carry SLO fields or whose SLO a plan gave up (see the
+    module docstring)."""
+    given_up = _given_up_plans(trace)
+    out = {}
+    for name, steps in _steps(trace).items():
+        mine = [e for e in steps if "slo_slowdown" in _dict(e.data, e) or "exclusive_s" in e.data]
+        if mine:
+            out[name] = _slo_steps(mine, given_up.get(name, 0))
+    for name, n in given_up.items():
+        out.setdefault(name, SloSteps(slo_slowdown=0.0, kept=0, held=0, mean_slowdown=None, given_up_plans=n))
+    return out
+
+
+def _slo_steps(steps: list[TraceEvent], given_up: int) -> SloSteps:
+    kept = [_kept(e) for e in steps]
+    slowdowns = [x for e in steps if (x := _step_slowdown(e)) is not None]
+    return SloSteps(slo_slowdown=number_field(steps[-1].data, "slo_slowdown", steps[-1]),
+                    kept=sum(1 for k in kept if k), held=sum(1 for k in kept if k is not None),
+                    mean_slowdown=sum(slowdowns) / len(slowdowns) if slowdowns else None, given_up_plans=given_up)
+
+
+def _kept(e: TraceEvent) -> bool | None:
+    got = e.data.get("slo_kept")
+    if got is not None and not isinstance(got, bool):
+        raise ValueError(f"step of {e.pipeline!r} at t={e.t_s}s: data.slo_kept must be true, false or null, "
+                         f"got {got!r}")
+    return got
+
+
+def _step_slowdown(e: TraceEvent) -> float | None:
+    """The step's latency over its exclusive time: its own step_slowdown, else latency_s / exclusive_s."""
+    if "step_slowdown" in e.data:
+        return number_field(e.data, "step_slowdown", e)
+    exclusive_s = number_field(e.data, "exclusive_s", e)
+    return number_field(e.data, "latency_s", e) / exclusive_s if exclusive_s > 0 else None
+
+
+def _given_up_plans(trace: Trace) -> dict[str, int]:
+    """Per pipeline, the plan events whose "slo" records say its SLO is not kept."""
+    out: Counter[str] = Counter()
+    for e in trace.events:
+        if e.event == "plan":
+            out.update({r[0] for r in _slo_records(e) if r[4] is False})
+    return dict(out)
+
+
+def _slo_records(e: TraceEvent) -> list[list]:
+    records = _dict(e.data, e).get("slo", [])
+    ok = isinstance(records, list) and all(
+        isinstance(r, list) and len(r) >= 5 and isinstance(r[0], str) and isinstance(r[4], bool) for r in records)
+    if not ok:
+        raise ValueError(f"plan at t={e.t_s}s: data.slo must be a list of [pipeline, step, deadline_s, "
+                         f"predicted_end_s, kept, reason], got {records!r}")
+    return records
+
+
 def pipeline_meta(trace: Trace) -> dict[str, dict]:
     return {e.pipeline: _dict(e.data, e) for e in trace.events if e.event == "pipeline"}
 
@@ -317,6 +396,8 @@ class Timeline:
     tokens: dict[str, int]
     steps: dict[str, int]
     """Step events per pipeline."""
+    slo: dict[str, SloSteps]
+    """Per pipeline whose steps say their exclusive time or SLO: how they fared (slo_steps)."""
     flops_source: dict[str, str]
     unattributed_flops: float
     migrations: tuple[TraceEvent, ...]
@@ -436,6 +517,7 @@ def build(trace: Trace, *, name: str = "trace", peak_flops: float | None = None,
     return Timeline(name=name, start_s=start, first_grant_s=first_grant, end_s=end, pipelines=pipelines,
                     devices=tuple(known), hardware=hardware(trace), intervals=tuple(ivs), series=series,
                     peak_flops=peaks, tokens=_tokens(trace), steps=dict(Counter(e.pipeline for e in events["step"])),
+                    slo=slo_steps(trace),
                     flops_source=_flops_sources(trace, pipelines), unattributed_flops=lost,
                     migrations=tuple(events["migration"]), hosts=tuple(events["host"]), opens=tuple(events["open"]),
                     placement=placement, where=_where(ivs))

@@ -8,6 +8,9 @@
                                                   of the devices, and the node's (sim/cost.py)
                               table per kind: device-s, share of the device time, mean slowdown,
                                               mean share granted        (summary.kind_summary)
+                              steps and SLOs: per pipeline whose steps say it (model.slo_steps),
+                                  "SLO 1.3×: 5/6 steps kept", mean step slowdown against
+                                  exclusive time, plans that gave its SLO up
                               fell open: the trace's `open` events (pipeline, sub-stage, kind,
                                          reason), or a line saying none fell open
 
@@ -22,7 +25,7 @@ import html
 import math
 
 from jigsaw.timeline.draw import kind_colors, png_bytes
-from jigsaw.timeline.model import Timeline, describe
+from jigsaw.timeline.model import SloSteps, Timeline, describe
 from jigsaw.timeline.summary import KindSummary, PipelineSummary, kind_summary, pipeline_summary
 
 STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}
@@ -55,7 +58,7 @@ time × peak. Means and shares run from the first grant to the end of the last s
 {pipeline_table(tl, pipeline_summary(tl), usd_per_gpu_hour)}{note}
 <h2>Per sub-stage kind</h2>
 {kind_table(tl, kind_summary(tl))}
-<h2>Fell open</h2>
+{slo_list(tl)}<h2>Fell open</h2>
 {open_list(tl)}
 </body></html>
 """
@@ -128,6 +131,26 @@ def _kind_row(tl: Timeline, k: KindSummary) -> str:
     where = "" if k.on_device else " (host)"
     return (f"<tr><td>{_kind_head(tl, k.kind)}{where}</td><td>{k.substages}</td><td>{seconds(k.seconds_s)}</td>"
             f"<td>{pct(k.share_frac)}</td><td>{slow}</td><td>{pct(k.mean_granted_frac)}</td></tr>\n")
+
+
+def slo_list(tl: Timeline) -> str:
+    """Per pipeline whose steps were measured against their exclusive time: its SLO attainment,
+    mean slowdown and given-up plans ("" when no step says any of it)."""
+    if not tl.slo:
+        return ""
+    names = [*(p for p in tl.pipelines if p in tl.slo), *(p for p in tl.slo if p not in tl.pipelines)]
+    items = "".join(f"<li>{esc(name)}: {esc(slo_line(tl.slo[name]))}</li>\n" for name in names)
+    return f"<h2>Steps against exclusive time</h2>\n<ul class=slo>\n{items}</ul>\n"
+
+
+def slo_line(s: SloSteps) -> str:
+    """'SLO 1.3×: 5/6 steps kept, mean step 1.21× exclusive, 2 plans gave it up'."""
+    parts = [f"SLO {s.slo_slowdown:g}×: {s.kept}/{s.held} steps kept" if s.slo_slowdown else "no SLO"]
+    if s.mean_slowdown is not None:
+        parts.append(f"mean step {s.mean_slowdown:.2f}× exclusive")
+    if s.given_up_plans:
+        parts.append(f"{s.given_up_plans} plan{'s' if s.given_up_plans != 1 else ''} gave its SLO up")
+    return ", ".join(parts)
 
 
 def open_list(tl: Timeline) -> str:

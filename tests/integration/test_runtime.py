@@ -417,3 +417,19 @@ def test_a_change_of_memory_alone_moves_no_process_a_change_of_cores_does(monkey
     assert bound == [("P/0/r0/training/0", whole)]
     assert [h.mem_bytes for h in c._live.values()] == [2, 2]
     c.close()
+
+
+def test_run_with_an_slo_registers_it_and_the_steps_are_measured_against_it(node, tmp_path):
+    out = tmp_path / "a.out"
+    proc = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "run", "--name", "A", "--slo", "1.5", "--",
+                             sys.executable, str(ROOT / "tests" / "workers" / "toy_pipeline.py"), "--out", str(out),
+                             "--steps", "2"], env=node.env, cwd=ROOT)
+    assert proc.wait(60) == 0
+    work_done(out, 2)
+    events = node.events()
+    (reg,) = [e for e in events if e["event"] == "pipeline" and e["pipeline"] == "A"]
+    assert reg["data"]["slo_slowdown"] == 1.5
+    steps = [e["data"] for e in events if e["event"] == "step" and e["pipeline"] == "A"]
+    assert len(steps) == 2 and all(s["slo_slowdown"] == 1.5 for s in steps), steps
+    for s in steps:  # alone on the node: each step as fast as its pieces' exclusive work allows
+        assert s["exclusive_s"] > 0 and s["slo_kept"] == (s["step_slowdown"] <= 1.5 + 1e-6), s
