@@ -18,6 +18,7 @@ Scheduling
     state.py      compact, copyable node state the search simulates forward
     context.py    per-call constants: options and the slowdown lookups the search uses
     actions.py    the action space and its critical-path cost
+    deadlines.py  SLO deadlines in that cost: lateness first, the memory splits that keep them
     schedule.py   the windowed look-ahead: a pure function to a Plan
     merge.py      long-tail migration (ΔT) and multiplexing-aware balancing
     slo.py        slowdown SLOs: a step's exclusive time, its deadline, the plan's forecast
