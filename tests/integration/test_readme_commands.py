@@ -48,6 +48,10 @@ NOT_RUN = {
         "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
     "python -m jigsaw.recipes.grpo --tool-turns 3 --steps 2":
         "tests/integration/test_engine_agentic.py runs the recipe with --tool-turns 3 under a daemon",
+    "jigsaw run --slo 1.3 -- python train.py":
+        "a user's job; tests/integration/test_runtime.py::test_run_with_an_slo_registers_it_and_the_steps_are_"
+        "measured_against_it runs `jigsaw run --slo` under a daemon",
+    "python bench/slo.py": "a benchmark (4 minutes); the README shows its table",
     "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
                                       "agentic pipeline's command and test_engine_agentic.py runs it under a daemon",
     "python bench/cpu_demo.py --workload agentic --steps 4 --max-new-tokens 96 --modes serial naive-fair static "

@@ -70,9 +70,9 @@ def test_jigsaw_is_placed_by_a_trial_on_samples_the_run_never_draws(monkeypatch)
     seen = []
     real = run.simulate
 
-    def spy(config, until_s=None):
+    def spy(config, until_s=None, **kw):
         seen.append((config.seed, config.steps, config.placement, config.trace))
-        return real(config, until_s)
+        return real(config, until_s, **kw)
 
     monkeypatch.setattr(run, "simulate", spy)  # simulate() hands itself to the trials (sim/placement.py)
     res = real(replace(APART, policy="jigsaw", seed=3))
