@@ -26,7 +26,7 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
-from jigsaw.graph.slo import TOLERANCE_S
+from jigsaw.graph.slo import within
 from jigsaw.sim.node import Infeasible
 from jigsaw.sim.run import SimConfig, exclusive_steps, simulate
 
@@ -47,7 +47,7 @@ def _cells(result, alone: dict[int, tuple[float, ...]], slo: tuple[float, ...]) 
     for i, p in enumerate(result.pipelines):
         ratios = [lat / ex for lat, ex in zip(p.step_latency_s, alone[i])]
         held = slo[0] if len(slo) == 1 else slo[i] if slo else 0.0
-        kept = sum(1 for lat, ex in zip(p.step_latency_s, alone[i]) if lat <= held * ex + TOLERANCE_S)
+        kept = sum(1 for lat, ex in zip(p.step_latency_s, alone[i]) if within(lat, ex, held))
         cells += [f"{statistics.fmean(ratios):.2f} ({max(ratios):.2f})", f"{kept}/{len(ratios)}" if held else ""]
     return cells
 

@@ -33,7 +33,12 @@ def hold(P: Problem, S: State, ctx: Context) -> None:
     if not ctx.slo:
         ctx.slo = None
         return
-    S.watch = frozenset(i for p, (step, *_) in ctx.slo.items() for i in P.pipe_tasks[p] if P.tasks[i].step == step)
+    watch(P, S, ctx.slo)
+
+
+def watch(P: Problem, S: State, slo: dict) -> None:
+    """S watches the tasks of each step held to a deadline in `slo` (none ended yet)."""
+    S.watch = frozenset(i for p, (step, *_) in slo.items() for i in P.pipe_tasks[p] if P.tasks[i].step == step)
     S.slo_end = [-float("inf")] * len(P.names)
 
 

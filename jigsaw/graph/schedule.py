@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 
 from jigsaw.graph import actions as act
+from jigsaw.graph import deadlines as dl
 from jigsaw.graph import state as st
 from jigsaw.graph.merge import balance
 from jigsaw.graph.model import PairModels, SlowdownModel
@@ -248,8 +249,7 @@ def _slo(P: Problem, S: State, ctx: act.Context) -> tuple[SloForecast, ...]:
     ends: dict[int, float] = {}
     all_held = dict(ctx.deadlines)
     T = S.copy(history=False)  # the given-up ones' ends too, on the same path (no time passed in the call)
-    T.watch = frozenset(i for p, (step, *_) in all_held.items() for i in P.pipe_tasks[p] if P.tasks[i].step == step)
-    T.slo_end = [-float("inf")] * len(P.names)
+    dl.watch(P, T, all_held)
     act.cost(P, T, all_held, ends, ctx)
     kept = {p for p, (_, deadline, *_) in all_held.items()
             if p not in ctx.given_up and ends[p] <= deadline + TOLERANCE_S}

@@ -89,7 +89,12 @@ class StepOutcome:
         """Within the SLO (None: the pipeline has none, or the step measured no work)."""
         if self.slo_slowdown is None or self.exclusive_s <= 0.0:
             return None
-        return self.latency_s <= self.slo_slowdown * self.exclusive_s + TOLERANCE_S
+        return within(self.latency_s, self.exclusive_s, self.slo_slowdown)
+
+
+def within(latency_s: float, exclusive_s: float, slo_slowdown: float) -> bool:
+    """A step of `latency_s` keeps an SLO of `slo_slowdown` against its `exclusive_s` alone."""
+    return latency_s <= slo_slowdown * exclusive_s + TOLERANCE_S
 
 
 def check_slo(slo_slowdown: float) -> float:

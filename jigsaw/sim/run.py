@@ -28,7 +28,7 @@ from jigsaw.graph.placement import Placement, shape
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import make
 from jigsaw.graph.policy import Needs, PipelineNeeds, refusal
-from jigsaw.graph.slo import TOLERANCE_S, check_slo
+from jigsaw.graph.slo import check_slo, within
 from jigsaw.graph.substage import DEVICE_KINDS, SubStageKind
 from jigsaw.mux.model import grids
 from jigsaw.mux.model.learned import GridLearner, parse_scale, scaled
@@ -148,7 +148,7 @@ class PipelineResult:
         if self.slo_slowdown is None:
             return None
         pairs = list(zip(self.step_latency_s, self.exclusive_step_s))
-        return sum(1 for lat, ex in pairs if lat <= self.slo_slowdown * ex + TOLERANCE_S), len(pairs)
+        return sum(1 for lat, ex in pairs if within(lat, ex, self.slo_slowdown)), len(pairs)
 
     @property
     def mean_step_latency_s(self) -> float:
