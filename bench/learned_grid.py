@@ -13,13 +13,27 @@
 Live: `--traces T.jsonl ...` reads daemon traces of runs that learned (`jigsaw demo --learn-grid`,
 `jigsaw daemon --learn-grid`): per step, the mean |log(predicted / reference)| of the grants the
 learner took (a release event's `learned`), and how many there were.
+
+`--live` runs the CPU demo's jigsaw mode (two real GRPO pipelines on this CPU) with a wrong
+prior: the calibrated CPU grid with the same four pair tables ×1.5.  Per repeat, interleaved:
+        learned  the daemon learns (`--learn-grid`; the first trainings and references of each
+                 pipeline run alone as probes: its rate alone is what co-located grants are
+                 measured against, node/learning.py)
+        prior    the same wrong prior, learning off
+        measured the calibrated grid, learning off
+    ─► the learned run's prediction error by step window, over the grants that were evidence
+       about an entry and over all grants with a reference; tokens/s of the three, paired by repeat
+
+    python bench/learned_grid.py --live [--steps 24] [--repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 from jigsaw.graph.ids import SubStageId
 from jigsaw.mux.model.learned import GridLearner, LearnConfig
@@ -61,15 +75,77 @@ def live(paths) -> None:
             print(f"{str(path)[-40:]:<40} {step:>4} {len(errs):>6} {statistics.fmean(errs):12.3f}")
 
 
+def _errors(path) -> list[tuple[int, bool, float]]:
+    """(step, evidence about an entry?, |error|) of every grant with a reference in a trace."""
+    return [(SubStageId.parse(e.substage).step, e.data["learned"]["entry"] is not None,
+             abs(e.data["learned"]["error_log"]))
+            for e in Trace.read(path).events if e.event == "release" and "learned" in e.data]
+
+
+def live_runs(steps: int, repeats: int, out_dir: Path) -> None:
+    """The CPU demo with a wrong prior, learning and not (module docstring)."""
+    from jigsaw import profiles
+    from jigsaw.mux.model.learned import parse_scale, scaled
+    from jigsaw.mux.model.slowdown import SlowdownGrid
+    from jigsaw.recipes.demo import DemoConfig, run_demo
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measured = profiles.resolve(profiles.CPU_DEFAULT)
+    wrong = out_dir / "prior-x1.5.json"
+    wrong.write_text(json.dumps(scaled(SlowdownGrid.load(measured), parse_scale(SCALE), note="x1.5").to_dict()))
+    arms = {"learned": (wrong, True), "prior": (wrong, False), "measured": (measured, False)}
+    tps: dict[str, list[float]] = {a: [] for a in arms}
+    errors: list[tuple[int, bool, float]] = []
+    probes: dict[str, int] = {}
+    for rep in range(repeats):
+        for arm, (grid, learn) in arms.items():
+            d = out_dir / f"{arm}-r{rep + 1}"
+            print(f"[repeat {rep + 1}/{repeats}] {arm}: 2 pipelines x {steps} steps ...", flush=True)
+            (run,) = run_demo(DemoConfig(steps=steps, repeats=1, modes=("jigsaw",), out_dir=d, profile=str(grid),
+                                         learn_grid=learn), say=lambda *_: None)
+            tps[arm].append(run.tokens / run.steps_s)
+            if learn:
+                errors += _errors(d / "jigsaw-trace.jsonl")
+                for e in Trace.read(d / "jigsaw-trace.jsonl").events:
+                    if e.event == "release" and "probe" in e.data:
+                        probes[e.data["probe"]] = probes.get(e.data["probe"], 0) + 1
+    _print_live(steps, repeats, tps, errors, probes)
+
+
+def _print_live(steps: int, repeats: int, tps, errors, probes) -> None:
+    print(f"\nCPU demo, jigsaw mode, {steps} steps x 2 pipelines, {repeats} repeat(s); wrong prior: the calibrated "
+          f"grid x1.5 on {', '.join(x.split('=')[0] for x in SCALE)}")
+    print(f"probes of the learned runs: {probes}")
+    print("\nprediction error of the learned runs, mean |log(predicted / reference)| (grants)")
+    print(f"{'steps':>7}  {'evidence':>14}  {'all':>14}")
+    width = max(1, steps // 4)
+    for lo in range(0, steps, width):
+        ev = [x for st, e, x in errors if lo <= st < lo + width and e]
+        al = [x for st, _, x in errors if lo <= st < lo + width]
+        cell = lambda xs: f"{statistics.fmean(xs):.3f} ({len(xs):>3})" if xs else f"{'-':>11}"  # noqa: E731
+        print(f"{lo:>3}-{min(steps, lo + width) - 1:<3}  {cell(ev):>14}  {cell(al):>14}")
+    print("\ntokens/s per repeat (x: learned over the other, same repeat)")
+    for arm, xs in tps.items():
+        ratio = "" if arm == "learned" else "  x " + " ".join(f"{a / b:.3f}" for a, b in zip(tps["learned"], xs))
+        print(f"{arm:>9}: {' '.join(f'{x:,.0f}' for x in xs)}{ratio}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=None, help="steps per pipeline (default: 30 simulated, 24 --live)")
     ap.add_argument("--workload", default="qwen3-0.6b-gsm8k,qwen3-0.6b-gsm8k")
     ap.add_argument("--traces", nargs="+", default=None, help="daemon traces of runs that learned: print their error")
+    ap.add_argument("--live", action="store_true", help="the CPU demo with a wrong prior, learning and not")
+    ap.add_argument("--repeats", type=int, default=2, help="--live: runs of each arm, interleaved")
+    ap.add_argument("--out-dir", type=Path, default=Path("/tmp/jigsaw-learned-grid"), help="--live: runs go here")
     args = ap.parse_args()
     if args.traces:
         live(args.traces)
         return
+    if args.live:
+        live_runs(args.steps or 24, args.repeats, args.out_dir)
+        return
+    args.steps = args.steps or 30
     config = SimConfig(workload=(args.workload,), steps=args.steps, placement="colocated", trace=False,
                        true_grid_scale=SCALE)
     t0 = time.perf_counter()

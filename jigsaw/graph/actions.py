@@ -94,8 +94,9 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
     found: dict[tuple[int, str], list[int]] = {}
     claimed: set[tuple[int, int]] = set()
     deferred, closed, held, dev, tasks, kinds = S.deferred, S.closed, S.held, S.dev, P.tasks, P.kinds
+    lone = _lone_devices(P, S) if S.alone else None
     for i in sorted(S.ready):
-        if i in deferred:
+        if i in deferred or (lone is not None and _held_back(P, S, i, lone)):
             continue
         task = tasks[i]
         devs = task.devices
@@ -143,15 +144,40 @@ class _Groups:
         got = self.done.get(key)
         if got is None:
             P, S, ctx = self.P, self.S, self.ctx
-            got = self.done[key] = [i for i in self.found[key] if i in S.urgent or all(
+            got = self.done[key] = [i for i in self.found[key] if i in S.urgent or i in S.alone or all(
                 leaves_room(P, S, ctx, i, d) for d in P.tasks[i].devices)]
         return got
 
 
 
+def _lone_devices(P: Problem, S: State) -> set[int]:
+    """Devices of the probes that wait or run (PipelineState.alone)."""
+    status = S.status
+    return {d for i in S.alone if status[i] == st.READY or status[i] == st.RUNNING for d in P.tasks[i].devices}
+
+
+def _held_back(P: Problem, S: State, i: int, lone: set[int]) -> bool:
+    """Ready task i may not start now: a probe whose devices are not its own yet (something
+    runs there, another pipeline holds a place, or an urgent piece of one is ready), or a task
+    on a probe's devices.  Urgent pieces start whatever (a running rollout cannot pause; an
+    aged one waited enough)."""
+    if i in S.urgent:
+        return False
+    devs = P.tasks[i].devices
+    if i not in S.alone:
+        return any(d in lone for d in devs)
+    if any(st.places_taken(P, S, i, d) for d in devs):
+        return True
+    pipe, tasks = P.tasks[i].pipe, P.tasks
+    return any(tasks[j].pipe != pipe and S.status[j] == st.READY and not set(devs).isdisjoint(tasks[j].devices)
+               for j in S.urgent)
+
+
 def _group_options(P: Problem, S: State, ctx: Context, key: tuple[int, str], groups) -> list[Option]:
     members = groups[key]
     busy = [i for i in members if any(S.dev[d] for d in P.tasks[i].devices)]
+    if S.alone and not busy and not S.alone.isdisjoint(members):
+        return [START_IDLE]  # a probe on its emptied devices: nothing to decide
     idle_devs = {d for i in members if i not in busy for d in P.tasks[i].devices}
     joinable = [i for i in busy if _joinable(P, S, ctx, i)]
     opts = [ctx.start_beside[b] for b in ctx.sm_budgets_frac if any(_fits(P, S, ctx, i, b) for i in joinable)]

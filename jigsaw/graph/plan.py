@@ -148,6 +148,10 @@ class PipelineState:
     deadline: Deadline | None = None
     """When its current step must end to keep its slowdown SLO (graph/slo.py); the look-ahead
     keeps every deadline it can before it looks at throughput.  None: no SLO."""
+    alone: frozenset[str] = frozenset()
+    """Sub-stages that run with nothing beside them, to be measured there (a learning probe,
+    node/learning.py).  One that is not urgent waits for its devices to empty; while one waits
+    or runs, nothing but urgent pieces starts on its devices."""
 
 
 @dataclass(frozen=True, slots=True)

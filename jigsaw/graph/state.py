@@ -47,7 +47,7 @@ class State:
 
     __slots__ = ("now_s", "rem_s", "status", "npred", "dev", "split", "rate", "ready", "running",
                  "closed", "deferred", "touched", "end_s", "started", "log", "load_s", "urgent", "held", "merged",
-                 "solo", "capped", "pace", "watch", "slo_end")
+                 "alone", "solo", "capped", "pace", "watch", "slo_end")
 
     def copy(self, history: bool = True) -> State:
         """A state to branch on; without `history`, its starts and log begin empty (a branch of
@@ -60,7 +60,7 @@ class State:
         c.end_s = self.end_s[:]
         c.started, c.log = (self.started[:], self.log[:]) if history else ([], [])
         c.load_s, c.held = self.load_s[:], self.held[:]
-        c.urgent = self.urgent  # fixed for the whole call: never mutated
+        c.urgent, c.alone = self.urgent, self.alone  # fixed for the whole call: never mutated
         c.merged = self.merged  # replaced, never mutated, by a merge
         c.solo, c.capped, c.pace = self.solo, self.capped, self.pace  # fixed for the whole call
         c.watch = self.watch  # fixed for the whole call
@@ -106,6 +106,8 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
     S.load_s = [0.0] * P.num_devices  # seconds of unfinished work per device, alone at each one's pace
     S.urgent = frozenset(P.task_of[p][sid] for p, ps in enumerate(pipelines) for sid in ps.urgent
                          if sid in P.task_of[p])
+    S.alone = frozenset(P.task_of[p][sid] for p, ps in enumerate(pipelines) for sid in ps.alone
+                        if sid in P.task_of[p])
     status, rem, load, npred, pace = S.status, S.rem_s, S.load_s, S.npred, S.pace
     for t in P.tasks:  # done tasks (most of a long graph) need nothing: skip them fast
         i = t.idx

@@ -14,7 +14,11 @@ ran their whole life alone at one point).  At the normalisation point (alone on 
 device) wall time is exclusive time by definition; alone at a smaller share it is exclusive
 time × that alone entry's current value, so a pair is learned against its kind alone at the
 same share (where a node never runs anything on a whole device: the CPU demo's two pipelines).
-A grant is never evidence about the point its own reference was measured at.  Without a
+A grant is never evidence about the point its own reference was measured at.
+Where nothing ever runs alone (the CPU demo's two pipelines, always side by side), the log
+asks for it: a pipeline with no rate of a kind alone and no other reference runs its next
+grants of that kind as probes (PipelineState.alone: the scheduler starts nothing beside one but
+urgent pieces), at most LearnConfig.probes_per_kind of them.  Without a
 reference a grant is not evidence: the ledger's work is wall time over the predicted slowdown,
 so comparing it with the prediction would only check the grid against itself.  A grant that
 began before it asked (its head start ran under no grant), or that took over a migration's
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from jigsaw.mux.model.learned import Entry, GridLearner, Segment
@@ -59,6 +63,11 @@ class AloneRates:
         rates = self._rates.get(key)
         return statistics.median(rates) if rates is not None and len(rates) >= self.min_samples else None
 
+    def known(self, pipeline: str, kind: str) -> bool:
+        """Has `pipeline` a rate of `kind` alone at some point?"""
+        return any(p == pipeline and e[0] == kind and len(r) >= self.min_samples
+                   for (p, e), r in self._rates.items())
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Learned:
@@ -82,6 +91,32 @@ class GrantLog:
         self._tainted: set[tuple[str, str]] = set()
         self.history: deque[Learned] = deque(maxlen=HISTORY)
         self.rates = AloneRates(learner.config.window, learner.config.min_samples)
+        self._probing: set[tuple[str, str]] = set()
+        self.probed: Counter[tuple[str, str]] = Counter()
+        """Probes started per (pipeline, kind)."""
+        self._unitless: set[tuple[str, str]] = set()
+        """(pipeline, kind)s whose Done reported no unit of work: no rate, no probe."""
+        self.last_probe: tuple[str, str, bool] | None = None
+        """(pipeline, sid, whether it ran wholly alone) of the last probe that ended."""
+
+    def probes(self, p) -> frozenset[str]:
+        """The sub-stages of LivePipeline `p` that run alone (PipelineState.alone): its running
+        probes, and its waiting device sub-stages that would be one (`_wants`)."""
+        if p.static is not None or not self.learner.config.probes_per_kind:
+            return frozenset()
+        return frozenset([sid for sid in p.running if (p.name, sid) in self._probing]
+                         + [sid for sid, w in p.waiting.items() if self._wants(p.name, w.kind, w.expected_s, w.work_s)])
+
+    def _wants(self, pipeline: str, kind, expected_s: float | None, head_start_s: float) -> bool:
+        """A probe: a device kind with a unit of work, no estimate of its own, no head start
+        (its work must all run under its grant), no rate of the pipeline's alone yet, probes
+        of it left; never a rollout piece, whose next regime asks the moment it ends (urgent,
+        it would start beside whatever runs)."""
+        return (kind.on_device and not kind.is_rollout and expected_s is None and head_start_s <= 0.0
+                and kind.value in UNIT
+                and (pipeline, kind.value) not in self._unitless
+                and self.probed[(pipeline, kind.value)] < self.learner.config.probes_per_kind
+                and not self.rates.known(pipeline, kind.value))
 
     def note(self, now_s: float, pipelines) -> None:
         """Where every running device sub-stage of `pipelines` (LivePipeline) runs now."""
@@ -97,7 +132,12 @@ class GrantLog:
                 entry = self._entry(r.kind.value, partner, r.budget) if len(group) <= 2 else None
                 points[(p.name, r.sid)] = (entry, r.rate, p, r)
         self._unpace(points)
-        for key, (entry, rate, _, _) in points.items():
+        for key, (entry, rate, p, r) in points.items():
+            head_s = r.paces[0][1] if r.paces else 0.0
+            if key not in self._points and key not in self._probing and p.static is None and self._wants(
+                    p.name, r.kind, r.expected_s, head_s):
+                self._probing.add(key)  # started as a probe (the plan saw what _wants says now)
+                self.probed[(p.name, r.kind.value)] += 1
             log = self._points.setdefault(key, [])
             if not log or log[-1][1:] != (entry, rate):
                 log.append((now_s, entry, rate))
@@ -109,6 +149,7 @@ class GrantLog:
     def forget(self, pipeline: str, sid: str) -> None:
         self._points.pop((pipeline, sid), None)
         self._tainted.discard((pipeline, sid))
+        self._probing.discard((pipeline, sid))
 
     def close(self, p, r, now_s: float, done=None) -> Learned | None:
         """Running `r` of LivePipeline `p` finished at `now_s` (`done`: the finished SubStage,
@@ -121,10 +162,14 @@ class GrantLog:
                     for (t0, e, rate), t1 in zip(log or [], [t for t, _, _ in (log or [])[1:]] + [now_s])]
         fresh = not (r.paces and r.paces[0][1] > 0.0) and not tainted  # all its work ran under these grants
         units = float(getattr(done, UNIT.get(r.kind.value, ""), 0) or 0) if done is not None else 0.0
-        alone = {s.entry for s in segments if s.wall_s > 0}
-        at = alone.pop() if len(alone) == 1 and None not in alone and next(iter(alone))[1] is None else None
+        if done is not None and units <= 0 and r.on_device:
+            self._unitless.add((p.name, r.kind.value))
+        at, wall_s = self._alone_at(segments)
         if fresh and at is not None:
-            self.rates.note((p.name, at), units, sum(s.wall_s for s in segments))
+            self.rates.note((p.name, at), units, wall_s)
+        if key in self._probing:
+            self._probing.discard(key)
+            self.last_probe = (p.name, r.sid, fresh and at is not None)
         reference = r.expected_s if r.expected_s is not None else (
             p.static[r.sid].duration_s if p.static is not None and r.sid in p.static
             else self._reference(p.name, r.kind.value, segments, units, own=at))
@@ -138,6 +183,27 @@ class GrantLog:
                       error_log=math.log(max(r.work_s, 1e-12) / reference))
         self.history.append(got)
         return got
+
+    def _alone_at(self, segments) -> tuple[Entry | None, float]:
+        """(the point, wall seconds there) of a grant that ran wholly alone, most of its time
+        (LearnConfig.min_share_frac) at one point: its other alone segments converted to that
+        point by their alone values (a re-grant at a new share a moment after the start is
+        common); (None, 0) if anything ran beside it or no point held it."""
+        walls: dict[Entry, float] = {}
+        for s in segments:
+            if s.wall_s > 0:
+                if s.entry is None or s.entry[1] is not None:
+                    return None, 0.0
+                walls[s.entry] = walls.get(s.entry, 0.0) + s.wall_s
+        if not walls:
+            return None, 0.0
+        at = max(walls, key=walls.get)
+        if walls[at] < self.learner.config.min_share_frac * sum(walls.values()):
+            return None, 0.0
+        values = {e: self.learner.value(e) for e in walls}
+        if not all(math.isfinite(v) for v in values.values()):
+            return None, 0.0
+        return at, sum(w * values[at] / values[e] for e, w in walls.items())
 
     def _reference(self, pipeline: str, kind: str, segments, units: float, own: Entry | None) -> float | None:
         """Exclusive seconds of `units` of work from the pipeline's rate alone: at the

@@ -14,7 +14,8 @@
        ─► grants (daemon) / engine starts and physics (simulator) / timeline (graph executor)
     with a learner: every decision and finish notes where grants run on the grid; a finished
     grant is evidence for it (learning.py), and the refined grid is planned with from the
-    next decision on
+    next decision on; a pipeline with nothing to measure its grants against has its next
+    ones run alone as probes (the view's PipelineState.alone)
 
 Decision is kept apart from effect: `decide` returns what changed, complete and frozen;
 sending grants, starting engines and writing traces is the caller's, which never reads the
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.model import PairModels, SlowdownModel
@@ -234,6 +235,9 @@ class NodeState:
     def view(self, now_s: float) -> tuple[View, list[LivePipeline]]:
         live = [p for p in self.pipelines.values() if p.live]
         built = [pipeline_state(p, now_s, next_step=self.next_step, memo=self._memos[p.name]) for p in live]
+        if self.grants is not None:  # a learner's probes (node/learning.py)
+            built = [(replace(s, alone=a), g) if (a := self.grants.probes(p)) else (s, g)
+                     for (s, g), p in zip(built, live)]
         view = View(time_s=now_s, pipelines=tuple(s for s, _ in built), progress=tuple(g for _, g in built),
                     node=self.node, model=self.grid, pairs=self.pairs, host_frac=host_frac(self.pipelines.values()))
         return view, live
@@ -352,10 +356,15 @@ class NodeState:
         return any(sid in ids for p in self.pipelines.values() for sid in p.waiting)
 
     def _stalled(self) -> tuple[str, Waiting] | None:
-        """The oldest request (and its pipeline), if nothing runs on the whole node."""
+        """The oldest request (and its pipeline), if nothing runs on the whole node.  A learning
+        probe the plan holds back (a partner's rollout is about to ask) is not stalled: it
+        turns urgent when it has waited max_wait_s."""
         if any(r.on_device for p in self.pipelines.values() for r in p.running.values()):
             return None
-        waiting = [(p.name, w) for p in self.pipelines.values() for w in p.waiting.values()]
+        probes = {(p.name, sid) for p in self.pipelines.values() for sid in self.grants.probes(p)} \
+            if self.grants is not None and self.max_wait_s is not None else set()
+        waiting = [(p.name, w) for p in self.pipelines.values() for w in p.waiting.values()
+                   if (p.name, w.sid) not in probes or w.urgent]
         return min(waiting, key=lambda x: x[1].since_s) if waiting else None
 
     def _fallback(self, now_s: float, host: list, why: str) -> _Changes:

@@ -114,7 +114,10 @@ class DaemonConfig:
     learn_grid: bool = False
     """Refine the grid from every finished grant with an exclusive-time estimate, and plan with it
     (mux/model/learned.py); kept per node, device and model under the profile directory's learned/,
-    saved every minute and at exit.  Off unless asked: a replay of the trace does not learn yet."""
+    saved every minute and at exit.  A pipeline whose grants carry no estimate runs its first few
+    trainings and references alone (probes, node/learning.py): its rate alone is what its
+    co-located grants are measured against.  Off unless asked: a replay of the trace does not
+    learn yet."""
 
     def __post_init__(self) -> None:
         if self.policy not in NAMES:
@@ -474,7 +477,9 @@ class Daemon:
         else:
             data = {"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s}
             if (got := self._learned(piece.id)) is not None:  # the plan's error for it, as the learner saw it
-                data["learned"] = {"entry": list(got.entry), "error_log": got.error_log}
+                data["learned"] = {"entry": list(got.entry) if got.entry else None, "error_log": got.error_log}
+            if (probe := self._probe(name, piece.id)) is not None:
+                data["probe"] = "alone" if probe else "joined"
             self._event("release", name, piece.id, device=r.device, data=data)
         return pr.Ok(req=msg.req)
 
@@ -483,8 +488,13 @@ class Daemon:
         grants = self.state.grants
         if grants is None or not grants.history or grants.history[-1].sid != sid:
             return None
-        got = grants.history[-1]
-        return got if got.entry is not None else None
+        return grants.history[-1]
+
+    def _probe(self, name: str, sid: str) -> bool | None:
+        """Was the grant of `sid` that just ended a learning probe: True if it ran wholly alone,
+        False if something joined it; None: not a probe."""
+        last = None if self.state.grants is None else self.state.grants.last_probe
+        return last[2] if last is not None and last[:2] == (name, sid) else None
 
     def _release(self, msg: Release) -> pr.Error:
         """A Done refused for its report still ends its grant; the sender gets the refusal."""

@@ -233,3 +233,86 @@ def test_a_daemon_that_learns_survives_a_malformed_file_and_saves_what_it_learne
     daemon.learner.observed = 1
     daemon.save_learned()
     assert GridLearner.load(path, grid).report() == daemon.learner.report()
+
+
+def _probing_node(config: LearnConfig):
+    learner = GridLearner(synthetic_grid(), config)
+    state = NodeState(NODE, learner.base, make("jigsaw"), fallback=False, learner=learner, max_wait_s=2.0)
+    inbox = Inbox(state)
+    for name in ("a", "b"):
+        inbox.register(pr.Register(pipeline=name, pid=1, devices=(0,)))
+    return learner, state, inbox
+
+
+def _ask(state, inbox, name: str, kind: str, step: int, t: float, **facts) -> str:
+    inbox.take(name, pr.Admit(session="", kind=kind, dp_rank=0, step=step, mem_bytes=GIB, **facts), t)
+    return next(sid for sid in state.pipeline(name).waiting if f"/{kind}/" in sid)
+
+
+def test_with_nothing_to_measure_against_a_grant_runs_alone_as_a_probe_and_nothing_joins_it():
+    """jigsaw's engines send no estimate and the demo's pipelines never run alone by themselves:
+    the first trainings of each run alone (probes), one after the other; a request that is no
+    probe waits beside a running one until it has waited max_wait_s.  Without probes the two
+    trainings start side by side at once."""
+    _, state, inbox = _probing_node(LearnConfig(min_samples=1, probes_per_kind=4))
+    ids = {n: _ask(state, inbox, n, "training", 0, 0.0) for n in ("a", "b")}
+    state.decide(0.0)
+    running = [n for n in ("a", "b") if state.pipeline(n).running]
+    assert len(running) == 1, "two probes on one device: one runs, the other waits for the device"
+    first, second = running[0], "b" if running == ["a"] else "a"
+    state.decide(1.0)
+    assert not state.pipeline(second).running
+    inbox.take(first, pr.Done(session="", substage=ids[first], num_tokens=1000), 1.5)
+    assert state.grants.last_probe == (first, ids[first], True)
+    state.decide(1.5)
+    assert ids[second] in state.pipeline(second).running  # the device emptied: the other probe, alone
+
+    _, state, inbox = _probing_node(LearnConfig(min_samples=1, probes_per_kind=4))
+    probe = _ask(state, inbox, "a", "training", 0, 0.0)
+    state.decide(0.0)
+    late = _ask(state, inbox, "b", "reference", 0, 0.1, expected_s=1.0)  # its own estimate: no probe
+    state.decide(0.2)
+    assert probe in state.pipeline("a").running and late not in state.pipeline("b").running
+    state.decide(2.2)  # it waited max_wait_s: urgent, it starts beside the probe
+    assert late in state.pipeline("b").running
+    inbox.take("a", pr.Done(session="", substage=probe, num_tokens=1000), 5.0)
+    assert state.grants.last_probe == ("a", probe, False) and state.grants.probed[("a", "training")] == 1
+
+    _, plain, inbox = _probing_node(LearnConfig(min_samples=1, probes_per_kind=0))
+    for n in ("a", "b"):
+        _ask(plain, inbox, n, "training", 0, 0.0)
+    plain.decide(0.0)
+    assert all(plain.pipeline(n).running for n in ("a", "b"))
+
+
+def test_probes_give_the_rate_alone_that_makes_a_co_located_grant_evidence_then_stop():
+    learner, state, inbox = _probing_node(LearnConfig(min_samples=2, probes_per_kind=3))
+    t = 0.0
+    for step in range(2):  # two probes of a's training, alone: 10 ms a token
+        sid = _ask(state, inbox, "a", "training", step, t)
+        state.decide(t)
+        assert sid in state.pipeline("a").running and not state.pipeline("b").running
+        inbox.take("a", pr.Done(session="", substage=sid, num_tokens=1000), t + 10.0)
+        assert state.grants.last_probe == ("a", sid, True)
+        t += 20.0
+    assert state.grants.rates.known("a", "training") and learner.observed == 0
+    sid = _ask(state, inbox, "a", "training", 2, t)
+    assert sid not in state.grants.probes(state.pipeline("a"))  # known: no more probes
+    b = _ask(state, inbox, "b", "rollout_decode", 0, t, expected_s=30.0)
+    state.decide(t)
+    assert sid in state.pipeline("a").running and b in state.pipeline("b").running  # side by side
+    inbox.take("a", pr.Done(session="", substage=sid, num_tokens=1000), t + 26.0)
+    got = state.grants.history[-1]
+    assert learner.observed == 1 and got.sid == sid and got.entry[:2] == ("training", "rollout_decode")
+
+
+def test_a_pipeline_gets_at_most_probes_per_kind_probes_even_if_none_ran_alone():
+    learner, state, inbox = _probing_node(LearnConfig(min_samples=1, probes_per_kind=2))
+    for step in range(3):
+        sid = _ask(state, inbox, "a", "reference", step, 10.0 * step)
+        assert (sid in state.grants.probes(state.pipeline("a"))) == (step < 2)
+        other = _ask(state, inbox, "b", "training", step, 10.0 * step, expected_s=5.0)
+        state.decide(10.0 * step + 3.0)  # b's request aged: it runs beside a's probe
+        inbox.take("a", pr.Done(session="", substage=sid, num_tokens=100), 10.0 * step + 4.0)
+        inbox.take("b", pr.Done(session="", substage=other, num_tokens=100), 10.0 * step + 5.0)
+    assert state.grants.probed[("a", "reference")] == 2 and not state.grants.rates.known("a", "reference")

@@ -79,12 +79,19 @@ class LearnConfig:
     republish_log: float = 0.01
     """Smallest change (natural log) of a correction that rebuilds the grid the scheduler plans
     with: a rebuild re-indexes every table."""
+    probes_per_kind: int = 8
+    """Grants of one kind a pipeline runs with nothing beside it, while it has no rate of that
+    kind alone and no other reference (node/learning.py): what its co-located grants are then
+    measured against.  At least min_samples to learn anything; a few more for probes a partner's
+    urgent piece joined.  0: no probes (only grants that happen to run alone are references)."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or self.window < self.min_samples:
             raise ValueError(f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
         if not 0.0 < self.min_factor <= 1.0 <= self.max_factor:
             raise ValueError(f"need 0 < min_factor <= 1 <= max_factor, got {self.min_factor}, {self.max_factor}")
+        if self.probes_per_kind < 0:
+            raise ValueError(f"probes_per_kind must be >= 0, got {self.probes_per_kind}")
         if not 0.5 <= self.min_share_frac <= 1.0:
             # below half, two entries could both claim one grant
             raise ValueError(f"min_share_frac must be in [0.5, 1], got {self.min_share_frac}")
