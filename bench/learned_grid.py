@@ -16,13 +16,14 @@ learner took (a release event's `learned`), and how many there were.
 
 `--live` runs the CPU demo's jigsaw mode (two real GRPO pipelines on this CPU) with a wrong
 prior: the calibrated CPU grid with the same four pair tables ×1.5.  Per repeat, interleaved:
-        learned  the daemon learns (`--learn-grid`; the first trainings and references of each
-                 pipeline run alone as probes: its rate alone is what co-located grants are
-                 measured against, node/learning.py)
-        prior    the same wrong prior, learning off
-        measured the calibrated grid, learning off
-    ─► the learned run's prediction error by step window, over the grants that were evidence
-       about an entry and over all grants with a reference; tokens/s of the three, paired by repeat
+        learned   the daemon learns (`--learn-grid`; the first trainings and references of each
+                  pipeline run alone as probes: its rate alone is what co-located grants are
+                  measured against, node/learning.py)
+        prior     the same wrong prior, measured and never moved (`--watch-grid`: the same probes)
+        measured  the calibrated grid, measured and never moved
+        plain     the calibrated grid, no learner (no probes: what they cost)
+    ─► per arm, the prediction error by step window, over the grants that were evidence about an
+       entry and over all grants with a reference; tokens/s of every arm, paired by repeat
 
     python bench/learned_grid.py --live [--steps 24] [--repeats 2]
 """
@@ -93,22 +94,23 @@ def live_runs(steps: int, repeats: int, out_dir: Path) -> None:
     measured = profiles.resolve(profiles.CPU_DEFAULT)
     wrong = out_dir / "prior-x1.5.json"
     wrong.write_text(json.dumps(scaled(SlowdownGrid.load(measured), parse_scale(SCALE), note="x1.5").to_dict()))
-    arms = {"learned": (wrong, True), "prior": (wrong, False), "measured": (measured, False)}
+    arms = {"learned": (wrong, "learn"), "prior": (wrong, "watch"), "measured": (measured, "watch"),
+            "plain": (measured, "")}
     tps: dict[str, list[float]] = {a: [] for a in arms}
-    errors: list[tuple[int, bool, float]] = []
+    errors: dict[str, list[tuple[int, bool, float]]] = {a: [] for a in arms if arms[a][1]}
     probes: dict[str, int] = {}
     for rep in range(repeats):
-        for arm, (grid, learn) in arms.items():
+        for arm, (grid, how) in arms.items():
             d = out_dir / f"{arm}-r{rep + 1}"
             print(f"[repeat {rep + 1}/{repeats}] {arm}: 2 pipelines x {steps} steps ...", flush=True)
             (run,) = run_demo(DemoConfig(steps=steps, repeats=1, modes=("jigsaw",), out_dir=d, profile=str(grid),
-                                         learn_grid=learn), say=lambda *_: None)
+                                         learn_grid=how == "learn", watch_grid=how == "watch"), say=lambda *_: None)
             tps[arm].append(run.tokens / run.steps_s)
-            if learn:
-                errors += _errors(d / "jigsaw-trace.jsonl")
-                for e in Trace.read(d / "jigsaw-trace.jsonl").events:
-                    if e.event == "release" and "probe" in e.data:
-                        probes[e.data["probe"]] = probes.get(e.data["probe"], 0) + 1
+            if how:
+                errors[arm] += _errors(d / "jigsaw-trace.jsonl")
+            for e in Trace.read(d / "jigsaw-trace.jsonl").events if how == "learn" else ():
+                if e.event == "release" and "probe" in e.data:
+                    probes[e.data["probe"]] = probes.get(e.data["probe"], 0) + 1
     _print_live(steps, repeats, tps, errors, probes)
 
 
@@ -116,14 +118,17 @@ def _print_live(steps: int, repeats: int, tps, errors, probes) -> None:
     print(f"\nCPU demo, jigsaw mode, {steps} steps x 2 pipelines, {repeats} repeat(s); wrong prior: the calibrated "
           f"grid x1.5 on {', '.join(x.split('=')[0] for x in SCALE)}")
     print(f"probes of the learned runs: {probes}")
-    print("\nprediction error of the learned runs, mean |log(predicted / reference)| (grants)")
-    print(f"{'steps':>7}  {'evidence':>14}  {'all':>14}")
+    print("\nprediction error, mean |log(predicted / reference)| (grants): evidence about an entry / all")
+    print(f"{'steps':>7}  " + "  ".join(f"{arm:>23}" for arm in errors))
     width = max(1, steps // 4)
+    cell = lambda xs: f"{statistics.fmean(xs):.3f} ({len(xs):>3})" if xs else f"{'-':>9}"  # noqa: E731
     for lo in range(0, steps, width):
-        ev = [x for st, e, x in errors if lo <= st < lo + width and e]
-        al = [x for st, _, x in errors if lo <= st < lo + width]
-        cell = lambda xs: f"{statistics.fmean(xs):.3f} ({len(xs):>3})" if xs else f"{'-':>11}"  # noqa: E731
-        print(f"{lo:>3}-{min(steps, lo + width) - 1:<3}  {cell(ev):>14}  {cell(al):>14}")
+        cells = []
+        for errs in errors.values():
+            ev = [x for st, e, x in errs if lo <= st < lo + width and e]
+            al = [x for st, _, x in errs if lo <= st < lo + width]
+            cells.append(f"{cell(ev)} / {cell(al)}")
+        print(f"{lo:>3}-{min(steps, lo + width) - 1:<3}  " + "  ".join(f"{c:>23}" for c in cells))
     print("\ntokens/s per repeat (x: learned over the other, same repeat)")
     for arm, xs in tps.items():
         ratio = "" if arm == "learned" else "  x " + " ".join(f"{a / b:.3f}" for a, b in zip(tps["learned"], xs))

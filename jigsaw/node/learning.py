@@ -170,8 +170,8 @@ class GrantLog:
         if key in self._probing:
             self._probing.discard(key)
             self.last_probe = (p.name, r.sid, fresh and at is not None)
-        reference = r.expected_s if r.expected_s is not None else (
-            p.static[r.sid].duration_s if p.static is not None and r.sid in p.static
+        reference, exact = (r.expected_s, None) if r.expected_s is not None else (
+            (p.static[r.sid].duration_s, None) if p.static is not None and r.sid in p.static
             else self._reference(p.name, r.kind.value, segments, units, own=at))
         why = ("not on a device" if not r.on_device else "no reference" if reference is None
                else "head start" if r.paces and r.paces[0][1] > 0.0 else "took on requests" if tainted
@@ -179,7 +179,8 @@ class GrantLog:
         if why:
             self.learner.skipped[why] += 1
             return None
-        got = Learned(t_s=now_s, pipeline=p.name, sid=r.sid, entry=self.learner.observe(segments, reference),
+        got = Learned(t_s=now_s, pipeline=p.name, sid=r.sid,
+                      entry=self.learner.observe(segments, reference, exact=exact),
                       error_log=math.log(max(r.work_s, 1e-12) / reference))
         self.history.append(got)
         return got
@@ -205,12 +206,13 @@ class GrantLog:
             return None, 0.0
         return at, sum(w * values[at] / values[e] for e, w in walls.items())
 
-    def _reference(self, pipeline: str, kind: str, segments, units: float, own: Entry | None) -> float | None:
-        """Exclusive seconds of `units` of work from the pipeline's rate alone: at the
-        normalisation point, else alone at the share of its longest segment (over that entry's
-        value); never the point `own` the grant itself ran at."""
+    def _reference(self, pipeline: str, kind: str, segments, units: float,
+                   own: Entry | None) -> tuple[float | None, Entry | None]:
+        """(exclusive seconds of `units` of work, the point they were measured at) from the
+        pipeline's rate alone: at the normalisation point, else alone at the share of its longest
+        segment (over that entry's value); never the point `own` the grant itself ran at."""
         if units <= 0:
-            return None
+            return None, None
         longest = max(segments, key=lambda s: s.wall_s, default=None)
         places = [self._top(kind)]
         if longest is not None and longest.entry is not None:
@@ -218,8 +220,8 @@ class GrantLog:
         for place in places:
             rate = self.rates.rate((pipeline, place)) if place != own else None
             if rate is not None and (value := self.learner.value(place)) < math.inf:
-                return units * rate / value
-        return None
+                return units * rate / value, place
+        return None, None
 
     def _top(self, kind: str) -> Entry:
         """The normalisation point of `kind`: alone, every SM, the top memory level."""

@@ -119,6 +119,9 @@ class DemoConfig:
     --learn-grid`), each run from the profile's grid (a fresh profile directory per run, so no
     run starts from what an earlier one learned); each grant the learner took carries the
     plan's error for it in the trace (a release event's `learned`)."""
+    watch_grid: bool = False
+    """The live modes' daemons measure the grid's error as --learn-grid does, and move no entry
+    (`jigsaw daemon --watch-grid`): the error of the profile itself."""
     verl_poll_s: float | None = None
     """--framework verl: poll verl's replay buffer this often (s) in every mode instead of
     verl's 2 s, which makes `gen` last a multiple of 2 s whatever the rollout takes.
@@ -311,7 +314,7 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
     rt = Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     (rt / "rt").mkdir(mode=0o700)
     run.env = dict(run.env, JIGSAW_RUNTIME_DIR=str(rt / "rt"))
-    if cfg.learn_grid:  # what this run learns stays in this run
+    if cfg.learn_grid or cfg.watch_grid:  # what this run learns stays in this run
         run.env["JIGSAW_PROFILE_DIR"] = str(rt / "profiles")
     trace = cfg.out_dir / f"{mode}-trace-r{rep + 1}.jsonl"  # every repeat's: a slow one can be looked at
     trace.unlink(missing_ok=True)
@@ -322,7 +325,8 @@ def _run_daemon(cfg: DemoConfig, results: list[Path], run: _Launcher, rep: int, 
         daemon = subprocess.Popen([sys.executable, "-m", "jigsaw.cli.main", "daemon", "--profile", str(grid),
                                    "--devices", str(devices), "--policy", DAEMON_POLICY[mode],
                                    "--partitioner", cfg.partitioner or ("green" if cfg.framework == "gpu" else "cpu"),
-                                   "--trace", str(trace), *(["--learn-grid"] if cfg.learn_grid else [])],
+                                   "--trace", str(trace), *(["--learn-grid"] if cfg.learn_grid else []),
+                                   *(["--watch-grid"] if cfg.watch_grid else [])],
                                   env=run.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)
     try:

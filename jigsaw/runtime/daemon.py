@@ -47,7 +47,7 @@ from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import NAMES, make
 from jigsaw.graph.slo import SloForecast
 from jigsaw.mux.model.grids import node_grid
-from jigsaw.mux.model.learned import learned_path, load_or_fresh
+from jigsaw.mux.model.learned import LearnConfig, learned_path, load_or_fresh
 from jigsaw.node import inputs
 from jigsaw.node.effects import Decision
 from jigsaw.node.slo import step_fields
@@ -118,6 +118,10 @@ class DaemonConfig:
     trainings and references alone (probes, node/learning.py): its rate alone is what its
     co-located grants are measured against.  Off unless asked: a replay of the trace does not
     learn yet."""
+    watch_grid: bool = False
+    """Measure the grid's error on every finished grant as --learn-grid does (probes, the trace's
+    `learned`, the file) but never move an entry: the scheduler plans with the profile's grid.
+    How far off a profile is, before it is trusted to learn."""
 
     def __post_init__(self) -> None:
         if self.policy not in NAMES:
@@ -215,10 +219,10 @@ class Daemon:
     def _learner(self):
         """The node's learned grid (DaemonConfig.learn_grid), from its file if it has one; a file
         that cannot be used is said and set aside, and learning starts from the profile's grid."""
-        if not self.config.learn_grid:
+        if not (self.config.learn_grid or self.config.watch_grid):
             return None
         path = learned_path(self.grid)
-        learner, said = load_or_fresh(path, self.grid)
+        learner, said = load_or_fresh(path, self.grid, LearnConfig(frozen=not self.config.learn_grid))
         if said:
             log.warning("%s", said)
         return learner
@@ -228,7 +232,9 @@ class Daemon:
         if self.learner is None or not self.learner.observed:
             return
         try:
-            self.learner.save(learned_path(self.grid))
+            self.learner.save(path := learned_path(self.grid))
+            log.info("learned grid: %d grants were evidence, skipped %s; saved to %s", self.learner.observed,
+                     dict(self.learner.skipped), path)
         except OSError as exc:
             log.warning("could not save the learned grid: %s", exc)
         self._learned_s = self.wall()
@@ -239,7 +245,7 @@ class Daemon:
         self.trace_writer = TraceWriter(path)
         self._event("node", "", data={"policy": c.policy, "sched": asdict(c.sched), "max_wait_s": c.max_wait_s,
                                       "devices": c.devices, "profile": str(c.profile) if c.profile else None,
-                                      "learn_grid": c.learn_grid,
+                                      "learn_grid": c.learn_grid, "watch_grid": c.watch_grid,
                                       "partitioner": self.partitioner.kind, "pid": os.getpid(),
                                       "clock_t0_s": self.t0})  # event times are clock − t0
 

@@ -52,7 +52,7 @@ NOT_RUN = {
         "a user's job; tests/integration/test_runtime.py::test_run_with_an_slo_registers_it_and_the_steps_are_"
         "measured_against_it runs `jigsaw run --slo` under a daemon",
     "python bench/slo.py": "a benchmark (4 minutes); the README shows its table",
-    "python bench/learned_grid.py --live --steps 24 --repeats 2": "a benchmark (8 minutes of CPU demo runs); "
+    "python bench/learned_grid.py --live --steps 32 --repeats 3": "a benchmark (11 minutes of CPU demo runs); "
                                                                    "the README shows its table",
     "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
                                       "agentic pipeline's command and test_engine_agentic.py runs it under a daemon",

@@ -233,6 +233,10 @@ def test_a_daemon_that_learns_survives_a_malformed_file_and_saves_what_it_learne
     daemon.learner.observed = 1
     daemon.save_learned()
     assert GridLearner.load(path, grid).report() == daemon.learner.report()
+    assert not daemon.learner.config.frozen
+    watching = Daemon(DaemonConfig(watch_grid=True), directory=tmp_path / "c").learner
+    assert watching is not None and watching.config.frozen  # --watch-grid: measured, never moved
+    assert Daemon(DaemonConfig(), directory=tmp_path / "d").learner is None
 
 
 def _probing_node(config: LearnConfig):
@@ -316,3 +320,33 @@ def test_a_pipeline_gets_at_most_probes_per_kind_probes_even_if_none_ran_alone()
         inbox.take("a", pr.Done(session="", substage=sid, num_tokens=100), 10.0 * step + 4.0)
         inbox.take("b", pr.Done(session="", substage=other, num_tokens=100), 10.0 * step + 5.0)
     assert state.grants.probed[("a", "reference")] == 2 and not state.grants.rates.known("a", "reference")
+
+
+def test_an_unsettled_other_entry_may_hold_a_moment_of_a_grant_or_the_references_own_point_no_more():
+    """A grant mostly at PAIR with the rest at its kind alone on half (no samples there): a
+    moment (10%) of it still makes it evidence about PAIR, priced at that entry's value; 30% does
+    not, unless that point is the one its reference was measured at (exact by construction)."""
+    from jigsaw.mux.model.learned import Segment
+
+    half = ("training", None, 1, 1)
+    for other_frac, exact, evidence in ((0.1, None, True), (0.3, None, False), (0.3, half, True)):
+        learner = GridLearner(synthetic_grid(), LearnConfig(min_samples=5))
+        pair_s, alone_s = 10.0 * (1 - other_frac), 10.0 * other_frac
+        reference = pair_s / (1.3 * learner.base_value(PAIR)) + alone_s / learner.value(half)
+        got = learner.observe([Segment(entry=PAIR, wall_s=pair_s, slowdown=1.0),
+                               Segment(entry=half, wall_s=alone_s, slowdown=1.0)], reference, exact=exact)
+        assert (got == PAIR) is evidence, (other_frac, exact)
+        if evidence:  # the sample is what the pair really cost: 1.3x its base
+            assert learner._stats[PAIR].window[-1] == pytest.approx(math.log(1.3))
+        else:
+            assert learner.skipped["mixed with unsettled"] == 1
+
+
+def test_a_frozen_learner_measures_the_grid_but_moves_nothing():
+    """`jigsaw daemon --watch-grid`: the same samples and errors as a learner, the base grid planned with."""
+    frozen = GridLearner(synthetic_grid(), LearnConfig(min_samples=2, frozen=True))
+    for _ in range(5):
+        frozen.record(PAIR, math.log(1.5))
+    assert frozen.value(PAIR) == frozen.base_value(PAIR) and frozen.refined() is frozen.base
+    (entry,) = [e for e in frozen.report() if e.entry == PAIR]
+    assert entry.count == 5 and entry.learned == entry.prior

@@ -79,6 +79,13 @@ class LearnConfig:
     republish_log: float = 0.01
     """Smallest change (natural log) of a correction that rebuilds the grid the scheduler plans
     with: a rebuild re-indexes every table."""
+    max_unsettled_frac: float = 0.15
+    """Share of a grant's wall time its other entries may hold while not settled (priced at
+    their current values): a grant re-granted at a new point a moment after it started, or whose
+    partner left for a moment, still counts; above it, the grant is not evidence."""
+    frozen: bool = False
+    """Record every sample but move no entry: the grid's error is measured (a finished grant's
+    `Learned.error_log`), the scheduler plans with the base grid (`jigsaw daemon --watch-grid`)."""
     probes_per_kind: int = 8
     """Grants of one kind a pipeline runs with nothing beside it, while it has no rate of that
     kind alone and no other reference (node/learning.py): what its co-located grants are then
@@ -90,6 +97,8 @@ class LearnConfig:
             raise ValueError(f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
         if not 0.0 < self.min_factor <= 1.0 <= self.max_factor:
             raise ValueError(f"need 0 < min_factor <= 1 <= max_factor, got {self.min_factor}, {self.max_factor}")
+        if not 0.0 <= self.max_unsettled_frac <= 1.0 - self.min_share_frac:
+            raise ValueError(f"max_unsettled_frac must be in [0, 1 - min_share_frac], got {self.max_unsettled_frac}")
         if self.probes_per_kind < 0:
             raise ValueError(f"probes_per_kind must be >= 0, got {self.probes_per_kind}")
         if not 0.5 <= self.min_share_frac <= 1.0:
@@ -192,7 +201,7 @@ class GridLearner:
         """log(learned / base) by the rule (LearnConfig); 0 until the entry (or its row) has
         min_samples."""
         xs, c = self._evidence(entry), self.config
-        if xs is None or not self.movable(entry):
+        if c.frozen or xs is None or not self.movable(entry):
             return 0.0
         se2 = _spread(xs, c.spread_floor_log) ** 2 / len(xs)
         tau2 = c.prior_sd_log ** 2
@@ -236,10 +245,11 @@ class GridLearner:
             st = self._stats[entry] = _Stats(self.config.window)
         st.add(min(max(log_ratio, -MAX_ABS_LOG), MAX_ABS_LOG))
 
-    def observe(self, segments: Sequence[Segment], reference_s: float) -> Entry | None:
+    def observe(self, segments: Sequence[Segment], reference_s: float, *, exact: Entry | None = None) -> Entry | None:
         """A finished grant: its segments and its exclusive seconds; the entry it was evidence
-        about, or None (why: `skipped`)."""
-        why, entry, s = self._attribute(segments, reference_s)
+        about, or None (why: `skipped`).  `exact`: the point the reference was measured at (its
+        segments there are priced by the reference itself: settled)."""
+        why, entry, s = self._attribute(segments, reference_s, exact)
         if why:
             self.skipped[why] += 1
             return None
@@ -247,7 +257,7 @@ class GridLearner:
         self.observed += 1
         return entry
 
-    def _attribute(self, segments: Sequence[Segment], reference_s: float):
+    def _attribute(self, segments: Sequence[Segment], reference_s: float, exact: Entry | None = None):
         wall: dict[Entry | None, float] = {}
         for seg in segments:
             if seg.wall_s > 0.0:
@@ -265,8 +275,11 @@ class GridLearner:
         if self.base_value(k) is None:
             return "infeasible", None, 0.0
         others = [e for e in wall if e != k]
-        if not all(self.settled(e) for e in others):  # their prior values may be what is wrong
+        unsettled = sum(wall[e] for e in others if e != exact and not self.settled(e))
+        if unsettled > self.config.max_unsettled_frac * total:  # their prior values may be what is wrong
             return "mixed with unsettled", None, 0.0
+        if any(e is None for e in others):
+            return "mixed with off-grid", None, 0.0
         others_work = sum(wall[e] / self.value(e) for e in others)
         left = reference_s - others_work
         if left <= 0.05 * reference_s:  # the rest alone would have done it all: the numbers disagree
