@@ -356,15 +356,10 @@ class NodeState:
         return any(sid in ids for p in self.pipelines.values() for sid in p.waiting)
 
     def _stalled(self) -> tuple[str, Waiting] | None:
-        """The oldest request (and its pipeline), if nothing runs on the whole node.  A learning
-        probe the plan holds back (a partner's rollout is about to ask) is not stalled: it
-        turns urgent when it has waited max_wait_s."""
+        """The oldest request (and its pipeline), if nothing runs on the whole node."""
         if any(r.on_device for p in self.pipelines.values() for r in p.running.values()):
             return None
-        probes = {(p.name, sid) for p in self.pipelines.values() for sid in self.grants.probes(p)} \
-            if self.grants is not None and self.max_wait_s is not None else set()
-        waiting = [(p.name, w) for p in self.pipelines.values() for w in p.waiting.values()
-                   if (p.name, w.sid) not in probes or w.urgent]
+        waiting = [(p.name, w) for p in self.pipelines.values() for w in p.waiting.values()]
         return min(waiting, key=lambda x: x[1].since_s) if waiting else None
 
     def _fallback(self, now_s: float, host: list, why: str) -> _Changes:

@@ -350,3 +350,24 @@ def test_a_frozen_learner_measures_the_grid_but_moves_nothing():
     assert frozen.value(PAIR) == frozen.base_value(PAIR) and frozen.refined() is frozen.base
     (entry,) = [e for e in frozen.report() if e.entry == PAIR]
     assert entry.count == 5 and entry.learned == entry.prior
+
+
+def test_a_probe_re_granted_at_a_new_share_still_gives_its_rate_at_the_share_that_held_it():
+    """A probe that starts on half the device and gets all of it a moment later ran wholly alone:
+    its rate is at the whole device, its half-share second counted at that point's speed (1 s
+    there is 1 / 1.9 s on the whole device), not as a wall second and not thrown away."""
+    learner, state, inbox = _probing_node(LearnConfig(min_samples=1, probes_per_kind=2))
+    sid = _ask(state, inbox, "a", "training", 0, 0.0)
+    mem = int(0.8 * NODE.mem_bytes)
+    half, whole = learner.base.alone("training", 0.5, 0.8), learner.base.alone("training", 1.0, 0.8)
+
+    def grant(t: float, sm_frac: float, slowdown: float) -> None:
+        state.apply(Plan(time_s=t, started=(sid,) if t == 0.0 else (), assignments=(
+            Assignment(substage=sid, pipeline="a", device=0, sm_frac=sm_frac, mem_bytes=mem, slowdown=slowdown),)), t)
+
+    grant(0.0, 0.5, half)
+    grant(1.0, 1.0, whole)
+    inbox.take("a", pr.Done(session="", substage=sid, num_tokens=1000), 10.0)
+    top = ("training", None, len(learner.base.sm_levels) - 1, len(learner.base.mem_levels) - 1)
+    assert state.grants.last_probe == ("a", sid, True)
+    assert state.grants.rates.rate(("a", top)) == pytest.approx((9.0 + 1.0 * whole / half) / 1000)
