@@ -14,7 +14,8 @@
                     the other): its trace times every sub-stage alone on every core, what
                     calibrating a grid needs (jigsaw.sim.calibrate)
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
-        each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file)
+        each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file);
+                    those started at once begin step 0 together (recipes/start_gate.py)
         between runs: how busy the machine is without us (psutil, a short sample)
     ─► Run per (mode, repeat): tokens/s over the measured steps (warm-up steps left out),
        appended to --out-dir/runs.jsonl as it ends
@@ -27,6 +28,7 @@ checks that the token counts agree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from jigsaw import profiles
+from jigsaw.recipes.start_gate import gate_env
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("serial", "naive", "naive-fair", "static", "serial-live", "static-live", "jigsaw")
@@ -234,9 +237,12 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
         env["VERL_PLATFORM"] = "cpu"  # the CPU platform jigsaw's verl plugin registers
         if cfg.verl_poll_s is not None:  # every mode alike (integrations/verl/poll.py)
             env["JIGSAW_VERL_POLL_S"] = str(cfg.verl_poll_s)
+    gate = Path(tempfile.mkdtemp(prefix="jigsaw-demo-gate-"))
+    if mode not in SEQUENTIAL and cfg.framework != "verl":  # the recipes meet before step 0
+        env.update(gate_env(gate, len(cfg.seeds)))
     log_path = cfg.out_dir / "logs" / f"{mode}-r{rep + 1}.log"
     t0 = time.perf_counter()
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, _removed(gate):
         run = _Launcher(cfg, env, log, log_path)
         if mode == "serial":
             for s, r in zip(cfg.seeds, results):
@@ -252,6 +258,14 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
         else:
             _run_daemon(cfg, results, run, rep, mode)
     return _summarise(mode, rep, time.perf_counter() - t0, results, cfg.warmup_steps)
+
+
+@contextlib.contextmanager
+def _removed(path: Path):
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -93,6 +93,7 @@ def run(cfg: GpuRecipeConfig) -> dict:
 
     import torch
 
+    from jigsaw.recipes.start_gate import wait_at_gate
     from jigsaw.runtime.client import connect
 
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"gpu-grpo-seed{cfg.seed}"
@@ -104,6 +105,7 @@ def run(cfg: GpuRecipeConfig) -> dict:
     say = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; {cfg.model} × {cfg.layers} "
         f"layers ({params / 1e6:.0f} M parameters) on {cfg.device}")
+    wait_at_gate(say)
     steps = []
     for step in range(cfg.steps):
         steps.append(_step(cfg, step, client, model, opt, params))

@@ -131,6 +131,7 @@ def run(cfg: RecipeConfig) -> dict:
     from jigsaw.engines.rewards import ReasoningGymTask
     from jigsaw.engines.rollout import RolloutConfig
     from jigsaw.engines.training import TrainConfig, Trainer
+    from jigsaw.recipes.start_gate import wait_at_gate
     from jigsaw.runtime.client import connect
 
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
@@ -149,6 +150,7 @@ def run(cfg: RecipeConfig) -> dict:
     # the workers follow the grants the client posts for them (a green side, the KV room)
     with DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
             Trainer(mc, train, board=client.board) as trainer:
+        wait_at_gate(say)
         for step in range(cfg.steps):
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
             say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "

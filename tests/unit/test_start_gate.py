@@ -1,0 +1,43 @@
+"""The demo's pipelines begin step 0 together (jigsaw.recipes.start_gate)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jigsaw.recipes.start_gate import ENV, gate_env, wait_at_gate
+
+WAITER = "from jigsaw.recipes.start_gate import wait_at_gate; print(wait_at_gate(print, deadline_s=60))"
+
+
+@pytest.mark.timeout(60)
+def test_a_pipeline_waits_at_the_gate_until_every_partner_arrived(tmp_path):
+    env = {**__import__("os").environ, **gate_env(tmp_path / "gate", 2)}
+    first = subprocess.Popen([sys.executable, "-c", WAITER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # alone at the gate: still waiting
+            first.wait(timeout=3)
+        assert len(list((tmp_path / "gate").iterdir())) == 1, "the waiter did not say it arrived"
+        second = subprocess.run([sys.executable, "-c", WAITER], env=env, capture_output=True, text=True, timeout=30)
+        assert second.returncode == 0 and float(second.stdout) < 30
+        out, _ = first.communicate(timeout=30)
+        assert float(out) >= 3.0  # it waited for its partner, and then went on
+    finally:
+        first.kill()
+
+
+def test_a_partner_that_never_comes_holds_nobody_past_the_deadline(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, f"{tmp_path}:3")
+    said = []
+    assert wait_at_gate(said.append, deadline_s=0.2) >= 0.2
+    assert said == ["start gate: 1 of 3 pipelines arrived in 0.2 s; starting anyway"]
+
+
+def test_no_gate_outside_the_demo_and_a_malformed_one_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert wait_at_gate() is None
+    monkeypatch.setenv(ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="expected DIR:N"):
+        wait_at_gate()
