@@ -143,6 +143,11 @@ class Admit(_Msg, tag="admit"):
     elapsed_s: Amount = 0.0
     """Seconds it already ran before it asked (a rollout regime is recognised some forward
     steps into it)."""
+    computes: bool = False
+    """Host work (a tool) that computes on this node's CPU with processes of its own (a code
+    tool run here), not a wait for work elsewhere: on a CPU node it keeps its pipeline's share
+    of the cores and its processes run on the cores no device sub-stage holds (its grant's
+    partition).  A reward always computes; a tool without it is a wait."""
 
 
 class Done(_Msg, tag="done"):

@@ -1,7 +1,7 @@
 """A tool call's sandbox: model-written Python run in a child process that cannot reach a network.
 
-    run_python(code, SandboxConfig) ─► child: python -I -c <code>, in a fresh temp directory,
-        its own session, a bare environment, and before exec of the code (_LAUNCHER):
+    run_python(code, SandboxConfig) ─► child: python -I, in a fresh temp directory, its own
+        session, a bare environment, and before it runs the code (_LAUNCHER):
             unshare(CLONE_NEWNET [| CLONE_NEWUSER])   a network namespace with no interface up:
                                                       every connect fails, loopback included
             setrlimit: address space, CPU seconds, file size, open files
@@ -88,11 +88,15 @@ for kind, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (reso
                     (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(kind, (value, value))
 if sys.argv[4:]:
-    os.execv(sys.executable, [sys.executable, "-I", "-c", sys.argv[4]])
+    code, sys.argv = sys.argv[4], ["-c"]
+    del ctypes, libc, mem, cpu, fsize, kind, value
+    exec(compile(code, "<tool>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
 """
-"""Runs first in the child, a fresh single-threaded interpreter (no preexec_fn, which is unsafe
-in a process with threads): a network namespace of its own (as root alone, else inside a user
-namespace), the limits, then exec of the tool's code.  Constant: only the code is the model's."""
+"""Runs in the child, a fresh single-threaded interpreter (no preexec_fn, which is unsafe in a
+process with threads): a network namespace of its own (as root alone, else inside a user
+namespace), the limits, then the tool's code, compiled and run by the same interpreter (a
+second one would double the start-up, most of a small call's time).  Constant: only the code
+is the model's."""
 SANDBOX_UNAVAILABLE = 125
 
 

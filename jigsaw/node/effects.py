@@ -47,6 +47,9 @@ class Held(Generic[Owner]):
     need_bytes: int = 0
     pids: tuple[int, ...] = ()
     owner: Owner | None = None
+    computes: bool = False
+    """Host work that computes on this node's CPU: on a CPU node its processes go to the cores
+    no device sub-stage holds (runtime/grants.py)."""
 
     @property
     def on_device(self) -> bool:

@@ -107,7 +107,8 @@ class Inbox:
         return self.state.request(name, kind, msg.dp_rank, msg.step, now_s, urgent=msg.urgent,
                                   need_bytes=msg.mem_bytes, expected_s=msg.expected_s or None,
                                   batch_size=msg.batch_size, elapsed_s=msg.elapsed_s, pids=tuple(msg.pids),
-                                  owner=owner, ordinal=None if msg.ordinal < 0 else msg.ordinal)
+                                  owner=owner, ordinal=None if msg.ordinal < 0 else msg.ordinal,
+                                  computes=msg.computes)
 
     def forget(self, name: str) -> None:
         """The pipeline left: a request it sent in parts is dropped."""

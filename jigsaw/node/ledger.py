@@ -98,6 +98,8 @@ class Waiting(Generic[Owner]):
     owner: Owner | None = None
     live: LiveNumbers | None = None
     """What its engine knows now (a rollout regime that began before it asked)."""
+    computes: bool = False
+    """Host work that computes on this node's CPU (protocol.Admit.computes)."""
 
 
 @dataclass(slots=True)
@@ -129,6 +131,8 @@ class Running(Generic[Owner]):
     live: LiveNumbers | None = None
     peak_bytes: int = 0
     """The most memory its engine said it needed while it ran (its piece's footprint)."""
+    computes: bool = False
+    """Host work that computes on this node's CPU (protocol.Admit.computes)."""
     paces: list[tuple[float, float, float]] = field(default_factory=list)
     """(time, work done by then, rate from then) at each change of its rate: the work it did
     in any part of its life (`work_at`)."""
@@ -266,11 +270,12 @@ class LivePipeline:
     def request(self, kind: SubStageKind, rank: int, step: int, now_s: float, *, urgent: bool = False,
                 need_bytes: int = 0, expected_s: float | None = None, batch_size: float = 0.0,
                 elapsed_s: float = 0.0, pids: tuple[int, ...] = (), owner=None, ordinal: int | None = None,
-                sid: str | None = None) -> Waiting:
+                sid: str | None = None, computes: bool = False) -> Waiting:
         """A sub-stage asks to start.  Its id is `ordinal` (the worker's own count), else the
         next ordinal of its kind on its worker in its step, or `sid` (a node of the static
         graph).  A later step closes this one.  `elapsed_s`: wall seconds it ran before it
-        asked, at the pace of what its worker ran last."""
+        asked, at the pace of what its worker ran last.  `computes`: host work that computes on
+        this node's CPU (protocol.Admit.computes)."""
         self._at(rank, step)
         sid = sid or self._new_id(kind, rank, step, ordinal)
         if sid in self._waiting or sid in self._running or sid in self._finished:
@@ -281,7 +286,8 @@ class LivePipeline:
             self.stage, self.stage_since_s = stage, now_s
         w = self._waiting[sid] = Waiting(sid=sid, kind=kind, rank=rank, since_s=now_s, urgent=urgent,
                                          need_bytes=need_bytes, expected_s=expected_s, batch_size=batch_size,
-                                         work_s=self._head_start(rank, elapsed_s, now_s), pids=pids, owner=owner)
+                                         work_s=self._head_start(rank, elapsed_s, now_s), pids=pids, owner=owner,
+                                         computes=computes)
         return w
 
     def _head_start(self, rank: int, elapsed_s: float, now_s: float) -> float:
@@ -323,7 +329,7 @@ class LivePipeline:
             mem_bytes=a.mem_bytes if on else 0, need_bytes=w.need_bytes, expected_s=w.expected_s,
             batch_size=w.batch_size, micro_batch=a.micro_batch if on else None,
             pids=w.pids, owner=w.owner, work_s=w.work_s, since_s=now_s, rate=1.0 / (a.slowdown if on else 1.0),
-            live=w.live, peak_bytes=w.need_bytes)
+            live=w.live, peak_bytes=w.need_bytes, computes=w.computes and not on)
         r.paces.append((now_s, r.work_s, r.rate))
         return r
 

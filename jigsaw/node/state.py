@@ -529,7 +529,7 @@ class NodeState:
 def _held(p: LivePipeline, r: Running) -> Held:
     return Held(sid=r.sid, pipeline=p.name, kind=r.kind, rank=r.rank, device=r.device, budget=r.budget,
                 mem_bytes=r.mem_bytes, slowdown=r.slowdown, micro_batch=r.micro_batch, need_bytes=r.need_bytes,
-                pids=r.pids, owner=r.owner)
+                pids=r.pids, owner=r.owner, computes=r.computes)
 
 
 def _restore(saved: dict[LivePipeline, Saved]) -> None:

@@ -104,12 +104,14 @@ def host_frac(pipelines: Iterable[LivePipeline]) -> dict[int, float]:
     """Per device, the share of the pipelines placed on it that work on the host: nothing of
     theirs holds or waits for a device (their Python between sub-stages, a host reward,
     start-up, exit).  Those are not in the view; on a CPU they still use its cores
-    (SchedulerConfig.host_on_device).  A pipeline in a tool sub-stage says it waits (a tool
-    call, a framework polling for its rollout): it computes nothing, and keeps no share."""
+    (SchedulerConfig.host_on_device).  A pipeline in a tool sub-stage waits (a tool call run
+    elsewhere, a framework polling for its rollout): it computes nothing, and keeps no share;
+    unless the tool computes here (protocol.Admit.computes: a code tool run on this CPU)."""
     placed: Counter[int] = Counter()
     busy: Counter[int] = Counter()
     for p in pipelines:
-        on_host = not p.waiting and not any(r.on_device or r.kind is SubStageKind.TOOL for r in p.running.values())
+        on_host = not p.waiting and not any(r.on_device or (r.kind is SubStageKind.TOOL and not r.computes)
+                                            for r in p.running.values())
         for d in set(p.devices):
             placed[d] += 1
             busy[d] += on_host

@@ -6,5 +6,5 @@
     demo.py         `jigsaw demo`: two pipelines serially, side by side, statically split, under jigsaw
     demo_report.py  what the demo's runs say, and whether to believe it
     verl_jobs.py    the demo's verl jobs (unmodified verl GRPO on this CPU)
-    start_gate.py   the barrier that starts a run's pipelines at step 0 together, however slowly each loaded
+    start_gate.py   the barrier that starts a run's pipelines' first measured step together
 """

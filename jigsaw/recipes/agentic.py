@@ -5,7 +5,9 @@
          print(<the question's expression>) (a random model never writes code)
       ─► per DP worker, one `tool` sub-stage (host work: the worker's device share is given
          back while its requests wait), its calls `tool_workers` at a time in the sandbox
-         (engines/sandbox.py: no network, time/memory/output limits)
+         (engines/sandbox.py: no network, time/memory/output limits); the calls compute on
+         this CPU (Admit.computes): on a CPU node they run on the cores no device sub-stage
+         holds, and the pipeline keeps its share of the cores meanwhile
       ─► "Output: …" tokens appended: an observation, masked out of the loss
       ─► turn 2 on prompt + turn 1 + observation: the waiting request resumes with its whole
          context, prefilled again (its KV is not kept across the call) ─► … ─► last turn
@@ -85,7 +87,7 @@ def _tools(cfg, step, client, dp, samples: list[Turns], items, tok, sandbox: San
 
     def worker(rank: int) -> None:
         mine = [(s, it) for s, it, r in zip(samples, items, ranks) if r == rank]
-        with client.substage("tool", dp_rank=rank, step=step):
+        with client.substage("tool", dp_rank=rank, step=step, computes=True):  # its sandboxes run here
             with ThreadPoolExecutor(max(1, cfg.tool_workers)) as pool:
                 texts = [tok.decode(list(s.last_turn), skip_special_tokens=True) for s, _ in mine]
                 results = list(pool.map(lambda a: run_python(code_of(a[0], a[1]), sandbox),

@@ -15,7 +15,8 @@
                     calibrating a grid needs (jigsaw.sim.calibrate)
         jigsaw      a daemon (CPU partitions, the CPU slowdown grid) and both under `jigsaw run`
         each pipeline: python -m jigsaw.recipes.grpo --seed S ... --result R.json  (log to a file);
-                    those started at once begin step 0 together (recipes/start_gate.py)
+                    those started at once begin their first measured step together
+                    (recipes/start_gate.py)
         between runs: how busy the machine is without us (psutil, a short sample)
     ─► Run per (mode, repeat): tokens/s over the measured steps (warm-up steps left out),
        appended to --out-dir/runs.jsonl as it ends
@@ -239,7 +240,7 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
             env["JIGSAW_VERL_POLL_S"] = str(cfg.verl_poll_s)
     gate = Path(tempfile.mkdtemp(prefix="jigsaw-demo-gate-"))
     if mode not in SEQUENTIAL and cfg.framework != "verl":  # the recipes meet before step 0
-        env.update(gate_env(gate, len(cfg.seeds)))
+        env.update(gate_env(gate, len(cfg.seeds), step=cfg.warmup_steps))
     log_path = cfg.out_dir / "logs" / f"{mode}-r{rep + 1}.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log, _removed(gate):

@@ -105,9 +105,9 @@ def run(cfg: GpuRecipeConfig) -> dict:
     say = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; {cfg.model} × {cfg.layers} "
         f"layers ({params / 1e6:.0f} M parameters) on {cfg.device}")
-    wait_at_gate(say)
     steps = []
     for step in range(cfg.steps):
+        wait_at_gate(say, step=step)
         steps.append(_step(cfg, step, client, model, opt, params))
         say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens")
     client.close()

@@ -150,8 +150,8 @@ def run(cfg: RecipeConfig) -> dict:
     # the workers follow the grants the client posts for them (a green side, the KV room)
     with DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
             Trainer(mc, train, board=client.board) as trainer:
-        wait_at_gate(say)
         for step in range(cfg.steps):
+            wait_at_gate(say, step=step)
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
             say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "
                 f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")

@@ -151,19 +151,21 @@ class Client:
     @contextlib.contextmanager
     def substage(self, kind: str, *, dp_rank: int = 0, step: int = 0, urgent: bool = False,
                  mem_bytes: int = 0, pids: Sequence[int] = (), label: str = "",
-                 elapsed_s: float = 0.0) -> Iterator[GrantHandle]:
+                 elapsed_s: float = 0.0, computes: bool = False) -> Iterator[GrantHandle]:
         """Block until the scheduler admits this sub-stage and its processes (`pids`, default
         this one) are on its partition; report it done on exit.  `label`: the framework's name
         for the work, kept in the trace; `elapsed_s`: how long it already ran (a rollout regime
-        is told apart some steps into it)."""
+        is told apart some steps into it); `computes`: a tool that computes here, on this
+        node's CPU (protocol.Admit.computes), not a wait: on a CPU node its processes (those
+        this one starts meanwhile) go to the cores the device's sub-stages leave free."""
         with self.gang(kind, members=((dp_rank, pids),), step=step, urgent=urgent, mem_bytes=mem_bytes,
-                       label=label, elapsed_s=elapsed_s) as (handle,):
+                       label=label, elapsed_s=elapsed_s, computes=computes) as (handle,):
             yield handle
 
     @contextlib.contextmanager
     def gang(self, kind: str, *, members: Sequence[tuple[int, Sequence[int]]], step: int = 0,
              urgent: bool = False, mem_bytes: int = 0, label: str = "",
-             elapsed_s: float = 0.0) -> Iterator[list[GrantHandle]]:
+             elapsed_s: float = 0.0, computes: bool = False) -> Iterator[list[GrantHandle]]:
         """One lockstep stage run by several DP workers at once (the ranks of an FSDP trainer):
         a sub-stage per (dp_rank, pids) member, all asked at once, since the scheduler starts a
         gang whole.  Blocks until every member is admitted and bound; each is reported done on
@@ -174,7 +176,7 @@ class Client:
             self._register(self._sock, self.connect_timeout_s)
         if self.connected:
             self._catch_up(self._sock, wait_s=8 * self.heartbeat_s)  # first: an Admit of a later step needs it
-        got = self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s) if self.connected \
+        got = self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s, computes) if self.connected \
             else [(None, "unreachable")] * len(members)
         handles = []
         for (rank, pids), (handle, why) in zip(members, got):
@@ -262,7 +264,7 @@ class Client:
         """Put the sub-stage's processes on its partition (exclusive: the whole machine), and
         this process with them (see `_follow`)."""
         if h.partition is None and not h.exclusive and not h.lost:
-            return  # host work: nothing to bind
+            return  # host work (a wait, or light Python of this process): nothing to bind
         if self._binder is None:
             from jigsaw.mux.partition.bind import Binder
 
@@ -487,11 +489,11 @@ class Client:
         self._lose_grants()
 
     def _admit(self, kind, members, step, urgent, mem_bytes, label="", elapsed_s: float = 0.0,
-               retry: bool = True) -> list[tuple[GrantHandle | None, str]]:
+               computes: bool = False, retry: bool = True) -> list[tuple[GrantHandle | None, str]]:
         """(handle, "") per member admitted, (None, why) per member that runs without the daemon."""
         msgs = [pr.Admit(session=self.session or "", kind=kind, dp_rank=rank, step=step, urgent=urgent,
                          mem_bytes=mem_bytes, pids=pids, label=label[:32], elapsed_s=max(0.0, elapsed_s),
-                         req=self._next_req())
+                         computes=computes, req=self._next_req())
                 for rank, pids in members]
         replies = self._call_many(self._sock, msgs, None, give_up=lambda: not self.connected)
         forgotten = [r for r in replies if isinstance(r, pr.Error) and r.code == "unknown-session"]
@@ -499,7 +501,7 @@ class Client:
             self._forgotten(msgs[0].session)
             self._register(self._sock, self.connect_timeout_s)
             if self.connected:
-                return self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s, retry=False)
+                return self._admit(kind, members, step, urgent, mem_bytes, label, elapsed_s, computes, retry=False)
         return [self._granted(reply, kind, pids) for reply, (_, pids) in zip(replies, members)]
 
     @staticmethod

@@ -473,13 +473,17 @@ class Daemon:
             raise ValueError(f"{msg.substage} is not running for this session")
         data = inputs.record(msg) if report else {"substage": msg.substage, "report": False}
         self._event("done", name, msg.substage, data=data)
+        handed = session.holds.get(msg.substage)
         session.ended(msg.substage)
         ended = self.inbox.take(name, msg, now) if report else self.inbox.release(name, msg.substage, now)
         if ended is None:  # a migration already ended it, or it never started
             return pr.Ok(req=msg.req)
         r, piece = ended
         if not r.on_device:  # host work (reward, tool): it never held the device
-            self._event("host", name, piece.id, t_s=r.start_s, data={"end_s": now})
+            cores = getattr(handed.partition, "cores", None) if handed is not None else None
+            self._event("host", name, piece.id, t_s=r.start_s, data={
+                "end_s": now, **({"computes": True} if r.computes else {}),
+                **({"cores": list(cores)} if cores is not None else {})})
         else:
             data = {"flops": msg.flops, "tokens": msg.num_tokens, "exclusive_s": piece.duration_s}
             if (got := self._learned(piece.id)) is not None:  # the plan's error for it, as the learner saw it
@@ -637,6 +641,9 @@ class Daemon:
             if h.owner is not None and h.owner.session in self.sessions:
                 self.sessions[h.owner.session].queue(g, self.wall(), self.config.grow_delay_s)
             self._traced_grant(h, g)
+        for h, g in made.hosts:  # computing host work follows the cores its device leaves free
+            if h.owner is not None and h.owner.session in self.sessions:
+                self.sessions[h.owner.session].queue(g, self.wall(), self.config.grow_delay_s)
         for session in self.sessions.values():
             self._wake(session)
 

@@ -26,6 +26,13 @@ def _what_binds(g: pr.Grant) -> pr.Grant:
     return msgspec.structs.replace(g, req=0)
 
 
+def _share(g: pr.Grant) -> tuple[float, int]:
+    """How much a grant gives: its SM share, then its cores (host work computing on a CPU
+    holds no share but is given cores)."""
+    cores = getattr(g.partition, "cores", ())
+    return g.sm_frac, len(cores)
+
+
 @dataclass(slots=True)
 class Session:
     pipeline: str
@@ -47,7 +54,7 @@ class Session:
         if held is not None and _what_binds(g) == held:
             self.pending.pop(g.substage, None)  # back to what it holds: nothing to send
             return
-        grows = held is not None and g.sm_frac > held.sm_frac
+        grows = held is not None and _share(g) > _share(held)
         self.pending[g.substage] = (g, now_s + settle_s if grows else now_s)
 
     def ended(self, substage: str) -> None:

@@ -170,3 +170,67 @@ def test_the_process_holding_the_client_goes_to_its_pipelines_cores(tmp_path):
     assert len(got["granted"]) == len(got["before"]) // 2
     # the worker is on its partition, and the driver's own Python (batching, rewards) with it
     assert got["child"] == got["granted"] and got["driver"] == got["granted"]
+
+
+class _Driver:
+    """tests/workers/host_driver.py as pipeline `name`: one command, one JSON answer."""
+
+    def __init__(self, node, name: str):
+        from nodes import ROOT
+
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workers" / "host_driver.py"), name,
+                                      node.ep], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=node.env, cwd=ROOT)
+
+    def __call__(self, line: str) -> dict:
+        import select
+
+        from waiting import HANG_S
+
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], HANG_S)
+        assert ready, f"the driver did not answer {line!r} within {HANG_S:g} s"
+        return json.loads(self.proc.stdout.readline())
+
+    def quit(self) -> None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+        assert self.proc.wait(30) == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_that_computes_runs_on_the_cores_no_sub_stage_holds(tmp_path):
+    """A code tool run on this CPU (Admit.computes) is CPU work: its processes go where no
+    device sub-stage runs, all the cores when nothing does (not the one core its pipeline's
+    last grant left its driver on), and they move when a partner's sub-stage takes a core,
+    while that partner is held to its half (the tool keeps its pipeline's share)."""
+    from nodes import Node
+    from waiting import HANG_S, wait_until
+
+    every = sorted(os.sched_getaffinity(0))
+    if len(every) < 2:
+        pytest.skip("needs two cores to tell a half from the whole machine")
+    node = Node(tmp_path)
+    node.start("--partitioner", "cpu", "--heartbeat-s", "0.05")
+    a, b = _Driver(node, "A"), _Driver(node, "B")
+    try:
+        b("probe")  # registered: B is in its own Python, and keeps its share of the CPU
+        held = a("enter training")
+        assert len(held["granted"]) == len(every) // 2 and held["driver"] == held["granted"]
+        a("exit")
+        tool = a("enter tool computes")
+        assert tool["granted"] == every and tool["child"] == every  # nothing else holds a core
+        training = b("enter training")["granted"]
+        assert len(training) == len(every) // 2  # the tool keeps A's share: B is held to its half
+        free = sorted(set(every) - set(training))
+        wait_until(lambda: a("probe")["child"] == free, HANG_S, f"A's tool processes moved to {free}")
+        b("exit")
+        a("exit")
+        a.quit()
+        b.quit()
+        events = node.left("A")
+    finally:
+        node.stop()
+    [host] = [e for e in events if e["event"] == "host" and "/tool/" in e["substage"]]
+    assert host["data"]["computes"] is True and host["data"]["cores"] == free

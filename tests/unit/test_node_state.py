@@ -310,3 +310,30 @@ def test_a_pipeline_waiting_in_a_tool_sub_stage_keeps_no_cpu_share():
     ns.finish("B", wait.sid, 0.02)
     d = ns.decide(0.02)
     assert [h.budget.sm_frac for h in d.changed] == [0.5]
+
+
+def test_a_tool_that_computes_on_this_cpu_keeps_its_share_and_gets_the_free_cores():
+    """A code tool run here (Admit.computes) is CPU work, not a wait: the other pipeline's
+    training alone is kept to its half while it runs, and the grants engine puts the tool's
+    processes on the half the training leaves free; alone, the tool gets every core."""
+    from jigsaw.mux.partition.partitioners import CpuPartitioner
+    from jigsaw.runtime import grants
+
+    cpu = load_grid("cpu/tiny-qwen3")
+    ns = NodeState(NodeSpec(num_devices=1, mem_bytes=cpu.device.mem_bytes), cpu,
+                   make("jigsaw", SchedulerConfig(host_on_device=True)))
+    parts = CpuPartitioner(1, cores=(0, 1))
+    a, b = ns.register("A"), ns.register("B")
+    tool = ns.request(b.name, K.TOOL, 0, 0, 0.0, computes=True)
+    d = ns.decide(0.0)
+    assert [x.sid for x in d.admitted] == [tool.sid]
+    assert grants.make(d, parts).admitted[0].partition.cores == (0, 1)  # nothing else holds the CPU
+    w = ns.request(a.name, K.TRAINING, 0, 0, 0.01)
+    d = ns.decide(0.01)
+    assert [x.sid for x in d.admitted] == [w.sid] and d.admitted[0].assignment.sm_frac == 0.5
+    made = grants.make(d, parts)
+    training = made.admitted[0].partition.cores
+    [(held, moved)] = made.hosts
+    assert held.sid == tool.sid and len(training) == 1 and moved.partition.cores == tuple({0, 1} - set(training))
+    ns.finish("B", tool.sid, 0.02)
+    assert grants.make(ns.decide(0.02), parts).hosts == ()  # it ended: nothing of it to move

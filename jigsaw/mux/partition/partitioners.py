@@ -8,6 +8,8 @@
     Cpu(cores, threads)        a core set of the device's cores and one thread per core
     Green(num_sms, budget, side, levels)   side `side` of the green-context pair of level
                                `budget` (1.0: the whole device), split as `levels` split it
+    CpuPartitioner.host(d, pipeline, layout) ─► Cpu: where host work that computes (a code
+                               tool run on this CPU) goes: the cores the layout leaves free
 
 The scheduler has already decided who shares a device with whom and at which share; these
 functions only turn shares into concrete partitions, so they never fail on a layout the
@@ -104,6 +106,20 @@ class CpuPartitioner:
         for sid, got in sides.items():
             self.last[(device, _owner(sid))] = got
         return {sid: Cpu(cores=got, threads=len(got)) for sid, got in sides.items()}
+
+    def host(self, device: int, pipeline: str, layout: Layout) -> Cpu:
+        """Where host work of `pipeline` that computes runs beside `layout`: on a CPU the device
+        is the host, so its processes take the cores no sub-stage of the layout holds (the
+        scheduler keeps them free: SchedulerConfig.host_on_device), else the cores the pipeline
+        last held (shared with a holder: the scheduler paired past its share), else all."""
+        cores = self.devices[device]
+        try:
+            held = {c for p in self.partitions(device, layout).values() if isinstance(p, Cpu) for c in p.cores}
+        except ValueError:  # more than a pair: nothing is known to be free
+            held = set(cores)
+        free = tuple(c for c in cores if c not in held)
+        got = free or self.last.get((device, pipeline)) or cores
+        return Cpu(cores=got, threads=len(got))
 
     def _sides(self, device: int, cores: tuple[int, ...], layout: Layout) -> dict[str, tuple[int, ...]]:
         from jigsaw.mux.partition.cpu import split_cores
