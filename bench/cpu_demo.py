@@ -1,6 +1,7 @@
 """Every demo mode, serial to jigsaw: two real GRPO pipelines on this CPU, repeated.
 
     python bench/cpu_demo.py [--steps 5] [--max-new-tokens 256] [--repeats 3] [--workload agentic] [--modes ...]
+                             [--pipelines 3]
 
 The same runs as `jigsaw demo` (jigsaw.recipes.demo): each mode runs both pipelines with the
 same seeds, the modes interleaved and repeated; tokens/s is over the measured steps (start-up
@@ -34,10 +35,14 @@ def main() -> None:
     ap.add_argument("--workload", choices=("math", "agentic"), default="math",
                     help="agentic: the first pipeline calls a sandboxed Python tool between its 3 turns")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="which modes to run")
+    ap.add_argument("--pipelines", type=int, default=len(DemoConfig().seeds),
+                    help="pipelines side by side (seeds 1..N); more than the cores: static caps each at an equal "
+                         "share of CPU time (cgroups, needs root)")
     args = ap.parse_args()
     console = Console(width=110)
     runs = run_demo(DemoConfig(steps=args.steps, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                               modes=tuple(args.modes), out_dir=args.out_dir, workload=args.workload),
+                               modes=tuple(args.modes), out_dir=args.out_dir, workload=args.workload,
+                               seeds=tuple(range(1, args.pipelines + 1))),
                     say=console.print)
     print_report(runs, console)
 

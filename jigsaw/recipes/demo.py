@@ -7,7 +7,9 @@
                     only when asked)
         naive-fair  both at once, each worker with cores / pipelines threads (no pinning)
         static      both at once, each pipeline pinned to its own equal share of the cores
-                    (every process it starts inherits it): a fixed split, the free baseline
+                    (every process it starts inherits it): a fixed split, the free baseline;
+                    more pipelines than cores: an equal cap of CPU time each instead (cgroups,
+                    mux/partition/cpuquota.py), on whichever cores the OS picks
         static-live the daemon's `static` policy: the same split, through jigsaw's runtime
                     (admission, grants, partitions): static against it is what the runtime costs
         serial-live serial through jigsaw's runtime (daemon policy `serial`, one pipeline after
@@ -23,7 +25,7 @@
     ─► demo_report: median and spread per mode, ratios to serial paired by repeat, sub-stages
        that fell open, and whether the comparison can be trusted (spread, machine load, work)
 
-Every mode runs the same two seeds, so the pipelines do the same work in each; the report
+Every mode runs the same seeds, so the pipelines do the same work in each; the report
 checks that the token counts agree.
 """
 
@@ -77,7 +79,8 @@ class DemoConfig:
     repeats: int = 3
     """Runs of every mode, interleaved; the table gives the median and the spread."""
     seeds: tuple[int, ...] = (1, 2)
-    """One pipeline per seed."""
+    """One pipeline per seed: `--seeds 1 2 3` runs three side by side (static then splits the
+    machine's CPU time three ways where it has fewer cores than pipelines)."""
     modes: tuple[str, ...] = DEFAULT_MODES
     """Which of serial, naive, naive-fair, static, serial-live, static-live, jigsaw to run
     (naive, oversubscribed and erratic, and the -live twins, the runtime's own cost and
@@ -254,8 +257,13 @@ def _run_mode(mode: str, rep: int, cfg: DemoConfig) -> Run:
         elif mode == "static" and cfg.framework == "gpu":
             run.wait([run.pipeline(s, r, env=mps_share(len(cfg.seeds))) for s, r in zip(cfg.seeds, results)], mode)
         elif mode == "static":
-            shares = static_cores(tuple(sorted(os.sched_getaffinity(0))), len(cfg.seeds))
-            run.wait([run.pipeline(s, r, pin=c) for s, r, c in zip(cfg.seeds, results, shares)], mode)
+            cores = tuple(sorted(os.sched_getaffinity(0)))
+            if len(cfg.seeds) <= len(cores):
+                shares = static_cores(cores, len(cfg.seeds))
+                run.wait([run.pipeline(s, r, pin=c) for s, r, c in zip(cfg.seeds, results, shares)], mode)
+            else:  # fewer cores than pipelines: an equal share of CPU time each, not of cores
+                with static_quotas(len(cores), len(cfg.seeds)) as quotas:
+                    run.wait([run.pipeline(s, r, quota=q) for s, r, q in zip(cfg.seeds, results, quotas)], mode)
         else:
             _run_daemon(cfg, results, run, rep, mode)
     return _summarise(mode, rep, time.perf_counter() - t0, results, cfg.warmup_steps)
@@ -279,10 +287,11 @@ class _Launcher:
     log_path: Path
 
     def pipeline(self, seed: int, result: Path, threads: int | None = None, wrap=(),
-                 pin: tuple[int, ...] | None = None, env: dict | None = None) -> subprocess.Popen:
+                 pin: tuple[int, ...] | None = None, env: dict | None = None, quota=None) -> subprocess.Popen:
+        start = pinned(pin) if pin else quota.join if quota is not None else None
         return subprocess.Popen([*wrap, *_pipeline_cmd(self.cfg, seed, result, threads)],
                                 env={**self.env, **(env or {})}, cwd=ROOT,
-                                stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pinned(pin) if pin else None)
+                                stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=start)
 
     def wait(self, procs: list[subprocess.Popen], mode: str) -> None:
         codes = [p.wait() for p in procs]
@@ -299,6 +308,26 @@ def static_cores(cores: tuple[int, ...], k: int) -> list[tuple[int, ...]]:
     size, extra = divmod(len(cores), k)
     bounds = [i * size + min(i, extra) for i in range(k + 1)]
     return [cores[bounds[i]:bounds[i + 1]] for i in range(k)]
+
+
+@contextlib.contextmanager
+def static_quotas(num_cores: int, k: int):
+    """`k` CPU-time caps of num_cores / k CPUs each (mux/partition/cpuquota.py), removed after the
+    run: a static split of a machine with fewer cores than pipelines (the CPU analogue of an
+    equal MPS thread percentage)."""
+    from jigsaw.mux.partition.cpuquota import CpuQuota, QuotaUnavailable
+
+    try:
+        quotas = [CpuQuota.create(f"jigsaw-demo-{os.getpid()}-{i}", num_cores / k) for i in range(k)]
+    except QuotaUnavailable as exc:
+        raise RuntimeError(f"the static mode splits {num_cores} cores among {k} pipelines by CPU time, and {exc}; "
+                           "leave static out (--modes) or run as root") from exc
+    try:
+        yield quotas
+    finally:
+        for q in quotas:
+            if not q.remove():
+                print(f"warning: {q.path} still holds a process of the static run; left in place", file=sys.stderr)
 
 
 def mps_share(k: int) -> dict[str, str]:

@@ -106,7 +106,7 @@ def _comparisons(runs: list[Run]) -> list[tuple[str, str, tuple[float, float]]]:
 def table(summaries: list[ModeSummary]):
     from rich.table import Table
 
-    t = Table(title="two GRPO pipelines on this CPU: median of the repeats (min-max)")
+    t = Table(title="GRPO pipelines side by side on this CPU: median of the repeats (min-max)")
     for col in ("mode", "runs", "tokens/s", "× serial", "step s", "run s", "fell open"):
         t.add_column(col, justify="right", no_wrap=True)
     for s in summaries:

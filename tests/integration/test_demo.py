@@ -200,3 +200,54 @@ def test_a_static_pipeline_and_every_process_it_starts_stay_on_its_cores():
     done = subprocess.run([sys.executable, "-c", child], preexec_fn=pinned((core,)), capture_output=True, text=True,
                           timeout=50)
     assert done.stdout.split() == [f"[{core}]", f"[{core}]"], done.stderr
+
+
+def _cpu_quota_or_skip(cpus: float):
+    from jigsaw.mux.partition.cpuquota import CpuQuota, QuotaUnavailable
+
+    try:
+        return CpuQuota.create(f"jigsaw-test-{os.getpid()}", cpus)
+    except QuotaUnavailable as exc:
+        pytest.skip(f"no CPU quota here: {exc}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores for a cap below what it could use")
+def test_a_cpu_quota_holds_a_process_and_everything_it_starts_to_its_share():
+    """The static split of more pipelines than cores: a pipeline and the processes it starts
+    together get at most their share of CPU time, on whatever cores (an upper bound, whatever
+    else loads the machine; without the cap two busy processes would use two CPUs)."""
+    import subprocess
+    import sys
+
+    quota = _cpu_quota_or_skip(0.5)
+    burn = ("import os, time\nw = time.time()\nwhile time.time() - w < 1.5: pass\n"
+            "print(sum(os.times()[:2]) if os.fork() else os._exit(0))")
+    parent = ("import os, subprocess, sys, time\nw = time.time()\n"
+              f"kids = [subprocess.Popen([sys.executable, '-c', {burn!r}], stdout=subprocess.PIPE, text=True)"
+              " for _ in range(2)]\n"
+              "cpu = sum(float(k.communicate()[0]) for k in kids)\nprint(cpu, time.time() - w)")
+    try:
+        done = subprocess.run([sys.executable, "-c", parent], preexec_fn=quota.join, capture_output=True, text=True,
+                              timeout=50)
+    finally:
+        quota.remove()
+    cpu_s, wall_s = map(float, done.stdout.split())
+    assert cpu_s <= 0.5 * wall_s + 0.15, (cpu_s, wall_s, done.stderr)  # two busy children share half a CPU
+
+
+@pytest.mark.timeout(900)
+def test_three_pipelines_run_statically_split_by_cpu_time_and_under_jigsaw(tmp_path):
+    """The three-pipeline mode: more pipelines than this machine's cores, static caps each at an
+    equal share of CPU time (nothing pins), and the daemon schedules all three."""
+    cores = len(os.sched_getaffinity(0))
+    if cores >= 3:
+        pytest.skip("static pins three pipelines to cores of their own here: no CPU-time split to test")
+    _cpu_quota_or_skip(cores / 3).remove()
+    runs = demo.run_demo(DemoConfig(seeds=(1, 2, 3), steps=2, prompts=2, group=2, max_new_tokens=16, repeats=1,
+                                    modes=("static", "jigsaw"), out_dir=tmp_path), say=lambda _: None)
+    assert [r.mode for r in runs] == ["static", "jigsaw"] and all(len(r.step_tokens) == 3 for r in runs)
+    assert runs[0].step_tokens == runs[1].step_tokens  # the same work both ways
+    events = [json.loads(line) for line in (tmp_path / "jigsaw-trace.jsonl").read_text().splitlines()]
+    assert {e["pipeline"] for e in events if e["event"] == "grant"} == {"grpo-seed1", "grpo-seed2", "grpo-seed3"}
+    assert not list(Path("/sys/fs/cgroup").glob(f"**/jigsaw-demo-{os.getpid()}-*"))  # the caps are gone

@@ -13,6 +13,7 @@
              └─ smsplit.py         SM counts of a split (pure; the daemon's descriptors use it too)
     cudagraphs.py     CUDA graphs captured per budget on its green stream
     mps.py            the MPS control daemon (processes of two jobs on one GPU at once)
+    cpuquota.py       a CPU-time cap on a group of processes (cgroups): a static split finer than a core
     smid.py           SM-id census: did a stream's work stay on its partition's SMs? (one process, or two)
     fake_gpu.py       a FAKE GPU, named as such: green partitions and a launch log where no GPU is (CI)
 """
