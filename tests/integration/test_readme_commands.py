@@ -56,8 +56,11 @@ NOT_RUN = {
                                                                    "the README shows its table",
     "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
                                       "agentic pipeline's command and test_engine_agentic.py runs it under a daemon",
-    "python bench/cpu_demo.py --workload agentic --steps 4 --max-new-tokens 96 --modes serial naive-fair static "
-    "jigsaw": "a benchmark (10 minutes); the README shows its table",
+    "python bench/cpu_demo.py --workload agentic --modes serial naive-fair static jigsaw":
+        "a benchmark (17 minutes); the README shows its table",
+    "python bench/cpu_demo.py --workload agentic --pipelines 3 --modes serial naive-fair static jigsaw":
+        "a benchmark (20 minutes); the README shows its table, and tests/integration/test_demo.py::"
+        "test_three_pipelines_run_statically_split_by_cpu_time_and_under_jigsaw runs three pipelines small",
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
     "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
         "needs GPUs and MPS (tests/unit/test_green.py, gpu-marked)",
