@@ -92,14 +92,18 @@ class PolicyFailed(RuntimeError):
 def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             config: SchedulerConfig = SchedulerConfig(), policy: Policy | None = None,
             max_plans: int = 1_000_000, continuous: bool = False, fallback: bool = True,
-            pairs=None, slo: Mapping[str, float] | None = None) -> Execution:
+            pairs=None, slo: Mapping[str, float] | None = None,
+            computes: frozenset[tuple[str, str]] = frozenset()) -> Execution:
     """Run every pipeline's graph to completion; `policy` defaults to jigsaw with `config`.
     `pairs` (PairGrids, by pipeline name): pipelines of different models, each pair planned and
     timed by its own view, as the node simulator's physics does; None: `model` prices every pair.
     With `continuous`, a plan that does not start an urgent rollout piece is an error.
     `fallback` off: a policy that raises is a PolicyFailed, not a plan of the node state's
     fallback (what measuring the policy needs); on, the node goes on as a live one does.
-    `slo`: a slowdown SLO per pipeline name (graph/slo.py), registered as `jigsaw run --slo`."""
+    `slo`: a slowdown SLO per pipeline name (graph/slo.py), registered as `jigsaw run --slo`.
+    `computes`: (pipeline, sub-stage id) of tools that compute on the node's CPU, asked for as a
+    live client asks for them (protocol.Admit.computes): the policy sees their pipeline at work
+    on the host (view.host_frac), which a CPU node's config keeps cores free for."""
     state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False, fallback=fallback,
                       pairs=pairs)
     for ps in pipelines:
@@ -108,7 +112,7 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
         state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1,
                        slo_slowdown=(slo or {}).get(ps.graph.pipeline))
     footprints = {(ps.graph.pipeline, s.id): s.mem_bytes for ps in pipelines for s in ps.graph.substages}
-    run = _Run(state, model, config.balance, continuous, fallback, footprints, pairs)
+    run = _Run(state, model, config.balance, continuous, fallback, footprints, pairs, computes)
     while not run.done():
         if len(run.plans) >= max_plans:
             raise run.failed(f"no completion after {max_plans} plans")
@@ -125,8 +129,10 @@ class _Run:
     """The executor's clock, the work left of running replicas, and what it recorded."""
 
     def __init__(self, state: NodeState, model, balanced: bool, continuous: bool, fallback: bool,
-                 footprint_bytes: dict[tuple[str, str], int], pairs=None):
+                 footprint_bytes: dict[tuple[str, str], int], pairs=None,
+                 computes: frozenset[tuple[str, str]] = frozenset()):
         self.state, self.model, self.balanced, self.continuous = state, model, balanced, continuous
+        self.computes = computes
         self.pairs = pairs
         self.fallback = fallback
         self.fallbacks: list[str] = []
@@ -212,7 +218,7 @@ class _Run:
                 if key not in self.asked:
                     self.asked.add(key)
                     self.state.request(p.name, s.kind, s.dp_rank, s.step, self.t, sid=s.id,
-                                       urgent=self._continues(p, s))
+                                       urgent=self._continues(p, s), computes=key in self.computes)
 
     def _continues(self, p: LivePipeline, s) -> bool:
         """A rollout piece right after its worker's previous piece (or tool wait) ended."""

@@ -49,6 +49,15 @@ class Recorded:
     num_devices: int
     node: dict | None = None
     """A daemon trace's node event (policy, scheduler config, profile), None for a simulator's."""
+    computes: frozenset[tuple[str, str]] = frozenset()
+    """(pipeline, sub-stage id) of every tool that computed on the node's CPU (a host event's
+    `computes`: protocol.Admit.computes), replayed as such."""
+
+    @property
+    def config(self) -> SchedulerConfig:
+        """The scheduler configuration the daemon decided with (its node event), else the
+        default: on a CPU node it keeps cores free for host work (host_on_device)."""
+        return _sched(self.node["sched"]) if self.node and "sched" in self.node else SchedulerConfig()
 
 
 def recorded(trace: Trace, first_step: int = 0, factors: Mapping[str, float] | None = None) -> Recorded:
@@ -76,8 +85,9 @@ def recorded(trace: Trace, first_step: int = 0, factors: Mapping[str, float] | N
     if not states:
         raise ValueError("the trace holds no sub-stage: nothing to replay")
     node = next((e.data for e in trace.events if e.event == "node"), None)
+    computes = frozenset((e.pipeline, e.substage) for e in trace.events if e.event == "host" and e.data.get("computes"))
     return Recorded(pipelines=tuple(states), tokens=dict(tokens), meta=meta, num_devices=max(devices, default=0) + 1,
-                    node=node)
+                    node=node, computes=computes)
 
 
 def _pieces(trace: Trace, factors: Mapping[str, float]) -> tuple[list[SubStage], dict[str, float]]:
@@ -222,7 +232,7 @@ def replay(rec: Recorded, policy, grid, config: SchedulerConfig = SchedulerConfi
         return Refused(policy=policy.name, time_s=0.0, reason=why)
     try:
         return execute(rec.pipelines, node, grid, config, policy=policy, continuous=True, fallback=False,
-                       pairs=pairs, slo=slo)
+                       pairs=pairs, slo=slo, computes=rec.computes)
     except PolicyFailed as exc:
         return exc.refused
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 
@@ -204,3 +205,32 @@ def test_a_stage_runs_in_a_budget_its_need_fits_though_the_grids_lower_level_can
     ex = execute(states(chain("A", [("train", K.TRAINING, 5.0, 38)])), NODE, grid, policy=HalfEach(),
                  fallback=False)
     assert ex.makespan_s == pytest.approx(5.0 * grid.alone("training", 0.5, 0.6))
+
+
+@pytest.mark.parametrize("computes", [True, False])
+def test_a_tool_that_computed_on_the_cpu_replays_as_host_work_that_keeps_its_share(computes):
+    """A code tool ran on the node's CPU (its host event says `computes`): the replay asks for
+    it as the live client did, so the daemon's recorded configuration (a CPU node keeps cores
+    free for host work) holds back the partner's training beside it; a tool that only waited
+    (a remote call) leaves the partner the whole device."""
+    from jigsaw.graph.plan import SchedulerConfig
+    from jigsaw.mux.model.slowdown import load_grid
+    from jigsaw.profiles import CPU_DEFAULT
+
+    sched = dataclasses.asdict(SchedulerConfig(host_on_device=True))
+    node = TraceEvent(t_s=0.0, event="node", pipeline="", data={"policy": "jigsaw", "sched": sched, "devices": 1})
+    tool, train, other = "a/0/r0/tool/0", "a/0/r0/training/0", "b/0/r0/training/0"
+    rec = recorded(Trace([
+        node,
+        TraceEvent(t_s=0.0, event="host", pipeline="a", substage=tool,
+                   data={"end_s": 2.0, **({"computes": True} if computes else {})}),
+        TraceEvent(t_s=0.0, event="grant", pipeline="b", substage=other, device=0, sm_frac=1.0, slowdown=1.0),
+        TraceEvent(t_s=3.0, event="release", pipeline="b", device=0),
+        TraceEvent(t_s=3.0, event="grant", pipeline="a", substage=train, device=0, sm_frac=1.0, slowdown=1.0),
+        TraceEvent(t_s=4.0, event="release", pipeline="a", device=0)]))
+    assert rec.config.host_on_device and (("a", tool) in rec.computes) == computes
+    ex = replay_or_refuse(rec, make("jigsaw", rec.config), load_grid(CPU_DEFAULT), rec.config)
+    assert isinstance(ex, Execution), str(ex)
+    beside_tool = [iv.sm_frac for iv in ex.intervals if iv.substage == other and iv.start_s < 2.0]
+    assert beside_tool
+    assert (max(beside_tool) < 1.0) == computes
