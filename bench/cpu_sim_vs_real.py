@@ -1,7 +1,7 @@
 """Simulated against measured: the CPU demo's serial, static and jigsaw, side by side.
 
     python bench/cpu_sim_vs_real.py [--steps 7] [--repeats 3] [--out-dir /tmp/jigsaw-sim-vs-real]
-                                    [--workload agentic] [--pipelines 3] [--no-calibrate]
+                                    [--workload agentic] [--pipelines 3] [--no-calibrate | --calibrate-on DIR]
 
 The demo's serial, static, serial-live, static-live and jigsaw modes run interleaved and
 repeated (jigsaw.recipes.demo).  Every daemon run leaves a trace holding each sub-stage of both
@@ -19,6 +19,9 @@ configuration, which keeps cores free for host work, plans it).
     --no-calibrate: no static-live mode (three pipelines have no static split of two cores),
                every repeat held out, simulated with the grid the daemon used (the shipped
                cpu/tiny-qwen3 is itself calibrated this way)
+    --calibrate-on DIR: no static-live mode either; the grid is calibrated on DIR's repeat-1
+               serial-live and static-live traces (an earlier run's, of two pipelines) and every
+               repeat of this run is held out
 
 The simulator's work is the recipe's own (its lengths, batches and regimes, bucketed into
 sub-stages by the builder); its timing of a sub-stage beside another is the grid's.  What it
@@ -107,7 +110,16 @@ def main() -> None:
     ap.add_argument("--pipelines", type=int, default=2, help="pipelines side by side (seeds 1..N)")
     ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                     help="simulate every repeat with the grid the daemon used; no static-live runs")
+    ap.add_argument("--calibrate-on", type=Path, default=None,
+                    help="calibrate on this earlier run's serial-live-trace-r1.jsonl and static-live-trace-r1.jsonl "
+                         "(e.g. of two pipelines); no static-live runs, every repeat held out")
     args = ap.parse_args()
+    if args.calibrate_on is not None:
+        args.calibrate = False
+        missing = [f for f in ("serial-live-trace-r1.jsonl", "static-live-trace-r1.jsonl")
+                   if not (args.calibrate_on / f).is_file()]
+        if missing:
+            ap.error(f"--calibrate-on {args.calibrate_on}: no {', '.join(missing)} there")
     if args.calibrate and args.repeats < 2:
         ap.error("--repeats must be at least 2: repeat 1 calibrates the grid, the others are predicted")
     console = Console(width=130)
@@ -125,11 +137,13 @@ def main() -> None:
     measured = {m: [(r.tokens_per_s, statistics.fmean(r.step_latency_s.values())) for r in runs
                     if r.mode == m and r.repeat >= first - 1] for m in PREDICTED}
     arms = [("the grid the daemon used", grid, None)]
-    if args.calibrate:
-        cal = calibrate(grid, [read["serial-live"][1]], [read["static-live"][1]], first_step=cfg.warmup_steps,
-                        sources=("serial-live r1", "static-live r1"))
-        console.print(fits(cal))
-        arms.append(("calibrated on repeat 1", cal.grid, cal.factors))
+    if args.calibrate or args.calibrate_on:
+        home = args.calibrate_on or args.out_dir
+        pair = [Trace.read(home / f"{m}-trace-r1.jsonl") for m in ("serial-live", "static-live")]
+        cal = calibrate(grid, pair[:1], pair[1:], first_step=cfg.warmup_steps,
+                        sources=(f"{home}/serial-live r1", f"{home}/static-live r1"))
+        console.print(fits(cal, "repeat 1" if args.calibrate else f"{home}, repeat 1"))
+        arms.append((f"calibrated on {'repeat 1' if args.calibrate else home}", cal.grid, cal.factors))
     span = f"repeats {first}-{args.repeats}"
     for title, g, factors in arms:
         predicted = [predict(t, cfg.warmup_steps, g, factors, label) for label, t in held_out]
@@ -139,8 +153,8 @@ def main() -> None:
                   f"(median of {len(gaps)} traces, {min(gaps):.1%}-{max(gaps):.1%})")
 
 
-def fits(cal: Calibration) -> Table:
-    t = Table(title="calibration (repeat 1): a sub-stage on half the cores over alone on all of them")
+def fits(cal: Calibration, source: str) -> Table:
+    t = Table(title=f"calibration ({source}): a sub-stage on half the cores over alone on all of them")
     for col in ("kind", "matched", "alone s", "on half s", "measured ×", "grid said ×", "factor"):
         t.add_column(col, justify="left" if col == "kind" else "right")
     for f in cal.fits:

@@ -61,6 +61,11 @@ NOT_RUN = {
     "python bench/cpu_demo.py --workload agentic --pipelines 3 --modes serial naive-fair static jigsaw":
         "a benchmark (20 minutes); the README shows its table, and tests/integration/test_demo.py::"
         "test_three_pipelines_run_statically_split_by_cpu_time_and_under_jigsaw runs three pipelines small",
+    "python bench/cpu_sim_vs_real.py --workload agentic --steps 5 --repeats 3 --out-dir /tmp/svr2":
+        "a benchmark (20 minutes of CPU demo runs); the README shows its table, and tests/unit/test_replay.py "
+        "checks the replay of a tool that computes",
+    "python bench/cpu_sim_vs_real.py --workload agentic --pipelines 3 --steps 5 --repeats 2 --calibrate-on /tmp/svr2":
+        "a benchmark (17 minutes, after the one above); the README shows its table",
     "jigsaw profile --model path/to/config.json --layers 4 --min-time-s 0.3": "needs a GPU and a model config",
     "jigsaw daemon --devices 8 --partitioner green --mps --telemetry-s 1 --trace node.jsonl":
         "needs GPUs and MPS (tests/unit/test_green.py, gpu-marked)",
