@@ -99,7 +99,7 @@ def outside_share(trace: Trace, first_step: int) -> float:
     return 1.0 - sum(busy[k] for k in lat) / sum(lat.values())
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=3, help="at least 2 with calibration: the first calibrates, "
@@ -122,14 +122,25 @@ def main() -> None:
             ap.error(f"--calibrate-on {args.calibrate_on}: no {', '.join(missing)} there")
     if args.calibrate and args.repeats < 2:
         ap.error("--repeats must be at least 2: repeat 1 calibrates the grid, the others are predicted")
+    return args
+
+
+def main() -> None:
+    args = _args()
     console = Console(width=130)
     modes = MODES if args.calibrate else tuple(m for m in MODES if m != "static-live")
     cfg = DemoConfig(steps=args.steps, repeats=args.repeats, modes=modes, out_dir=args.out_dir,
                      workload=args.workload, seeds=tuple(range(1, args.pipelines + 1)))
     runs = run_demo(cfg, say=console.print)
     print_report(runs, console)
+    compare(args, cfg, runs, console)
+
+
+def compare(args: argparse.Namespace, cfg: DemoConfig, runs, console: Console) -> None:
+    """The held-out daemon traces re-packed, with the daemon's grid and calibrated, set
+    against the measured runs."""
     grid = load_grid(cfg.profile or CPU_DEFAULT)
-    live = [m for m in LIVE if m in modes]
+    live = [m for m in LIVE if m in cfg.modes]
     read = {m: {r: Trace.read(args.out_dir / f"{m}-trace-r{r}.jsonl") for r in range(1, args.repeats + 1)}
             for m in live}
     first = 2 if args.calibrate else 1
