@@ -225,8 +225,8 @@ def test_a_tool_that_computes_runs_on_the_cores_no_sub_stage_holds(tmp_path):
         assert len(training) == len(every) // 2  # the tool keeps A's share: B is held to its half
         free = sorted(set(every) - set(training))
         wait_until(lambda: a("probe")["child"] == free, HANG_S, f"A's tool processes moved to {free}")
+        a("exit")  # before B's training ends, which would hand the tool every core again (after a delay)
         b("exit")
-        a("exit")
         a.quit()
         b.quit()
         events = node.left("A")
