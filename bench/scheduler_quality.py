@@ -55,11 +55,13 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jigsaw
 """Optima solved before, by instance (an optimum takes up to --limit-s to prove)."""
 SETTINGS = (
     Setting(f"default (W={DEFAULT.window}, filter {DEFAULT.min_pack_efficiency}, bound {DEFAULT.bound_weight}, "
-            f"end game {DEFAULT.end_game_tasks})", DEFAULT),
+            f"end game {DEFAULT.end_game_tasks} at W in {DEFAULT.end_game_depths})", DEFAULT),
+    Setting("end game at the window's own depth (the stop-41 default)",
+            SchedulerConfig(end_game_windows=(DEFAULT.window,))),
     Setting("window only (no end game: the issue-14 default)", SchedulerConfig(end_game_tasks=0)),
     Setting("W=1 (greedy), no end game", SchedulerConfig(window=1, end_game_tasks=0)),
     Setting("W=1, end game", SchedulerConfig(window=1)),
-    Setting("W=3, end game", SchedulerConfig(window=3)),
+    Setting("W=3, end game at W=3", SchedulerConfig(window=3, end_game_windows=(3,))),
     Setting("paper (W=3, filter 1.25, critical path)",
             SchedulerConfig(window=3, min_pack_efficiency=1.25, bound_weight=0.0, end_game_tasks=0)),
     Setting("serial", policy="serial"),

@@ -52,6 +52,12 @@ class SchedulerConfig:
     playing the rest of the run out with the look-ahead itself (the makespan it reaches),
     not by the window's leaf: the end game where a long training must hide under another
     pipeline's rollout is decided on the whole remaining schedule.  0: off."""
+    end_game_windows: tuple[int, ...] | None = None
+    """The look-ahead depths an end-game play-out is played with: an option is valued by the
+    earliest makespan any of them reaches deciding every later choice; None: (W, W + 1).
+    No depth is best everywhere (W + 1 pairs two first prefills W leaves queued; on three
+    pipelines W + 1 is worse as often as better), and the end game is solved once per run
+    (`end_game_follow`), so trying both costs one call, not every call."""
     end_game_follow: bool = True
     """A later end-game choice that lies on the line the last play-out chose (the same time
     and choice) takes that line's option instead of playing out again (schedule.EndGame): the
@@ -80,11 +86,19 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
+        depths = self.end_game_windows
+        if depths is not None and (not depths or min(depths) < 1):
+            raise ValueError(f"end_game_windows must be depths >= 1 (or None: W and W + 1), got {depths}")
         if not 0.0 <= self.bound_weight <= 1.0:
             raise ValueError(f"bound_weight must be in [0, 1], got {self.bound_weight}")
         b = self.sm_budgets_frac
         if b is not None and (not b or any(not 0.0 < x < 1.0 for x in b)):
             raise ValueError(f"sm_budgets_frac must be partition shares in (0, 1), got {b}")
+
+    @property
+    def end_game_depths(self) -> tuple[int, ...]:
+        """The depths the end game's play-outs are played with (`end_game_windows`)."""
+        return (self.window, self.window + 1) if self.end_game_windows is None else self.end_game_windows
 
     def budgets(self, grid) -> tuple[float, ...]:
         """The SM shares to offer under `grid`: the configured ones, or its partition levels."""

@@ -9,8 +9,10 @@
         │                             completions included) and recurse, W choices deep;
         │                             score the leaf by the critical path  C = max_p Σ T
         │  or, with ≤ end_game_tasks device tasks left:
-        best = play_out(state, W)     each option played to the end by `search` at every
-        │                             later choice; the makespan reached decides
+        best = play_out(state, Ws)    each option played to the end by `search` at every
+        │                             later choice, at each depth of Ws (W and W + 1 by
+        │                             default: solved once per run, so it may look deeper);
+        │                             the earliest makespan reached decides
         apply(best first option)      commit only what happens now (receding horizon)
       ▼
     Plan: assignments per device (SM share, memory, slowdown, micro-batch), migrations,
@@ -92,9 +94,9 @@ def _schedule(pipelines, node, model, config, time_s, cache, pairs, host_frac, e
         if not late:
             option = search(P, S, ctx, config.window, dec)[1]
         elif end_game is None:
-            option = play_out(P, S, ctx, config.window, dec)[1]
+            option = play_out(P, S, ctx, config.end_game_depths, dec)[1]
         elif (option := end_game.follow(P, S, dec, ctx.deadlines)) is None:
-            end_game.solve(P, S, ctx, config.window, dec)
+            end_game.solve(P, S, ctx, config.end_game_depths, dec)
             option = end_game.follow(P, S, dec, ctx.deadlines)
         act.apply(P, S, ctx, dec[0], option)
     return _plan(P, S, ctx, before)
@@ -134,12 +136,12 @@ class EndGame:
                 return logged.option if logged.option in options else None
         return None
 
-    def solve(self, P: Problem, S: State, ctx: act.Context, depth: int, dec) -> None:
+    def solve(self, P: Problem, S: State, ctx: act.Context, depths: tuple[int, ...], dec) -> None:
         """The line from S: each choice played out, applied, and the run advanced to the next."""
         line, T, pack = [], S.copy(history=False), ctx.pack
         try:
             while dec is not None:
-                option = play_out(P, T, ctx, depth, dec)[1]
+                option = play_out(P, T, ctx, depths, dec)[1]
                 line.append(act.Logged(T.now_s, dec[0], option))
                 act.apply(P, T, ctx, dec[0], option)
                 dec = act.settle(P, T, ctx, advance_time=False)
@@ -171,33 +173,40 @@ def search(P: Problem, S: State, ctx: act.Context, depth: int, dec,
     return best_cost, best_opt
 
 
-def play_out(P: Problem, S: State, ctx: act.Context, depth: int, dec) -> tuple[tuple[float, ...], tuple]:
+def play_out(P: Problem, S: State, ctx: act.Context, depths: tuple[int, ...], dec) -> tuple[tuple[float, ...], tuple]:
     """Best option of `dec` by the makespan reached when the rest of the run is decided by
-    `search` (the window's choice at every later decision); the window's own value breaks ties.
+    `search` (the window's choice at every later decision), at each of `depths`: an option is
+    worth the earliest end any of them reaches; the window's own value (at `depths[0]`)
+    breaks ties.
 
     Options are played in the window's order, and a play is dropped once the lower bound of
     where it stands cannot beat the best makespan found: that prunes, never changes, the answer
     (a dropped play could at best tie)."""
     item, options = dec
-    ranked = sorted(((_window_value(P, S, ctx, depth, item, o), k) for k, o in enumerate(options)))
+    ranked = sorted(((_window_value(P, S, ctx, depths[0], item, o), k) for k, o in enumerate(options)))
     best_cost, best_opt = None, options[0]
-    for first, k in ranked:
-        branch = _after(P, S, ctx, item, options[k])
-        # A makespan bound cannot cut a play valued by its SLO lateness first.
-        cut = best_cost[0] if best_cost is not None and ctx.slo is None else None
-        while (nxt := act.settle(P, branch, ctx, advance_time=True)) is not None:
-            # the call's packing (the bound's input) exists only where the leaf blends the bound
-            if cut is not None and ctx.bound_weight > 0.0 and \
-                    act.lower_bound(P, branch, ctx.min_slowdown, ctx.pack) > cut * (1 + _TIE):
-                break
-            act.apply(P, branch, ctx, nxt[0], search(P, branch, ctx, depth, nxt)[1])
-        else:
-            c = (max(branch.end_s), *first)
-            if ctx.slo is not None:
-                c = (act.cost(P, branch, ctx.slo, ctx=ctx)[0], *c)
-            if best_cost is None or _better(c, best_cost):
+    for depth in depths:  # the shallow plays first: the makespan they find cuts the deeper ones
+        for first, k in ranked:
+            c = _played(P, _after(P, S, ctx, item, options[k]), ctx, depth, first, best_cost)
+            if c is not None and (best_cost is None or _better(c, best_cost)):
                 best_cost, best_opt = c, options[k]
     return best_cost, best_opt
+
+
+def _played(P: Problem, branch: State, ctx: act.Context, depth: int, first: tuple[float, ...],
+            best: tuple[float, ...] | None) -> tuple[float, ...] | None:
+    """The value of playing `branch` to the end with the window at `depth` (its makespan, then
+    `first`), or None once its lower bound says it cannot beat `best`."""
+    # A makespan bound cannot cut a play valued by its SLO lateness first.
+    cut = best[0] if best is not None and ctx.slo is None else None
+    while (nxt := act.settle(P, branch, ctx, advance_time=True)) is not None:
+        # the call's packing (the bound's input) exists only where the leaf blends the bound
+        if cut is not None and ctx.bound_weight > 0.0 and \
+                act.lower_bound(P, branch, ctx.min_slowdown, ctx.pack) > cut * (1 + _TIE):
+            return None
+        act.apply(P, branch, ctx, nxt[0], search(P, branch, ctx, depth, nxt)[1])
+    c = (max(branch.end_s), *first)
+    return c if ctx.slo is None else (act.cost(P, branch, ctx.slo, ctx=ctx)[0], *c)
 
 
 def _after(P: Problem, S: State, ctx: act.Context, item, option) -> State:
