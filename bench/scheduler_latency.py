@@ -103,6 +103,7 @@ def measure(setup: Setup, config: SchedulerConfig, seeds: int, steps: int, grid)
         execute(run, node, grid, policy=Timed(config=config))
         wall += time.perf_counter() - t0
     return {"calls": len(every), "median": _ms(statistics.median(every)), "p99": _ms(_p99(every)),
+            "max": _ms(max(every)),
             "d_median": _ms(statistics.median(deciding)), "d_p99": _ms(_p99(deciding)),
             "cold_max": _ms(max(cold)), "wall": wall, "load": max(load_before, os.getloadavg()[0])}
 
@@ -124,8 +125,8 @@ def main() -> None:
     args = ap.parse_args()
     grid = load_grid(PRIOR)
     table = Table(title=f"schedule() wall time per call (ms), {args.seeds} seeds × {args.steps} steps")
-    for col in ("pipelines × DP", "W", "steady calls", "median", "p99", "median*", "p99*", "cold max", "run s",
-                "load"):
+    for col in ("pipelines × DP", "W", "steady calls", "median", "p99", "max", "median*", "p99*", "cold max",
+                "run s", "load"):
         table.add_column(col, justify="left" if col == "setup" else "right")
     console = Console(width=120)
     for setup in setups()[:3] if args.quick else setups():
@@ -133,10 +134,12 @@ def main() -> None:
             with console.status(f"{setup.label}, W={w}"):
                 r = measure(setup, SchedulerConfig(window=w), args.seeds, args.steps, grid)
             table.add_row(setup.label, str(w), str(r["calls"]), f"{r['median']:.2f}", f"{r['p99']:.2f}",
+                          f"{r['max']:.1f}",
                           f"{r['d_median']:.2f}", f"{r['d_p99']:.2f}", f"{r['cold_max']:.2f}",
                           f"{r['wall']:.1f}", f"{r['load']:.2f}")
     console.print(table)
-    console.print("steady: every call but each run's first; *: steady calls that decided something (the others "
+    console.print("steady: every call but each run's first; max: the slowest steady call (a run's end game, solved "
+                  "once: SchedulerConfig.end_game_windows); *: steady calls that decided something (the others "
                   "only re-grant budgets after a completion); cold max: the slowest first decision of a run (empty "
                   "tables); load: the 1-minute load average while measuring (the bench itself is ~1.0)")
 
