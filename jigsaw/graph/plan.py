@@ -97,8 +97,10 @@ class SchedulerConfig:
 
     @property
     def end_game_depths(self) -> tuple[int, ...]:
-        """The depths the end game's play-outs are played with (`end_game_windows`)."""
-        return (self.window, self.window + 1) if self.end_game_windows is None else self.end_game_windows
+        """The depths the end game's play-outs are played with (`end_game_windows`), shallowest
+        first: its makespan prunes the deeper plays, and its window value breaks ties."""
+        given = self.end_game_windows
+        return (self.window, self.window + 1) if given is None else tuple(sorted(set(given)))
 
     def budgets(self, grid) -> tuple[float, ...]:
         """The SM shares to offer under `grid`: the configured ones, or its partition levels."""
