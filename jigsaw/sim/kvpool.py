@@ -135,17 +135,23 @@ class KVPool:
         largest response it runs to finish (`floor_tokens`)."""
         c = self.cost
         floor = self.floor_tokens()
-        kv = np.maximum(np.asarray(kv_tokens, dtype=float), floor) * c.kv_bytes_per_token()
-        need = c.weights_bytes() + kv + c.config.rollout_reserve_bytes
-        top = max(self.mem_bytes, c.weights_bytes() + floor * c.kv_bytes_per_token() + c.config.rollout_reserve_bytes)
+        weights, per_token, reserve = c.weights_bytes(), c.kv_bytes_per_token(), c.config.rollout_reserve_bytes
+        kv = np.maximum(np.asarray(kv_tokens, dtype=float), floor) * per_token
+        need = weights + kv + reserve
+        top = max(self.mem_bytes, weights + floor * per_token + reserve)
         return np.minimum(need, top).astype(np.int64)
 
     def floor_tokens(self) -> int:
         """KV the largest running request may still need to finish: its context, what the cap
         lets it generate, the tool output still to come (SGLang fails a request that cannot
         fit alone; retraction makes room for everything else)."""
-        return min(self.device_tokens, max((r.context + max(0, self.max_new_tokens - r.output_tokens)
-                                            + sum(r.appended[r.turn:]) for r in self._active()), default=0))
+        cap, most = self.max_new_tokens, 0
+        for group in (self.queue, self.decoding, self.in_tool, self.barrier):  # at every step: kept to a plain loop
+            for r in group:
+                need = r.context + r.to_append + max(0, cap - r.done_tokens - r.generated)
+                if need > most:
+                    most = need
+        return min(self.device_tokens, most)
 
     def held_kv_tokens(self) -> int:
         """KV the engine holds now: every request it has started, waiting on a tool or not."""

@@ -9,7 +9,7 @@ Its own module so that the engine and its KV pool both read it without importing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -29,6 +29,31 @@ class Request:
     """Tokens of the context not in the KV cache yet (to prefill)."""
     ready_at: float = 0.0
     """When its tool call returns."""
+    done_tokens: int = field(init=False)
+    """Tokens generated in the turns before this one: `sum(turns[:turn])`, kept as turns end
+    (the KV pool reads it for every running request at every step)."""
+    to_append: int = field(init=False)
+    """Tool output still to come: `sum(appended[turn:])`, kept as turns end."""
+
+    def __post_init__(self) -> None:
+        self.done_tokens = sum(self.turns[:self.turn])
+        self.to_append = sum(self.appended[self.turn:])
+
+    def next_turn(self) -> int:
+        """End this turn: the tool output appended to the context, to prefill; returns its tokens."""
+        added = int(self.appended[self.turn])
+        self.done_tokens += self.turns[self.turn]
+        self.to_append -= added
+        self.turn, self.generated = self.turn + 1, 0
+        self.context += added
+        self.pending = added
+        return added
+
+    def cut(self) -> None:
+        """End it here, with what it generated (a wall-clock limit): no more turns or tools."""
+        self.turns = [*self.turns[:self.turn], self.generated]
+        self.appended, self.tool_s = self.appended[:self.turn], self.tool_s[:self.turn]
+        self.to_append = 0
 
     @property
     def left(self) -> int:
@@ -41,7 +66,7 @@ class Request:
     @property
     def output_tokens(self) -> int:
         """Tokens generated so far, every turn (what SGLang's retraction order looks at)."""
-        return sum(self.turns[:self.turn]) + self.generated
+        return self.done_tokens + self.generated
 
     @property
     def final_context(self) -> int:

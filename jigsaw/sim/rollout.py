@@ -232,8 +232,7 @@ class RolloutWorker(KVPool):
     def _cut(self, out: Outcome) -> None:
         """The wall-clock limit: every unfinished trajectory ends with what it generated."""
         for r in self._active():
-            r.turns = [*r.turns[:r.turn], r.generated]
-            r.appended, r.tool_s = r.appended[:r.turn], r.tool_s[:r.turn]
+            r.cut()
             self.finished.append(r)
             out.completed.append(r)
             self.unreported.append(r)
@@ -294,10 +293,7 @@ class RolloutWorker(KVPool):
             out.completed.append(r)
             self.unreported.append(r)
             return
-        r.turn, r.generated = r.turn + 1, 0
-        added = int(r.appended[r.turn - 1])
-        r.context += added
-        r.pending = added
+        added = r.next_turn()
         wait = float(r.tool_s[r.turn - 1])
         if wait > 0 and self.blocking:
             self.barrier.append(r)

@@ -126,3 +126,32 @@ def test_trajectories_past_the_wall_clock_limit_end_where_they_are():
     assert done[2].turns == [5, 0]  # cut during its tool call
     starts = wk.columns().t_start_s
     assert np.all(starts < 2.0) and wk.t >= 2.0
+
+
+def test_each_request_keeps_its_finished_turns_and_tool_output_to_come_as_it_runs():
+    # The KV pool reads both for every running request at every step (its floor): kept as
+    # turns end, never summed again, so they must equal the sums of the request's lists.
+    wk = _worker(grant_tokens=6_000)
+    wk.add([Request(rid=i, context=300 + 50 * i, turns=[40 + i, 30, 60 - i], appended=[120, 80 + i],
+                    tool_s=[0.0 if i % 2 else 3.0, 1.0]) for i in range(6)], 0.0)
+    seen_turns = set()
+    for _ in range(10_000):
+        if wk.plan() is None:
+            break
+        wk.commit()
+        for r in wk._active():
+            assert r.done_tokens == sum(r.turns[:r.turn]) and r.to_append == sum(r.appended[r.turn:]), r
+            seen_turns.add(r.turn)
+        floor = max((r.context + max(0, wk.max_new_tokens - sum(r.turns[:r.turn]) - r.generated)
+                     + sum(r.appended[r.turn:]) for r in wk._active()), default=0)
+        assert wk.floor_tokens() == min(wk.device_tokens, floor)
+    assert seen_turns == {0, 1, 2} and len(wk.finished) == 6
+
+
+def test_a_request_cut_short_keeps_what_it_generated_and_nothing_to_come():
+    r = Request(rid=0, context=100, turns=[5, 7, 9], appended=[30, 40], tool_s=[1.0, 2.0])
+    r.generated = 5
+    assert r.next_turn() == 30 and (r.context, r.pending, r.turn, r.done_tokens, r.to_append) == (130, 30, 1, 5, 40)
+    r.generated = 3
+    r.cut()
+    assert (r.turns, r.appended, r.tool_s, r.output_tokens, r.to_append) == ([5, 3], [30], [1.0], 8, 0)
