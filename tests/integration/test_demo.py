@@ -54,6 +54,10 @@ def test_demo_runs_every_mode(tmp_path, capsys, monkeypatch):
     cal = calibrate(load_grid("cpu/tiny-qwen3"), [Trace.read(out / "serial-live-trace.jsonl")],
                     [Trace.read(out / "static-live-trace.jsonl")], min_matched_s=0.0)
     assert {"reference", "training"} <= {f.kind for f in cal.fits if f.matched == 2}  # same ids in both runs
+    # the README's calibration command, on these runs' traces (its demo command is these two modes)
+    assert main(["profile", "--calibrate", "demo/serial-live-trace-r1.jsonl", "demo/static-live-trace-r1.jsonl",
+                 "--out", "my-cpu.json"]) == 0
+    assert load_grid(str(tmp_path / "my-cpu.json")).model == "tiny-qwen3"
     events = [json.loads(line) for line in (out / "jigsaw-trace.jsonl").read_text().splitlines()]
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert granted == {"grpo-seed1", "grpo-seed2"}  # both pipelines went through the daemon

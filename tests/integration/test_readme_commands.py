@@ -39,6 +39,11 @@ NOT_RUN = {
     "jigsaw demo": "4 modes × 3 repeats take minutes; the smoke run below runs every mode",
     "jigsaw demo --repeats 1 --steps 2 --prompts 2 --group 2 --max-new-tokens 24 --modes serial naive "
     "naive-fair static jigsaw": "tests/integration/test_demo.py::test_demo_runs_every_mode runs exactly this",
+    "jigsaw demo --modes serial-live static-live --repeats 1 --steps 3 --out-dir calib":
+        "tests/integration/test_demo.py::test_demo_runs_every_mode runs these two modes among the others (a minute "
+        "more here) and the calibration below on their traces",
+    "jigsaw profile --calibrate calib/serial-live-trace-r1.jsonl calib/static-live-trace-r1.jsonl --out my-cpu.json":
+        "tests/integration/test_demo.py::test_demo_runs_every_mode runs it on its serial-live and static-live traces",
     "jigsaw profile --device cpu":
         "measures this machine for minutes; tests/unit/test_profiler.py measures a small grid",
     "jigsaw profile --device cuda --model qwen3-4b": "needs a GPU (tests/unit/test_profiler.py, gpu-marked)",

@@ -6,8 +6,8 @@ says cleanly why it cannot (`Infeasible`), never another exception; no invariant
 every sample trained once; no makespan below the lower bound (jigsaw on the placement its
 trials chose included); the same workloads listed in another order give the same result.
 
-JIGSAW_PROPERTY_EXAMPLES sets the number of examples (default 15: about a minute on a 2-core
-machine).  Examples are derandomized: CI draws the same nodes every run;
+JIGSAW_PROPERTY_EXAMPLES sets the number of examples (default 15; with the FOUND nodes about
+three minutes on a 2-core machine).  Examples are derandomized: CI draws the same nodes every run;
 JIGSAW_PROPERTY_RANDOM=1 (with pytest --hypothesis-seed=N) draws others.  Nodes longer runs
 found failing are in FOUND and run every time.
 """
