@@ -9,6 +9,8 @@ steps on samples of its own, the fastest kept.
         ─► Choice(shape with the least makespan, every trial)        (ties: the earlier shape;
            a shape that shares devices must beat split, which shares none, by
            placement_min_gain_frac: a smaller gain is within the slowdown model's error)
+        ─► a sharing shape ahead of split by less than placement_confirm_frac: both tried
+           again on a second trial seed, kept by the least gain over the two trials' sum
         ─► simulate() runs the whole run on that shape and reports the choice
 
 A trial stops once its simulated time passes the best makespan so far (and the least gain):
@@ -33,6 +35,8 @@ from jigsaw.sim.node import Cut, Infeasible
 TRIAL_SEED = 1_000_000
 """Added to the run's seed for the trials: pipeline seeds are seed × 1000 + i, so trial
 samples never coincide with those of a run of any seed below it."""
+CONFIRM_SEED = 2_000_000
+"""Added to the run's seed for a close choice's second trial (placement_confirm_frac)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,13 +56,16 @@ class Choice:
     shape: str
     """The shape the run is simulated on."""
     trials: tuple[Trial, ...]
+    confirm: tuple[Trial, ...] = ()
+    """The second trials of a close choice (the sharing shape and split), if it was close."""
 
     def summary(self) -> str:
         """One line: the shape kept and each trial's makespan."""
         tried = ", ".join(f"{t.shape} {t.makespan_s:,.1f} s" if t.makespan_s is not None else
                           f"{t.shape} > {t.cut_s:,.1f} s (cut)" if t.cut_s is not None else f"{t.shape} n/a"
                           for t in self.trials)
-        return f"placed {self.shape} (trials: {tried})"
+        again = ", ".join(f"{t.shape} {t.makespan_s:,.1f} s" for t in self.confirm if t.makespan_s is not None)
+        return f"placed {self.shape} (trials: {tried}" + (f"; again on other samples: {again})" if again else ")")
 
 
 def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
@@ -76,7 +83,9 @@ def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
             trials.append(Trial(shape=name, makespan_s=None, why=why))
             continue
         ran = [t.makespan_s for t in trials if t.makespan_s is not None]
-        cut_s = min(ran) * (1.0 + config.placement_min_gain_frac) if ran else None
+        # split runs on where a close choice will want its whole trial
+        margin = max(config.placement_min_gain_frac, config.placement_confirm_frac if name == "split" else 0.0)
+        cut_s = min(ran) * (1.0 + margin) if ran else None
         try:
             res = simulate(replace(trial_cfg, placement=name), until_s=cut_s, measure_slo=False)
         except Infeasible as exc:
@@ -90,7 +99,31 @@ def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
     if not ran:
         raise Infeasible(f"{pol.name}: no placement holds these pipelines: "
                          + "; ".join(f"{t.shape}: {t.why}" for t in trials))
-    return Choice(shape=_fastest(ran, config.placement_min_gain_frac), trials=tuple(trials))
+    first = _fastest(ran, config.placement_min_gain_frac)
+    if not _close(ran, first, config.placement_confirm_frac):
+        return Choice(shape=first, trials=tuple(trials))
+    again = replace(trial_cfg, seed=CONFIRM_SEED + config.seed)
+    try:
+        confirm = tuple(Trial(shape=name, makespan_s=simulate(replace(again, placement=name),
+                                                              measure_slo=False).makespan_s)
+                        for name in (first, "split"))
+    except Infeasible:  # other samples the shape cannot hold: the first trial decides
+        return Choice(shape=first, trials=tuple(trials))
+    return Choice(shape=_fastest(_summed(ran, confirm), config.placement_min_gain_frac), trials=tuple(trials),
+                  confirm=confirm)
+
+
+def _close(ran: list[Trial], first: str, confirm_frac: float) -> bool:
+    """Is the shape chosen one that shares devices, ahead of split by less than `confirm_frac`?"""
+    unshared = next((t for t in ran if t.shape == "split"), None)
+    best = next(t for t in ran if t.shape == first)
+    return unshared is not None and first != "split" and best.makespan_s * (1.0 + confirm_frac) > unshared.makespan_s
+
+
+def _summed(ran: list[Trial], confirm: tuple[Trial, ...]) -> list[Trial]:
+    """The confirmed shapes' trials, each the sum of its two."""
+    first = {t.shape: t.makespan_s for t in ran}
+    return [Trial(shape=t.shape, makespan_s=first[t.shape] + t.makespan_s) for t in confirm]
 
 
 def _short_of_slo(config: Any, placed: list, devices: int) -> str | None:

@@ -88,6 +88,12 @@ class SimConfig:
     only if its trial is at least this much faster: what sharing gains is the slowdown
     model's prediction, within its error for a gain this small; split shares nothing to
     mispredict."""
+    placement_confirm_frac: float = 0.05
+    """A shape that shares devices and whose trial beats split by less than this (but by the
+    least gain) is tried again, split beside it, on samples of a second trial seed, and kept
+    only if it beats split by the least gain over both trials: one trial's ratio of two shapes
+    spreads by about 2% (SD) over trial seeds, so a gain near the least one is as likely
+    noise.  0: one trial decides."""
     trace: bool = True
     """Record grants, releases, migrations and steps."""
     true_grid: str = ""

@@ -155,3 +155,37 @@ def test_the_lower_bound_counts_a_pipeline_alone_on_every_group_a_shape_gives_it
 def test_greedy_chooses_its_shape_too():
     assert getattr(make("greedy"), "shapes", ()) == tuple(pl.SHAPES)
     assert simulate(replace(APART, policy="greedy", steps=2)).placement is not None
+
+
+def test_a_close_sharing_choice_is_tried_again_and_kept_only_if_both_trials_say_so():
+    t = choose_mod.Trial
+    ran = [t(shape="colocated", makespan_s=97.0), t(shape="split", makespan_s=100.0)]  # 3% ahead
+    assert choose_mod._close(ran, "colocated", 0.05) and not choose_mod._close(ran, "colocated", 0.02)
+    assert not choose_mod._close(ran, "split", 0.05)  # split shares nothing to mispredict
+    assert not choose_mod._close([t(shape="colocated", makespan_s=90.0), t(shape="split", makespan_s=100.0)],
+                                 "colocated", 0.05)  # 10% ahead: one trial is enough
+    turned = (t(shape="colocated", makespan_s=104.0), t(shape="split", makespan_s=100.0))
+    assert choose_mod._fastest(choose_mod._summed(ran, turned), 0.02) == "split"
+    agrees = (t(shape="colocated", makespan_s=96.0), t(shape="split", makespan_s=100.0))
+    assert choose_mod._fastest(choose_mod._summed(ran, agrees), 0.02) == "colocated"
+
+
+def test_sharing_ahead_by_one_trials_noise_is_tried_on_other_samples_before_it_is_kept(monkeypatch):
+    # Qwen3-4B-Instruct GSM8K ×2: on the trial seed sharing is 2.5% ahead of split; on other
+    # samples it is behind (bench/shipped_pairs.py, seed 0: it was kept, and ran 2.7% behind).
+    seen = []
+    real = run.simulate
+
+    def spy(config, until_s=None, **kw):
+        seen.append((config.seed, config.placement))
+        return real(config, until_s, **kw)
+
+    monkeypatch.setattr(run, "simulate", spy)
+    cfg = SimConfig(workload=("qwen3-4b-instruct-gsm8k",) * 2, steps=8, trace=False)
+    res = real(replace(cfg, policy="jigsaw"))
+    first = {t.shape: t.makespan_s for t in res.placement.trials}
+    assert first["colocated"] * 1.02 <= first["split"] < first["colocated"] * 1.05  # close, past the least gain
+    assert sorted(s for s in seen if s[0] == choose_mod.CONFIRM_SEED) == [
+        (choose_mod.CONFIRM_SEED, "colocated"), (choose_mod.CONFIRM_SEED, "split")]
+    assert res.placement.shape == "split" and "again on other samples" in res.placement.summary()
+    assert res.makespan_s == simulate(replace(cfg, policy="split")).makespan_s
