@@ -41,8 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, cmd = argv[:cut], argv[cut + 1:]
     modules = {name: importlib.import_module(path) for name, path in COMMANDS.items()}
-    args = tyro.extras.subcommand_cli_from_dict(
-        {name: mod.Args for name, mod in modules.items()}, prog="jigsaw", description=DESCRIPTION, args=argv)
+    try:
+        args = tyro.extras.subcommand_cli_from_dict(
+            {name: mod.Args for name, mod in modules.items()}, prog="jigsaw", description=DESCRIPTION, args=argv)
+    except ValueError as exc:  # a config section's own check of its flags (__post_init__), said as a usage error
+        print(f"jigsaw: error: {exc}", file=sys.stderr)
+        return 2
     if cmd:
         args = dataclasses.replace(args, cmd=tuple(cmd))
     module = next(m for m in modules.values() if isinstance(args, m.Args))

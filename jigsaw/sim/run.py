@@ -118,6 +118,11 @@ class SimConfig:
         for x in self.slo:
             if x:
                 check_slo(x)
+        if self.placement_trial_steps < 1:
+            raise ValueError(f"--placement-trial-steps must be at least 1, got {self.placement_trial_steps}")
+        for name in ("placement_min_gain_frac", "placement_confirm_frac"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
 
     def slo_of(self, i: int) -> float | None:
         """Pipeline i's SLO (None: none)."""

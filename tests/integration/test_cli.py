@@ -126,3 +126,10 @@ def test_no_flag_help_states_its_default_twice():
         text = " ".join(res.stdout.replace("│", " ").split())
         twice = re.search(r"\(default: [^)]*\)\.?\s*\(default:|default: [^()]*\(default:", text)
         assert twice is None, f"jigsaw {name} --help: {twice.group(0)!r}"
+
+
+def test_a_flag_its_config_section_refuses_is_a_usage_error_not_a_traceback(capsys):
+    # SimConfig.__post_init__ runs while tyro builds the arguments, before any command runs
+    assert main(["sim", "--workload", "qwen3-0.6b-gsm8k", "--placement-confirm-frac", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "jigsaw: error: --placement-confirm-frac must be in [0, 1), got 2.0" in err and "Traceback" not in err

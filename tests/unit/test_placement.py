@@ -189,3 +189,10 @@ def test_sharing_ahead_by_one_trials_noise_is_tried_on_other_samples_before_it_i
         (choose_mod.CONFIRM_SEED, "colocated"), (choose_mod.CONFIRM_SEED, "split")]
     assert res.placement.shape == "split" and "again on other samples" in res.placement.summary()
     assert res.makespan_s == simulate(replace(cfg, policy="split")).makespan_s
+
+
+@pytest.mark.parametrize("field, value", [("placement_trial_steps", 0), ("placement_min_gain_frac", -0.01),
+                                          ("placement_confirm_frac", 1.0)])
+def test_placement_trial_settings_out_of_range_are_refused_with_the_flag_named(field, value):
+    with pytest.raises(ValueError, match=f"--{field.replace('_', '-')}"):
+        replace(APART, **{field: value})
