@@ -146,11 +146,10 @@ class KVPool:
         lets it generate, the tool output still to come (SGLang fails a request that cannot
         fit alone; retraction makes room for everything else)."""
         cap, most = self.max_new_tokens, 0
-        for group in (self.queue, self.decoding, self.in_tool, self.barrier):  # at every step: kept to a plain loop
-            for r in group:
-                need = r.context + r.to_append + max(0, cap - r.done_tokens - r.generated)
-                if need > most:
-                    most = need
+        for r in self._active():  # at every step: a plain loop over the requests' running sums
+            need = r.context + r.to_append + max(0, cap - r.done_tokens - r.generated)
+            if need > most:
+                most = need
         return min(self.device_tokens, most)
 
     def held_kv_tokens(self) -> int:
