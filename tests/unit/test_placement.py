@@ -168,6 +168,10 @@ def test_a_close_sharing_choice_is_tried_again_and_kept_only_if_both_trials_say_
     assert choose_mod._fastest(choose_mod._summed(ran, turned), 0.02) == "split"
     agrees = (t(shape="colocated", makespan_s=96.0), t(shape="split", makespan_s=100.0))
     assert choose_mod._fastest(choose_mod._summed(ran, agrees), 0.02) == "colocated"
+    # both trials count: 4% then 0.5% ahead is 2.3% ahead together (the second alone would say split)
+    ahead = [t(shape="colocated", makespan_s=96.0), t(shape="split", makespan_s=100.0)]
+    barely = (t(shape="colocated", makespan_s=99.5), t(shape="split", makespan_s=100.0))
+    assert choose_mod._fastest(choose_mod._summed(ahead, barely), 0.02) == "colocated"
 
 
 def test_sharing_ahead_by_one_trials_noise_is_tried_on_other_samples_before_it_is_kept(monkeypatch):
