@@ -9,7 +9,7 @@
     (the time is the policy's decision alone: the node's view building is not in it), with the
     load average while measuring
 
-Usage:  python bench/scheduler_latency.py [--seeds 3] [--steps 2] [--windows 1 3]
+Usage:  python bench/scheduler_latency.py [--seeds 3] [--steps 2] [--windows 1 3] [--repeat 3]
 Goal (issues 14, 32): steady p99 ≤ 2 ms at 2 pipelines × 8 DP and ≤ 20 ms at 4 × 64 DP with the
 default settings, a cold first decision ≤ 20 ms (bench/scheduler_quality.py puts these times
 next to the decisions' quality).  The p99 of 19–20 ms issue 32 saw at 2 × 8 DP were cold
@@ -65,27 +65,25 @@ def setups() -> list[Setup]:
     ]
 
 
-def measure(setup: Setup, config: SchedulerConfig, seeds: int, steps: int, grid) -> dict:
+def measure(setup: Setup, config: SchedulerConfig, seeds: int, steps: int, grid, repeat: int = 1) -> dict:
     """Wall time of every schedule() call while `execute` runs `seeds` random graph sets, the
-    first call of each run (cold: the policy's tables are empty) apart from the rest."""
+    first call of each run (cold: the policy's tables are empty) apart from the rest.  With
+    `repeat` > 1 each run is made that many times and each call keeps its least time: the
+    plans, so the calls, are the same every time, and the least is the least disturbed."""
     cold, every, deciding, wall = [], [], [], 0.0
     node = NodeSpec(num_devices=setup.num_gpus, mem_bytes=grid.device.mem_bytes)
     load_before = os.getloadavg()[0]
 
     class Timed(Jigsaw):
-        first = True
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.calls: list[tuple[float, bool]] = []
+            """(seconds, decided something) of each call, the run's first (cold) first."""
 
         def plan(self, view):
             t0 = time.perf_counter()
             plan = super().plan(view)
-            dt = time.perf_counter() - t0
-            if self.first:  # a new policy per run: its first call finds its tables empty
-                self.first = False
-                cold.append(dt)
-                return plan
-            every.append(dt)
-            if plan.decisions:
-                deciding.append(dt)
+            self.calls.append((time.perf_counter() - t0, bool(plan.decisions)))
             return plan
 
     def pipes(seed: int) -> list[PipelineState]:
@@ -97,11 +95,20 @@ def measure(setup: Setup, config: SchedulerConfig, seeds: int, steps: int, grid)
     # scheduler's cost; a new policy per timed run still starts with empty tables (cold).
     execute(pipes(seeds), node, grid, policy=Jigsaw(config=config))
     for seed in range(seeds):
-        run = pipes(seed)
-        gc.collect()  # the runs before leave garbage a collection in this one's first calls would pay for
-        t0 = time.perf_counter()
-        execute(run, node, grid, policy=Timed(config=config))
-        wall += time.perf_counter() - t0
+        runs = []
+        for _ in range(repeat):
+            run, policy = pipes(seed), Timed(config=config)
+            gc.collect()  # the runs before leave garbage a collection in this one's first calls would pay for
+            t0 = time.perf_counter()
+            execute(run, node, grid, policy=policy)
+            wall += time.perf_counter() - t0
+            runs.append(policy.calls)
+        if len({len(r) for r in runs}) != 1:
+            raise RuntimeError(f"seed {seed}: the repeated runs made different numbers of calls")
+        least = [min(c[0] for c in same) for same in zip(*runs)]
+        cold.append(least[0])
+        every.extend(least[1:])
+        deciding.extend(dt for dt, (_, decided) in zip(least[1:], runs[0][1:]) if decided)
     return {"calls": len(every), "median": _ms(statistics.median(every)), "p99": _ms(_p99(every)),
             "max": _ms(max(every)),
             "d_median": _ms(statistics.median(deciding)), "d_p99": _ms(_p99(deciding)),
@@ -122,9 +129,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="RL steps chained per pipeline")
     ap.add_argument("--windows", type=int, nargs="+", default=[1, 3], help="look-ahead depths to time")
     ap.add_argument("--quick", action="store_true", help="skip the 4 x 64 DP setup")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="make each run this many times and keep each call's least time (same plans, so the "
+                         "same calls: a side-by-side comparison on a noisy machine)")
     args = ap.parse_args()
+    if args.repeat < 1 or args.seeds < 1:
+        ap.error("--repeat and --seeds must be at least 1")
     grid = load_grid(PRIOR)
-    table = Table(title=f"schedule() wall time per call (ms), {args.seeds} seeds × {args.steps} steps")
+    least = f", each call's least of {args.repeat} runs" if args.repeat > 1 else ""
+    table = Table(title=f"schedule() wall time per call (ms), {args.seeds} seeds × {args.steps} steps{least}")
     for col in ("pipelines × DP", "W", "steady calls", "median", "p99", "max", "median*", "p99*", "cold max",
                 "run s", "load"):
         table.add_column(col, justify="left" if col == "setup" else "right")
@@ -132,7 +145,7 @@ def main() -> None:
     for setup in setups()[:3] if args.quick else setups():
         for w in args.windows:
             with console.status(f"{setup.label}, W={w}"):
-                r = measure(setup, SchedulerConfig(window=w), args.seeds, args.steps, grid)
+                r = measure(setup, SchedulerConfig(window=w), args.seeds, args.steps, grid, args.repeat)
             table.add_row(setup.label, str(w), str(r["calls"]), f"{r['median']:.2f}", f"{r['p99']:.2f}",
                           f"{r['max']:.1f}",
                           f"{r['d_median']:.2f}", f"{r['d_p99']:.2f}", f"{r['cold_max']:.2f}",

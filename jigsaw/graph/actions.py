@@ -66,7 +66,7 @@ class Logged(NamedTuple):
 
 def initial(P: Problem, pipelines: Sequence[PipelineState], time_s: float, ctx: Context) -> State:
     """State at `time_s` with the slowdowns of already running pairs looked up."""
-    S = st.initial_state(P, pipelines, time_s, ctx.balanced, ctx.solo, ctx.capped)
+    S = st.initial_state(P, pipelines, time_s, ctx.balanced, ctx.solo, ctx.capped, rates=False)
     if ctx.slo is not None:
         dl.hold(P, S, ctx)
     ctx.elastic = frozenset(i for i in S.urgent if P.kinds[i].startswith("rollout"))
@@ -95,7 +95,7 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
     claimed: set[tuple[int, int]] = set()
     deferred, closed, held, dev, tasks, kinds = S.deferred, S.closed, S.held, S.dev, P.tasks, P.kinds
     lone = _lone_devices(P, S) if S.alone else None
-    for i in sorted(S.ready):
+    for i in sorted(S.ready if len(S.ready) <= _FEW_READY else _placeable(P, S)):
         if i in deferred or (lone is not None and _held_back(P, S, i, lone)):
             continue
         task = tasks[i]
@@ -128,6 +128,23 @@ def next_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Option
     if ctx.config.merge:
         return _merge_decision(P, S, ctx)
     return None
+
+
+_FEW_READY = 16
+"""Above this many ready tasks, those on full devices are set aside in C first (`_placeable`):
+at a step barrier of 64 DP workers a hundred wait, and the search looks at them after every
+completion."""
+
+
+def _placeable(P: Problem, S: State) -> set[int]:
+    """The ready tasks next_decision's device test can pass: gangs (tested device by device),
+    and single-device tasks whose device runs fewer than two (a full one fails the test)."""
+    ready = S.ready
+    out = ready.intersection(P.gangs)
+    for d, occ in enumerate(S.dev):
+        if len(occ) < 2:
+            out.update(ready.intersection(P.singles_on[d]))
+    return out
 
 
 class _Groups:
@@ -286,8 +303,10 @@ def _merge_decision(P: Problem, S: State, ctx: Context) -> tuple[Item, list[Opti
         if ctx.multi_turn[p]:
             continue
         key = _new(Tails, (p,))
-        tails = [i for i in P.mergeable[p] if i in S.running]
-        if len(tails) < 2 or key in S.deferred or not any(P.tasks[i].devices[0] in S.touched for i in tails):
+        if key in S.deferred:
+            continue
+        tails = sorted(S.running.intersection(P.mergeable[p]))  # in C: this runs after every event
+        if len(tails) < 2 or S.touched.isdisjoint(map(P.first_device.__getitem__, tails)):
             continue
         decision = _best_merge(P, S, ctx, tails)
         if decision is not None:
@@ -492,11 +511,17 @@ def packing(P: Problem, S: State, ctx: Context) -> Packing:
     """The best pairs among the kinds each device has left (once per call: work only ends,
     so it bounds every later state of the search too)."""
     left: list[set[tuple[str, bool]]] = [set() for _ in range(P.num_devices)]
+    gangs = set()  # a kind's gangs on the same devices (every step's) added once, not once per device each
     for i, status in enumerate(S.status):
         if status != st.DONE:
             devs = P.tasks[i].devices
-            for d in devs:
-                left[d].add((P.kinds[i], len(devs) > 1))
+            if len(devs) == 1:
+                left[devs[0]].add((P.kinds[i], False))
+            elif devs:
+                gangs.add((P.kinds[i], devs))
+    for kind, devs in gangs:
+        for d in devs:
+            left[d].add((kind, True))
     rates = [ctx.clearing_of(frozenset(kinds)) for kinds in left]
     return Packing(device=tuple(r[0] for r in rates), node=sum(r[1] for r in rates))
 

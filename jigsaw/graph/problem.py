@@ -38,7 +38,7 @@ class Problem:
     """Static part of a scheduling instance: tasks of all pipelines, in one index space."""
 
     __slots__ = ("tasks", "names", "pipe_tasks", "num_devices", "mem_bytes", "kinds", "mergeable", "prefill_work",
-                 "decode", "dominant", "task_of")
+                 "decode", "dominant", "task_of", "singles_on", "gangs", "first_device")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec,
                  cache: SchedulerCache | None = None):
@@ -57,7 +57,7 @@ class Problem:
             self.names.append(graph.pipeline)
             self.pipe_tasks.append(tuple(range(start, len(self.tasks))))
         self.kinds = tuple(t.kind for t in self.tasks)
-        self.mergeable = tuple(tuple(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
+        self.mergeable = tuple(frozenset(i for i in ids if self.tasks[i].mergeable) for ids in self.pipe_tasks)
         # Per pipeline: (FLOPs, exclusive seconds) of its prefill sub-stages -> prefill MFU.
         self.prefill_work = tuple(part.prefill for part in parts)
         # Per pipeline: its decode step latency against KV tokens (prices merged tails).
@@ -65,6 +65,15 @@ class Problem:
         self.dominant = tuple(k for part in parts for k in part.dominant)
         self.task_of = tuple(part.task_of for part in parts)
         """Per pipeline, the task index of each of its sub-stage ids."""
+        on: list[list[int]] = [[] for _ in range(node.num_devices)]
+        for t in self.tasks:
+            if len(t.devices) == 1:
+                on[t.devices[0]].append(t.idx)
+        self.singles_on = tuple(frozenset(ids) for ids in on)
+        """Per device, the tasks that run on it alone (one replica, one device)."""
+        self.gangs = frozenset(t.idx for t in self.tasks if len(t.devices) > 1)
+        self.first_device = tuple(t.devices[0] if t.devices else -1 for t in self.tasks)
+        """Per task, its first device (-1: a host task)."""
 
 
 class _Part(NamedTuple):
@@ -345,6 +354,15 @@ def _fill_tails(tasks: list[Task], start: int) -> None:
 
 
 def _fill_tail(t: Task, tasks: Sequence[Task], start: int) -> None:
-    t.tail_s = max((tasks[j - start].excl_s + tasks[j - start].tail_s for j in t.succs), default=0.0)
-    t.step_tail_s = max((tasks[j - start].excl_s + tasks[j - start].step_tail_s for j in t.succs
-                         if tasks[j - start].step == t.step), default=0.0)
+    tail = step_tail = 0.0  # one pass, written out: a cold Problem fills thousands
+    step = t.step
+    for j in t.succs:
+        u = tasks[j - start]
+        v = u.excl_s + u.tail_s
+        if v > tail:
+            tail = v
+        if u.step == step:
+            v = u.excl_s + u.step_tail_s
+            if v > step_tail:
+                step_tail = v
+    t.tail_s, t.step_tail_s = tail, step_tail

@@ -89,7 +89,7 @@ def _schedule(pipelines, node, model, config, time_s, cache, pairs, host_frac, e
     ctx = act.Context(model, config, node, cache, pipelines, pairs, host_frac)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
-    late = 0 < _device_tasks_left(P, S) <= config.end_game_tasks
+    late = 0 < _device_tasks_left(P, S, config.end_game_tasks + 1) <= config.end_game_tasks
     while (dec := act.settle(P, S, ctx, advance_time=False)) is not None:
         if not late:
             option = search(P, S, ctx, config.window, dec)[1]
@@ -222,8 +222,15 @@ def _window_value(P: Problem, S: State, ctx: act.Context, depth: int, item, opti
     return search(P, branch, ctx, depth - 1, nxt, False)[0] if nxt is not None else act.score(P, branch, ctx)
 
 
-def _device_tasks_left(P: Problem, S: State) -> int:
-    return sum(1 for i, s in enumerate(S.status) if s != st.DONE and P.tasks[i].devices)
+def _device_tasks_left(P: Problem, S: State, enough: int) -> int:
+    """Device tasks not done, counted up to `enough` (latest first: the done ones come first)."""
+    left, status, tasks = 0, S.status, P.tasks
+    for i in range(len(status) - 1, -1, -1):
+        if status[i] != st.DONE and tasks[i].devices:
+            left += 1
+            if left >= enough:
+                break
+    return left
 
 
 def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
@@ -330,9 +337,9 @@ def _routing(P: Problem, S: State, ctx: act.Context) -> tuple[Routing, ...]:
     out = []
     for p, name in enumerate(P.names):
         slow: dict[int, float] = {}
-        for i in P.pipe_tasks[p]:
+        for i in sorted(S.running):
             task = P.tasks[i]
-            if S.status[i] == st.RUNNING and task.kind.startswith("rollout") and task.devices:
+            if task.pipe == p and task.kind.startswith("rollout") and task.devices:
                 slow[task.ranks[0]] = S.split[(i, task.devices[0])].slowdown
         if len(slow) > 1 and any(v != 1.0 for v in slow.values()):
             # Exclusive time is linear in requests routed, so equal finish times need w ∝ 1/s.

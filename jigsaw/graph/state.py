@@ -69,9 +69,11 @@ class State:
 
 
 def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float, balanced: bool,
-                  solo: dict[str, Split] | None = None, capped: dict[int, dict[str, Split]] | None = None) -> State:
+                  solo: dict[str, Split] | None = None, capped: dict[int, dict[str, Split]] | None = None,
+                  rates: bool = True) -> State:
     """State at `time_s` from the pipelines' done / running / remaining bookkeeping; `solo`
-    and `capped` are the call's splits alone (Context.solo, Context.capped)."""
+    and `capped` are the call's splits alone (Context.solo, Context.capped).  Without `rates`,
+    the running tasks' rates are the caller's to set (once it knows their slowdowns)."""
     S = State()
     n = len(P.tasks)
     S.now_s, S.rem_s, S.status, S.npred = time_s, [t.excl_s for t in P.tasks], [PENDING] * n, [0] * n
@@ -124,7 +126,7 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
             if left == 0:
                 status[i] = READY
                 S.ready.add(i)
-    for i in S.running:
+    for i in S.running if rates else ():
         refresh_rate(P, S, i, balanced)
     late = [P.tasks[i].ids[0] for i in S.urgent if S.status[i] != READY]
     if late:
@@ -134,18 +136,19 @@ def initial_state(P: Problem, pipelines: Sequence[PipelineState], time_s: float,
 
 def _init_task(P: Problem, S: State, task: Task, ps: PipelineState) -> None:
     """A gang, or a running task (`initial_state` writes out the rest)."""
-    done = [sid in ps.done for sid in task.ids]
-    run = [sid in ps.running for sid in task.ids]
-    if all(done):
+    ids, done, run = task.ids, ps.done.__contains__, ps.running.__contains__  # mapped in C: a gang has a
+    if all(map(done, ids)):                                                  # replica per worker
         S.status[task.idx] = DONE
         return
-    if any(done) or (any(run) and not all(run)):
+    running = any(map(run, ids))
+    if any(map(done, ids)) or (running and not all(map(run, ids))):
         raise ValueError(f"replicas of {task.ids[0]} are partly done/running; a collective stage "
                          "starts and ends on all its workers together")
-    rem = [ps.remaining_s[sid] for sid in task.ids if sid in ps.remaining_s]
-    if rem:
-        S.rem_s[task.idx] = max(0.0, max(rem))
-    if not any(run):
+    if ps.remaining_s:
+        rem = [v for v in map(ps.remaining_s.get, ids) if v is not None]
+        if rem:
+            S.rem_s[task.idx] = max(0.0, max(rem))
+    if not running:
         return
     S.status[task.idx] = RUNNING
     S.running.add(task.idx)
@@ -251,19 +254,21 @@ def advance(P: Problem, S: State, balanced: bool) -> None:
     """Run until the next task completes; new time point, so per-point marks reset."""
     if not S.running:
         raise RuntimeError("advance() with nothing running: the schedule is stuck")
-    dt = min(S.rem_s[i] / S.rate[i] for i in S.running)
+    rem, rate, running = S.rem_s, S.rate, S.running  # written out: every event of the search steps them all
+    dt = min([rem[i] / rate[i] for i in running])
     S.now_s += dt
     ended = []
     load, tasks = S.load_s, P.tasks
     pace = S.pace
-    for i in S.running:
-        done_s = dt * S.rate[i]
-        S.rem_s[i] -= done_s
+    for i in running:
+        done_s = dt * rate[i]
+        rem[i] -= done_s
         if pace is not None:
             done_s *= pace[i]
-        for d in tasks[i].devices:
+        task = tasks[i]
+        for d in task.devices:
             load[d] -= done_s
-        if S.rem_s[i] <= EPS_S * max(1.0, tasks[i].excl_s):
+        if rem[i] <= EPS_S * max(1.0, task.excl_s):
             ended.append(i)
     S.closed.clear()
     S.deferred.clear()
