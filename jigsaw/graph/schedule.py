@@ -223,7 +223,8 @@ def _window_value(P: Problem, S: State, ctx: act.Context, depth: int, item, opti
 
 
 def _device_tasks_left(P: Problem, S: State, enough: int) -> int:
-    """Device tasks not done, counted up to `enough` (latest first: the done ones come first)."""
+    """Device tasks not done, counted up to `enough` (from the end: a pipeline's done tasks are
+    its first ones)."""
     left, status, tasks = 0, S.status, P.tasks
     for i in range(len(status) - 1, -1, -1):
         if status[i] != st.DONE and tasks[i].devices:
@@ -334,13 +335,13 @@ def _routing(P: Problem, S: State, ctx: act.Context) -> tuple[Routing, ...]:
     """Rollout routing weights ∝ 1/s of each worker's rollout replica (§2.7)."""
     if not ctx.balanced:
         return ()
+    by_pipe: list[dict[int, float]] = [{} for _ in P.names]  # per pipeline: rank -> its rollout's slowdown
+    for i in sorted(S.running):
+        task = P.tasks[i]
+        if task.kind.startswith("rollout") and task.devices:
+            by_pipe[task.pipe][task.ranks[0]] = S.split[(i, task.devices[0])].slowdown
     out = []
-    for p, name in enumerate(P.names):
-        slow: dict[int, float] = {}
-        for i in sorted(S.running):
-            task = P.tasks[i]
-            if task.pipe == p and task.kind.startswith("rollout") and task.devices:
-                slow[task.ranks[0]] = S.split[(i, task.devices[0])].slowdown
+    for name, slow in zip(P.names, by_pipe):
         if len(slow) > 1 and any(v != 1.0 for v in slow.values()):
             # Exclusive time is linear in requests routed, so equal finish times need w ∝ 1/s.
             norm = sum(1.0 / v for v in slow.values())

@@ -414,14 +414,16 @@ def test_collective_stage_beside_partners_gets_balanced_micro_batches():
     assert max(times) / min(times) < 1.05
 
 
-def test_rollout_routing_prefers_workers_without_interference():
+@pytest.mark.parametrize("rollout_first", [True, False])
+def test_rollout_routing_prefers_workers_without_interference(rollout_first):
     a = SubStageGraph([sub("A", "roll", K.ROLLOUT_DECODE, 20.0, rank=r, mem_gib=20) for r in range(2)], {})
     b = chain("B", [("train", K.TRAINING, 30.0, 40)])
     node = NodeSpec(num_devices=2, mem_bytes=80 * GIB)
     running = {"B/0/r0/train": Budget(sm_frac=1.0, mem_frac=1.0)}
     pipes = [PipelineState(graph=a, devices=(0, 1)),
              PipelineState(graph=b, devices=(0,), running=running, remaining_s={"B/0/r0/train": 30.0})]
-    plan = schedule(pipes, node, PRIOR)
+    plan = schedule(pipes if rollout_first else pipes[::-1], node, PRIOR)  # weights go to their own pipeline
+    assert [r.pipeline for r in plan.routing] == ["A"]
     (routing,) = [r for r in plan.routing if r.pipeline == "A"]
     assert sum(routing.weights) == pytest.approx(1.0)
     assert routing.weights[0] < routing.weights[1]

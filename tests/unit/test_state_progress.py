@@ -83,3 +83,24 @@ def test_tasks_that_end_together_end_in_one_event():
              for name, devs in (("A", (0, 1)), ("B", (2, 3)))]
     node = NodeSpec(num_devices=4, mem_bytes=80 * 2**30)
     assert run_through(twins, node, random.Random(0)) > 3
+
+
+@pytest.mark.timeout(120)
+def test_ready_tasks_set_aside_on_full_devices_change_no_plan(monkeypatch):
+    """Above _FEW_READY ready tasks, next_decision first drops those on full devices (in C):
+    the same plans as testing every one of them."""
+    from jigsaw.sim.execute import execute
+
+    rng = random.Random(11)
+    pipes = [PipelineState(graph=grpo(rng, name, 12, 3).then(grpo(rng, name, 12, 2, step=1)),
+                           devices=tuple(range(12))) for name in "ABC"]  # gangs ready beside many prefills
+    node = NodeSpec(num_devices=12, mem_bytes=80 * 2**30)
+    fast = execute(pipes, node, PRIOR, SchedulerConfig()).plans
+    monkeypatch.setattr(act, "_FEW_READY", 10**9)
+    assert execute(pipes, node, PRIOR, SchedulerConfig()).plans == fast
+    monkeypatch.setattr(act, "_FEW_READY", 16)
+    seen = []
+    real = act._placeable
+    monkeypatch.setattr(act, "_placeable", lambda P, S: seen.append(len(S.ready)) or real(P, S))
+    execute(pipes, node, PRIOR, SchedulerConfig())
+    assert seen, "no decision had more than _FEW_READY ready tasks: the case is not exercised"
