@@ -91,9 +91,9 @@ def test_ready_tasks_set_aside_on_full_devices_change_no_plan(monkeypatch):
     the same plans as testing every one of them."""
     from jigsaw.sim.execute import execute
 
-    rng = random.Random(11)
+    rng = random.Random(2)  # seed 2: gangs are ready beside more than _FEW_READY others, 6 times
     pipes = [PipelineState(graph=grpo(rng, name, 12, 3).then(grpo(rng, name, 12, 2, step=1)),
-                           devices=tuple(range(12))) for name in "ABC"]  # gangs ready beside many prefills
+                           devices=tuple(range(12))) for name in "ABC"]
     node = NodeSpec(num_devices=12, mem_bytes=80 * 2**30)
     fast = execute(pipes, node, PRIOR, SchedulerConfig()).plans
     monkeypatch.setattr(act, "_FEW_READY", 10**9)
@@ -101,6 +101,6 @@ def test_ready_tasks_set_aside_on_full_devices_change_no_plan(monkeypatch):
     monkeypatch.setattr(act, "_FEW_READY", 16)
     seen = []
     real = act._placeable
-    monkeypatch.setattr(act, "_placeable", lambda P, S: seen.append(len(S.ready)) or real(P, S))
+    monkeypatch.setattr(act, "_placeable", lambda P, S: seen.append(bool(S.ready & P.gangs)) or real(P, S))
     execute(pipes, node, PRIOR, SchedulerConfig())
-    assert seen, "no decision had more than _FEW_READY ready tasks: the case is not exercised"
+    assert any(seen), "no gang was ready beside more than _FEW_READY others: the case is not exercised"
