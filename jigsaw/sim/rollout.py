@@ -101,6 +101,9 @@ class RolloutWorker(KVPool):
         self._graph_config = graph_config
         self.piece: LivePiece | None = None
         self._ordinal: dict[SubStageKind, int] = defaultdict(int)
+        self._asked_first: SubStageKind | None = None
+        """The kind `first_piece_id` predicted (the client asked admission for it), until the
+        first piece opens."""
         self._recent_starts: deque[float] = deque(maxlen=graph_config.hysteresis_steps + 1)
         self._steps = 0
         self._counted = (0, 0, 0, 0)
@@ -353,6 +356,11 @@ class RolloutWorker(KVPool):
         return True
 
     def _new_piece(self, kind: SubStageKind, start: float) -> None:
+        first, self._asked_first = self._asked_first, None
+        if first is not None and first is not kind:
+            # The tracker opened another kind than the first chunk predicted: the predicted
+            # piece's id was asked for (and ends here), so that kind's next piece is its second.
+            self._ordinal[first] = max(self._ordinal[first], 1)
         ordinal = self._ordinal[kind]
         self._ordinal[kind] += 1
         self.piece = LivePiece(kind=kind, ordinal=ordinal, start_s=start)
@@ -362,7 +370,8 @@ class RolloutWorker(KVPool):
         return None if p is None else str(SubStageId(self.pipeline, self.step, self.rank, p.kind, p.ordinal))
 
     def first_piece_id(self) -> str:
-        """The id its first forward step will open (what its client asks admission for)."""
+        """The id its first forward step will open (what its client asks admission for); kept,
+        so that a first piece the tracker opens as another kind does not reuse it."""
         budget, tokens = self.chunk, 0
         for r in self.queue:
             if budget <= 0:
@@ -370,6 +379,7 @@ class RolloutWorker(KVPool):
             n = min(r.pending, budget)
             tokens, budget = tokens + n, budget - n
         kind = BucketTracker(self._graph_config).observe(tokens).kind
+        self._asked_first = kind
         return str(SubStageId(self.pipeline, self.step, self.rank, kind, 0))
 
     # ------------------------------------------------------------ records

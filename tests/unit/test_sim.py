@@ -303,3 +303,33 @@ def test_a_batched_prefill_attends_within_each_request():
     assert chunk_s(64) - chunk_s(32) == pytest.approx(2 * (chunk_s(32) - chunk_s(16)), rel=1e-6)
     assert chunk_s(96) < 0.6 * cost.prefill_s(300 * 96, 0, 1)
     assert cost.prefill_s(300, 0) == cost.prefill_s(300, 0, 1)  # one request: as before
+
+
+def test_a_first_piece_of_another_kind_than_asked_for_never_reuses_the_asked_id():
+    # The client asks admission for the piece the first chunk predicts (prefill: 64 prompts
+    # queued).  A grant holding one request at a time makes the first forward steps decode
+    # instead; when the pool grows and migrated requests arrive, a prefill piece opens.  It
+    # used to be prefill/0 again, an id the node had already been asked for and seen end
+    # ("was already requested": the drawn-node property test, with plans that shrink pools).
+    from jigsaw.mux.model.costmodel import StepCost
+    from jigsaw.mux.model.specs import H100
+    from jigsaw.sim.request import Request
+    from jigsaw.sim.rollout import RolloutWorker
+
+    cost = StepCost(H100, "qwen3-4b")
+    wk = RolloutWorker(pipeline="p", step=0, rank=0, cost=cost, mem_bytes=40 << 30, max_new_tokens=400)
+    wk.add([Request(rid=i, context=300, turns=[300 + 20 * i], appended=[], tool_s=[]) for i in range(64)], 0.0)
+    ids = [wk.first_piece_id()]
+    wk.grant(cost.weights_bytes() + cost.config.rollout_reserve_bytes + 700 * cost.kv_bytes_per_token())
+    for n in range(1000):
+        if wk.plan() is None:
+            break
+        wk.commit()
+        if n == 40:
+            wk.grant(40 << 30)
+            wk.add([Request(rid=100 + i, context=1500, turns=[50], appended=[], tool_s=[]) for i in range(120)], wk.t)
+        if wk.piece_id() != ids[-1]:
+            ids.append(wk.piece_id())
+    assert ids[0].endswith("rollout_prefill/0") and ids[1].endswith("rollout_decode/0")  # the asked one was not opened
+    assert sum(i.endswith("rollout_prefill/1") for i in ids) == 1  # the later prefill piece
+    assert len(set(ids)) == len(ids), ids
