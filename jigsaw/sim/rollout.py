@@ -360,7 +360,7 @@ class RolloutWorker(KVPool):
         if first is not None and first is not kind:
             # The tracker opened another kind than the first chunk predicted: the predicted
             # piece's id was asked for (and ends here), so that kind's next piece is its second.
-            self._ordinal[first] = max(self._ordinal[first], 1)
+            self._ordinal[first] = 1
         ordinal = self._ordinal[kind]
         self._ordinal[kind] += 1
         self.piece = LivePiece(kind=kind, ordinal=ordinal, start_s=start)
