@@ -51,9 +51,14 @@ def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed:
                           for p, r in res.items()},
                bound=bound, makespan_s={p: r.makespan_s for p, r in res.items()}, where=where,
                infeasible=infeasible or None,
-               placed=res["jigsaw"].placement.shape if "jigsaw" in res and res["jigsaw"].placement else "",
+               placed=_placed(res["jigsaw"].placement) if "jigsaw" in res and res["jigsaw"].placement else "",
                violations={p: f"{len(r.violations)}, first: {r.violations[0]}" for p, r in res.items()
                            if r.violations} or None)
+
+
+def _placed(choice) -> str:
+    """The shape jigsaw's trials kept, and the window where a trial chose another."""
+    return choice.shape + (f", W = {choice.window}" if choice.window else "")
 
 
 def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:

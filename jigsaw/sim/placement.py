@@ -11,7 +11,10 @@ steps on samples of its own, the fastest kept.
            placement_min_gain_frac: a smaller gain is within the slowdown model's error)
         ─► a sharing shape ahead of split by less than placement_confirm_frac: both tried
            again on a second trial seed, kept by the least gain over the two trials' sum
-        ─► simulate() runs the whole run on that shape and reports the choice
+        ─► jigsaw, on a kept shape that shares devices: each of `trial_windows` (W = 1:
+           greedy) tried on the same trial samples, kept over the scheduler's own window
+           if faster by `trial_window_min_gain_frac`
+        ─► simulate() runs the whole run on that shape (and window) and reports the choice
 
 A trial stops once its simulated time passes the best makespan so far (and the least gain):
 it could no longer be chosen.  The trials draw their samples from a seed no run uses, so the
@@ -20,6 +23,11 @@ user choosing a placement before a run would, never the run's own draws.  The sa
 scheduler and cost model decide every trial: there is no second model of what a placement
 costs.  Where no shape can hold the
 pipelines, the run is Infeasible with each shape's reason.
+
+The window is chosen like the shape (issue 32): the look-ahead's depth is the one setting of
+the scheduler whose best value depends on the workload (a 32B SWE-agent pair, whose training
+never runs beside a rollout, ends 2-5% later at W = 2 than at W = 1 on every seed tried), and
+the trial that measures a shape measures a window as well, on the same samples.
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ class Choice:
     trials: tuple[Trial, ...]
     confirm: tuple[Trial, ...] = ()
     """The second trials of a close choice (the sharing shape and split), if it was close."""
+    window: int | None = None
+    """The look-ahead window the run uses, where a trial chose another than the scheduler's."""
+    window_trials: tuple[tuple[int, Trial], ...] = ()
+    """(window, its trial on the kept shape) of each other window tried."""
 
     def summary(self) -> str:
         """One line: the shape kept and each trial's makespan."""
@@ -65,12 +77,22 @@ class Choice:
                           f"{t.shape} > {t.cut_s:,.1f} s (cut)" if t.cut_s is not None else f"{t.shape} n/a"
                           for t in self.trials)
         again = ", ".join(f"{t.shape} {t.makespan_s:,.1f} s" for t in self.confirm if t.makespan_s is not None)
-        return f"placed {self.shape} (trials: {tried}" + (f"; again on other samples: {again})" if again else ")")
+        windows = ", ".join(f"W = {w} {t.makespan_s:,.1f} s" if t.makespan_s is not None else
+                            f"W = {w} > {t.cut_s:,.1f} s (cut)" for w, t in self.window_trials)
+        return (f"placed {self.shape}" + (f", window {self.window}" if self.window else "") + f" (trials: {tried}"
+                + (f"; again on other samples: {again}" if again else "")
+                + (f"; {self.shape} at other windows: {windows}" if windows else "") + ")")
 
 
 def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
     """The fastest shape of `config.policy` (a sim.run.SimConfig) for its `pipelines` on
-    `devices` scheduling devices, each tried with `simulate` (module docstring)."""
+    `devices` scheduling devices, each tried with `simulate`, then the window on it (module
+    docstring)."""
+    choice = _shape(config, pipelines=pipelines, devices=devices, simulate=simulate)
+    return _window(config, choice, simulate)
+
+
+def _shape(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
     pol = make(config.policy, config.sched)
     trial_cfg = replace(config, steps=min(config.steps, config.placement_trial_steps),
                         seed=TRIAL_SEED + config.seed, trace=False)
@@ -111,6 +133,35 @@ def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
         return Choice(shape=first, trials=tuple(trials))
     return Choice(shape=_fastest(_summed(ran, confirm), config.placement_min_gain_frac), trials=tuple(trials),
                   confirm=confirm)
+
+
+def _window(config: Any, choice: Choice, simulate: Callable[..., Any]) -> Choice:
+    """`choice` with the window of the fastest trial on its shape: each of
+    `config.trial_windows` other than the scheduler's own, kept only if it beats the shape's
+    trial (same samples) by `config.trial_window_min_gain_frac`.  jigsaw only: greedy is
+    W = 1 by definition, the baselines have no window.  Not on split: with no device shared
+    there is no co-location to look ahead to (W = 1 and W = 2 made the same run there on each
+    of four workloads tried, multi-turn ones included)."""
+    others = [w for w in dict.fromkeys(config.trial_windows) if w != config.sched.window]
+    if make(config.policy, config.sched).name != "jigsaw" or not others or choice.shape == "split":
+        return choice
+    base = next(t.makespan_s for t in choice.trials if t.shape == choice.shape)
+    trial_cfg = replace(config, steps=min(config.steps, config.placement_trial_steps),
+                        seed=TRIAL_SEED + config.seed, trace=False, placement=choice.shape)
+    gain = 1.0 + config.trial_window_min_gain_frac
+    best, best_s, tried = None, base, []
+    for w in others:
+        cut_s = best_s / gain  # past it, this window can no longer be kept
+        try:
+            res = simulate(replace(trial_cfg, sched=replace(config.sched, window=w)), until_s=cut_s,
+                           measure_slo=False)
+        except Cut:
+            tried.append((w, Trial(shape=choice.shape, makespan_s=None, cut_s=cut_s)))
+            continue
+        tried.append((w, Trial(shape=choice.shape, makespan_s=res.makespan_s)))
+        if res.makespan_s * gain <= best_s:
+            best, best_s = w, res.makespan_s
+    return replace(choice, window=best, window_trials=tuple(tried))
 
 
 def _close(ran: list[Trial], first: str, confirm_frac: float) -> bool:

@@ -94,6 +94,16 @@ class SimConfig:
     only if it beats split by the least gain over both trials: one trial's ratio of two shapes
     spreads by about 2% (SD) over trial seeds, so a gain near the least one is as likely
     noise.  0: one trial decides."""
+    trial_windows: tuple[int, ...] = (1,)
+    """Look-ahead windows jigsaw also tries (auto placement) on the shape kept, on the same
+    trial samples; one is run instead of the scheduler's window if its trial is faster by
+    `trial_window_min_gain_frac` (W = 1: what greedy would do there).  Empty: the scheduler's
+    window only."""
+    trial_window_min_gain_frac: float = 0.01
+    """The least gain a window's trial must show over the scheduler's own window to be kept:
+    the default window is the one measured best across families (bench/scheduler_quality.py);
+    another is kept only where a workload's own trial says so (the 32B SWE-agent pair: W = 1
+    ends 2-5% before W = 2 on each of three sample seeds)."""
     trace: bool = True
     """Record grants, releases, migrations and steps."""
     true_grid: str = ""
@@ -120,7 +130,9 @@ class SimConfig:
                 check_slo(x)
         if self.placement_trial_steps < 1:
             raise ValueError(f"--placement-trial-steps must be at least 1, got {self.placement_trial_steps}")
-        for name in ("placement_min_gain_frac", "placement_confirm_frac"):
+        if any(w < 1 for w in self.trial_windows):
+            raise ValueError(f"--trial-windows must be at least 1 each, got {self.trial_windows}")
+        for name in ("placement_min_gain_frac", "placement_confirm_frac", "trial_window_min_gain_frac"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
 
@@ -299,7 +311,8 @@ def simulate(config: SimConfig, until_s: float | None = None, measure_slo: bool 
     choice = None
     if config.placement == "auto" and getattr(make(config.policy), "shapes", ()):
         choice = choose(config, pipelines=len(expand(config.workload)), devices=_devices(config), simulate=simulate)
-        config = replace(config, placement=choice.shape)
+        config = replace(config, placement=choice.shape,
+                         sched=replace(config.sched, window=choice.window) if choice.window else config.sched)
     runs, node, grid, pol = build(config)
     why = refusal(pol, needs(runs, node))
     if why is not None:  # before the run: the row says why, no simulated time is spent

@@ -71,7 +71,7 @@ def test_jigsaw_is_placed_by_a_trial_on_samples_the_run_never_draws(monkeypatch)
     real = run.simulate
 
     def spy(config, until_s=None, **kw):
-        seen.append((config.seed, config.steps, config.placement, config.trace))
+        seen.append((config.seed, config.steps, config.placement, config.trace, config.sched.window))
         return real(config, until_s, **kw)
 
     monkeypatch.setattr(run, "simulate", spy)  # simulate() hands itself to the trials (sim/placement.py)
@@ -79,8 +79,10 @@ def test_jigsaw_is_placed_by_a_trial_on_samples_the_run_never_draws(monkeypatch)
     trials = {t.shape: t for t in res.placement.trials}
     assert set(trials) == {"colocated", "split", "disaggregated", "shared-pool"}
     assert seen and all(seed == choose_mod.TRIAL_SEED + 3 and steps == 3 and not trace
-                        for seed, steps, _, trace in seen)
-    assert sorted(shape for *_, shape, _ in seen) == sorted(trials)
+                        for seed, steps, _, trace, _ in seen)
+    assert sorted(shape for *_, shape, _, _ in seen) == sorted(trials)
+    # on split, which shares no device, no other window is tried (sim/placement.py `_window`)
+    assert {w for *_, w in seen} == {APART.sched.window} and res.placement.window_trials == ()
     # the shortest trial wins here by far more than the least gain: split; the shapes tried
     # after it were stopped once they passed it
     ran = {s: t.makespan_s for s, t in trials.items() if t.makespan_s is not None}
@@ -195,8 +197,59 @@ def test_sharing_ahead_by_one_trials_noise_is_tried_on_other_samples_before_it_i
     assert res.makespan_s == simulate(replace(cfg, policy="split")).makespan_s
 
 
+def test_jigsaw_runs_the_window_whose_trial_on_the_kept_shape_beats_its_own_by_the_least_gain(monkeypatch):
+    # Search-R1 beside Llama-3.1-8B, 3 steps: on the trial samples W = 1 ends 2.3% before the
+    # default W = 2 (46.7 s, 47.8 s), W = 3 no sooner than W = 1 (the 32B SWE-agent pair of
+    # bench/shipped_pairs.py is the same at 8 steps, 2-5% on three seeds, too slow for a test).
+    seen = []
+    real = run.simulate
+
+    def spy(config, until_s=None, **kw):
+        seen.append((config.seed, config.placement, config.sched.window, until_s))
+        return real(config, until_s, **kw)
+
+    monkeypatch.setattr(run, "simulate", spy)
+    cfg = SimConfig(workload=("qwen3-4b-search-r1", "llama-3.1-8b-instruct-gsm8k"), steps=3, trace=False,
+                    policy="jigsaw", trial_windows=(1, 3))
+    res = real(cfg)
+    choice = res.placement
+    kept = next(t.makespan_s for t in choice.trials if t.shape == choice.shape)
+    tried = dict(choice.window_trials)
+    assert set(tried) == {1, 3}
+    assert [(seed, shape) for seed, shape, w, _ in seen if w != 2] == [(choose_mod.TRIAL_SEED, choice.shape)] * 2
+    w1 = tried[1].makespan_s
+    assert w1 * 1.01 <= kept  # the least gain, past it
+    assert choice.window == 1 and res.config.sched.window == 1 and "window 1" in choice.summary()
+    # W = 3 was stopped once it could no longer beat W = 1 by the least gain; run whole, it does not
+    assert tried[3].cut_s == pytest.approx(w1 / 1.01)
+    full3 = real(replace(cfg, placement=choice.shape, steps=3, seed=choose_mod.TRIAL_SEED,
+                         sched=replace(cfg.sched, window=3))).makespan_s
+    assert full3 > tried[3].cut_s
+    # the run is W = 1 on that shape: greedy's run there, to the event
+    greedy = real(replace(cfg, policy="greedy", placement=choice.shape))
+    assert res.makespan_s == greedy.makespan_s
+    # a gain below the least one keeps the scheduler's window
+    strict = real(replace(cfg, trial_window_min_gain_frac=0.05))
+    assert strict.placement.window is None and strict.config.sched.window == 2
+
+
+def test_no_window_trial_for_greedy_or_without_other_windows(monkeypatch):
+    windows = []
+    real = run.simulate
+
+    def spy(config, until_s=None, **kw):
+        windows.append(config.sched.window)
+        return real(config, until_s, **kw)
+
+    monkeypatch.setattr(run, "simulate", spy)
+    assert real(replace(APART, policy="greedy", steps=2)).placement.window_trials == ()
+    assert real(replace(APART, policy="jigsaw", steps=2, trial_windows=(2,))).placement.window_trials == ()
+    assert set(windows) == {2}  # greedy's trials are W = 1 by its policy, not by its config
+
+
 @pytest.mark.parametrize("field, value", [("placement_trial_steps", 0), ("placement_min_gain_frac", -0.01),
-                                          ("placement_confirm_frac", 1.0)])
+                                          ("placement_confirm_frac", 1.0), ("trial_window_min_gain_frac", 1.0),
+                                          ("trial_windows", (0,))])
 def test_placement_trial_settings_out_of_range_are_refused_with_the_flag_named(field, value):
     with pytest.raises(ValueError, match=f"--{field.replace('_', '-')}"):
         replace(APART, **{field: value})
