@@ -261,12 +261,28 @@ def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float)
     points = ctx.feasible(P, x, y, sm_x)
     if S.watch and (x in S.watch or y in S.watch):
         points = dl.keeping(P, S, ctx, x, y, points, sm_x)
+    alone = len(P.tasks[x].devices) == 1 and len(P.tasks[y].devices) == 1
     for pt in points:
-        ex, ey = pt[1] * rx, pt[2] * ry  # pt.slowdown, pt.partner_slowdown (indexed: hot)
+        ex, ey = _pair_ends(pt, rx, ry, alone)
         key = (ex, ey) if ex >= ey else (ey, ex)
         if best_key is None or _earlier(key, best_key):
             best, best_key = pt, key
     return best
+
+
+def _pair_ends(pt: PairPoint, rx: float, ry: float, alone: bool) -> tuple[float, float]:
+    """When X and Y (rx, ry exclusive seconds left) end beside each other at point pt; with
+    `alone` (both on this device only), the one left runs alone once the other ends, as
+    `cost` counts it.  Without that, a split that starves the shorter side (a decode on a
+    sliver of KV memory, slowdown 3) looks better for the longer than an even one, though
+    the two then clear less work than either alone."""
+    ex, ey = pt[1] * rx, pt[2] * ry  # pt.slowdown, pt.partner_slowdown (indexed: hot)
+    if alone:
+        if ex < ey:
+            ey = ex + ry - ex / pt[2]
+        else:
+            ex = ey + rx - ey / pt[1]
+    return ex, ey
 
 
 def _earlier(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -291,7 +307,8 @@ def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Op
                     y = S.dev[d][0]
                     pt = _best_split(P, S, ctx, i, y, opt[1])
                     if pt is not None:
-                        ex, ey = pt[1] * S.rem_s[i], pt[2] * S.rem_s[y]
+                        ex, ey = _pair_ends(pt, S.rem_s[i], S.rem_s[y],
+                                            len(P.tasks[i].devices) == 1 and len(P.tasks[y].devices) == 1)
                         late, total = max(late, ex, ey), total + ex + ey
         if best_key is None or _earlier((late, total), best_key):
             best, best_key = opt, (late, total)

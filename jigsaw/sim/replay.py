@@ -279,9 +279,12 @@ class DecisionReplay:
     """Replayed plans the policy failed to make (the node's fallback decided), and why."""
 
 
-def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = None) -> DecisionReplay:
+def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = None,
+                     compare: tuple[str, ...] = ("started", "assignments", "fallback")) -> DecisionReplay:
     """Feed a daemon trace's inputs to a fresh NodeState and re-decide at every plan event.
-    `sched` replaces the recorded scheduler config (what would another setting have decided?)."""
+    `sched` replaces the recorded scheduler config (what would another setting have decided?);
+    `compare`: the fields of a plan that must come out as recorded (without "assignments", a
+    trace recorded by a scheduler that priced shares otherwise still checks what it started)."""
     from jigsaw.node.inputs import Inbox
 
     replaying = _Replaying(Inbox(_node_state(trace, grid, sched)))
@@ -299,7 +302,7 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
             mine = got.record() if got is not None else None
             if got is not None and got.fallback:
                 fallbacks.append(f"t={e.t_s:.6f}: {got.fallback}")
-            if mine is None or any(mine[k] != e.data.get(k) for k in ("started", "assignments", "fallback")):
+            if mine is None or any(mine[k] != e.data.get(k) for k in compare):
                 mismatches.append(f"t={e.t_s:.6f}: plan {_brief(mine)} differs from the recorded {_brief(e.data)}")
     return DecisionReplay(plans=plans, differ=len(mismatches), mismatches=tuple(mismatches[:20]),
                           fallbacks=tuple(fallbacks))

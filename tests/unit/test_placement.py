@@ -177,8 +177,10 @@ def test_a_close_sharing_choice_is_tried_again_and_kept_only_if_both_trials_say_
 
 
 def test_sharing_ahead_by_one_trials_noise_is_tried_on_other_samples_before_it_is_kept(monkeypatch):
-    # Qwen3-4B-Instruct GSM8K ×2: on the trial seed sharing is 2.5% ahead of split; on other
-    # samples it is behind (bench/shipped_pairs.py, seed 0: it was kept, and ran 2.7% behind).
+    # DeepSeek-R1-Distill-14B MATH ×2 on 8 A100: on the trial seed sharing is 4.4% ahead of
+    # split, inside the 5% a second trial is asked for; on the second seed's samples it is
+    # 2.8% ahead, and over both 3.6%: kept.  (The turn-around case, where the second trial
+    # sends it to split, is test_a_close_sharing_choice_is_tried_again_and_kept_only_if_both_trials_say_so.)
     seen = []
     real = run.simulate
 
@@ -187,14 +189,17 @@ def test_sharing_ahead_by_one_trials_noise_is_tried_on_other_samples_before_it_i
         return real(config, until_s, **kw)
 
     monkeypatch.setattr(run, "simulate", spy)
-    cfg = SimConfig(workload=("qwen3-4b-instruct-gsm8k",) * 2, steps=8, trace=False)
+    cfg = SimConfig(workload=("deepseek-r1-distill-qwen-14b-math",) * 2, steps=8, trace=False)
     res = real(replace(cfg, policy="jigsaw"))
     first = {t.shape: t.makespan_s for t in res.placement.trials}
     assert first["colocated"] * 1.02 <= first["split"] < first["colocated"] * 1.05  # close, past the least gain
     assert sorted(s for s in seen if s[0] == choose_mod.CONFIRM_SEED) == [
         (choose_mod.CONFIRM_SEED, "colocated"), (choose_mod.CONFIRM_SEED, "split")]
-    assert res.placement.shape == "split" and "again on other samples" in res.placement.summary()
-    assert res.makespan_s == simulate(replace(cfg, policy="split")).makespan_s
+    again = {t.shape: t.makespan_s for t in res.placement.confirm}
+    shared, apart = first["colocated"] + again["colocated"], first["split"] + again["split"]
+    kept = "colocated" if shared * 1.02 <= apart else "split"
+    assert res.placement.shape == kept == "colocated" and "again on other samples" in res.placement.summary()
+    assert res.makespan_s == real(replace(cfg, policy="jigsaw", placement=kept)).makespan_s
 
 
 def test_jigsaw_runs_the_window_whose_trial_on_the_kept_shape_beats_its_own_by_the_least_gain(monkeypatch):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from jigsaw import protocol as pr
 from jigsaw.graph.graph import SubStageGraph
-from jigsaw.graph.plan import NodeSpec, PipelineState
+from jigsaw.graph.plan import Budget, NodeSpec, PipelineState
 from jigsaw.graph.policies import make
 from jigsaw.graph.schedule import schedule
 from jigsaw.graph.slo import Deadline, StepOutcome, attainment, check_slo, exclusive_step_s
@@ -165,15 +165,24 @@ def test_a_registered_slo_below_one_is_refused_and_one_above_reaches_the_pipelin
 
 
 def test_the_memory_split_is_held_to_the_deadline_not_only_the_sm_share():
-    """Beside a long-CoT job's rollout the short job's rollout is slow at every SM share when
-    it gets a fifth of the memory: only the memory split keeps its SLO (without the SLO, or
-    with the split left to throughput, its steps run about 3× their time alone)."""
-    from jigsaw.sim.run import SimConfig, simulate
+    """A's 1 s tail may join B's long one (10 s left).  Two tails on the prior split by memory
+    only (every SM share gives the same slowdowns): an even split ends A at 1.65 s and B
+    soonest, A at four fifths of the memory ends at 1.53 s.  Free, A gets the even split;
+    held to 1.6× its step (1.6 s), only the memory split keeps it."""
+    a = chain("A", [("tail", K.ROLLOUT_TAIL, 1.0, 10)])
+    b = chain("B", [("tail", K.ROLLOUT_TAIL, 12.0, 10)])
+    options = {(round(s_a, 4), round(s_b, 4)) for *_, s_a, s_b in PRIOR.pair_options("rollout_tail", "rollout_tail")}
+    assert options == {(3.1967, 1.5326), (1.6466, 1.6466), (1.5326, 3.1967)}  # what the docstring says
 
-    pair = ("qwen3-4b-instruct-gsm8k", "qwen3-4b-longcot-empirical")
-    held = simulate(SimConfig(workload=pair, policy="jigsaw", steps=2, slo=(2.0, 0), trace=False)).pipelines[0]
-    assert held.slo_kept == (2, 2), [lat / ex for lat, ex in zip(held.step_latency_s, held.exclusive_step_s)]
-    # the same samples unheld (the other job held instead, so both runs are placed alike): past 2×
-    free = simulate(SimConfig(workload=pair, policy="jigsaw", steps=2, slo=(0.0, 2.0), trace=False)).pipelines[0]
-    alone_s = sum(held.exclusive_step_s)
-    assert sum(free.step_latency_s) > 2.0 * alone_s, "without the SLO the pair is no test of it"
+    def tails(deadline: Deadline | None) -> list[PipelineState]:
+        return [PipelineState(graph=a, devices=(0,), deadline=deadline),
+                PipelineState(graph=b, devices=(0,), running={"B/0/r0/tail": Budget(sm_frac=1.0, mem_frac=1.0)},
+                              remaining_s={"B/0/r0/tail": 10.0})]
+
+    free = next(x for x in schedule(tails(None), NODE, PRIOR).assignments if x.pipeline == "A")
+    plan = schedule(tails(Deadline(step=0, slo_slowdown=1.6, start_s=0.0, exclusive_s=1.0)), NODE, PRIOR)
+    held = next(x for x in plan.assignments if x.pipeline == "A")
+    assert free.slowdown == pytest.approx(1.6466) and held.slowdown == pytest.approx(1.5326)
+    assert held.mem_bytes > free.mem_bytes
+    (f,) = plan.slo
+    assert f.kept and f.predicted_end_s <= 1.6 + 1e-9

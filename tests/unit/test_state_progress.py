@@ -91,7 +91,7 @@ def test_ready_tasks_set_aside_on_full_devices_change_no_plan(monkeypatch):
     the same plans as testing every one of them."""
     from jigsaw.sim.execute import execute
 
-    rng = random.Random(2)  # seed 2: gangs are ready beside more than _FEW_READY others, 6 times
+    rng = random.Random(4)  # seed 4: gangs are ready beside more than _FEW_READY others, 6 times
     pipes = [PipelineState(graph=grpo(rng, name, 12, 3).then(grpo(rng, name, 12, 2, step=1)),
                            devices=tuple(range(12))) for name in "ABC"]
     node = NodeSpec(num_devices=12, mem_bytes=80 * 2**30)
