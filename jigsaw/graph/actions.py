@@ -261,13 +261,18 @@ def _best_split(P: Problem, S: State, ctx: Context, x: int, y: int, sm_x: float)
     points = ctx.feasible(P, x, y, sm_x)
     if S.watch and (x in S.watch or y in S.watch):
         points = dl.keeping(P, S, ctx, x, y, points, sm_x)
-    alone = len(P.tasks[x].devices) == 1 and len(P.tasks[y].devices) == 1
+    alone = _single_device(P, x, y)
     for pt in points:
         ex, ey = _pair_ends(pt, rx, ry, alone)
         key = (ex, ey) if ex >= ey else (ey, ex)
         if best_key is None or _earlier(key, best_key):
             best, best_key = pt, key
     return best
+
+
+def _single_device(P: Problem, x: int, y: int) -> bool:
+    """Do tasks x and y both run on one device only (so the one left runs alone there)?"""
+    return len(P.tasks[x].devices) == 1 and len(P.tasks[y].devices) == 1
 
 
 def _pair_ends(pt: PairPoint, rx: float, ry: float, alone: bool) -> tuple[float, float]:
@@ -307,8 +312,7 @@ def local_split(P: Problem, S: State, ctx: Context, item: Item, options: list[Op
                     y = S.dev[d][0]
                     pt = _best_split(P, S, ctx, i, y, opt[1])
                     if pt is not None:
-                        ex, ey = _pair_ends(pt, S.rem_s[i], S.rem_s[y],
-                                            len(P.tasks[i].devices) == 1 and len(P.tasks[y].devices) == 1)
+                        ex, ey = _pair_ends(pt, S.rem_s[i], S.rem_s[y], _single_device(P, i, y))
                         late, total = max(late, ex, ey), total + ex + ey
         if best_key is None or _earlier((late, total), best_key):
             best, best_key = opt, (late, total)

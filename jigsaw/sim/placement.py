@@ -94,8 +94,7 @@ def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
 
 def _shape(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
     pol = make(config.policy, config.sched)
-    trial_cfg = replace(config, steps=min(config.steps, config.placement_trial_steps),
-                        seed=TRIAL_SEED + config.seed, trace=False)
+    trial_cfg = _trial_config(config)
     trials: list[Trial] = []
     for name, placed in distinct(pol.shapes, pipelines, devices).items():
         if isinstance(placed, str):  # the shape cannot hold them on this node
@@ -135,6 +134,12 @@ def _shape(config: Any, *, pipelines: int, devices: int, simulate: Callable[...,
                   confirm=confirm)
 
 
+def _trial_config(config: Any) -> Any:
+    """`config` as a trial runs it: its first steps, on the trial seed's samples, untraced."""
+    return replace(config, steps=min(config.steps, config.placement_trial_steps), seed=TRIAL_SEED + config.seed,
+                   trace=False)
+
+
 def _window(config: Any, choice: Choice, simulate: Callable[..., Any]) -> Choice:
     """`choice` with the window of the fastest trial on its shape: each of
     `config.trial_windows` other than the scheduler's own, kept only if it beats the shape's
@@ -146,8 +151,7 @@ def _window(config: Any, choice: Choice, simulate: Callable[..., Any]) -> Choice
     if make(config.policy, config.sched).name != "jigsaw" or not others or choice.shape == "split":
         return choice
     base = next(t.makespan_s for t in choice.trials if t.shape == choice.shape)
-    trial_cfg = replace(config, steps=min(config.steps, config.placement_trial_steps),
-                        seed=TRIAL_SEED + config.seed, trace=False, placement=choice.shape)
+    trial_cfg = replace(_trial_config(config), placement=choice.shape)
     gain = 1.0 + config.trial_window_min_gain_frac
     best, best_s, tried = None, base, []
     for w in others:
