@@ -247,8 +247,12 @@ def test_no_window_trial_for_greedy_or_without_other_windows(monkeypatch):
         return real(config, until_s, **kw)
 
     monkeypatch.setattr(run, "simulate", spy)
-    assert real(replace(APART, policy="greedy", steps=2)).placement.window_trials == ()
-    assert real(replace(APART, policy="jigsaw", steps=2, trial_windows=(2,))).placement.window_trials == ()
+    # placed on a shape that shares devices (APART is placed split, where no window is tried)
+    shared = SimConfig(workload=("qwen3-4b-search-r1", "llama-3.1-8b-instruct-gsm8k"), steps=2, trace=False)
+    greedy = real(replace(shared, policy="greedy")).placement
+    assert greedy.shape != "split" and greedy.window_trials == ()
+    jigsaw = real(replace(shared, policy="jigsaw", trial_windows=(2,))).placement
+    assert jigsaw.shape != "split" and jigsaw.window_trials == ()
     assert set(windows) == {2}  # greedy's trials are W = 1 by its policy, not by its config
 
 
