@@ -3,7 +3,8 @@
     model.py     models and tokenizers, no download (a tiny Qwen3 made locally)
     rollout.py   RolloutEngine: one DP worker's generation on transformers' continuous batching
     dp.py        DPRollout: a worker process per DP rank; generate, poll, migrate, weights
-    training.py  Trainer: FSDP2 over gloo (NCCL on GPUs) in spawned rank processes (reference, GRPO step)
+    training.py  Trainer: FSDP2 over gloo (NCCL on GPUs) in rank processes (reference, GRPO step)
+    procs.py     where workers and ranks start: a fork server that imported torch once
     grpo.py      GRPO math on plain tensors (advantages, log-probs, the loss)
     rewards.py   verifiable rewards (reasoning-gym tasks)
     sandbox.py   a tool call's sandbox: model-written Python with no network, bounded time and memory

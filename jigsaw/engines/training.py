@@ -1,7 +1,7 @@
 """GRPO trainer: FSDP2 (`fully_shard`) over gloo (CPU) or NCCL (a GPU per rank) in `world_size`
-spawned rank processes.
+rank processes (started from procs.py's fork server).
 
-    parent (Trainer)                                  rank r of world_size (spawned)
+    parent (Trainer)                                  rank r of world_size
     ────────────────                                  ──────────────────────────────
     TCPStore on 127.0.0.1:<OS-chosen port> ─────────► init_process_group("gloo", store)
                                                       load(model_config) → policy, fully_shard
@@ -33,19 +33,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing as mp
 import os
 import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
 from typing import Any, Self
 
 import torch
 
+from jigsaw.engines import procs
 from jigsaw.engines.grpo import (
     Sample,
     collate,
@@ -121,7 +121,7 @@ class Trainer:
         except BaseException:
             self.close(graceful=False)
             raise
-        self.start_s = time.monotonic() - start_s  # spawn → every rank ready (imports dominate)
+        self.start_s = time.monotonic() - start_s  # start → every rank ready
 
     # ── public API ──────────────────────────────────────────────────────────────────────────
     def reference_logprobs(self, samples: Sequence[Sample],
@@ -208,13 +208,12 @@ class Trainer:
 
     # ── parent side plumbing ────────────────────────────────────────────────────────────────
     def _spawn(self, model_config: ModelConfig) -> None:
-        ctx = mp.get_context("spawn")  # fork would copy the parent's threads and torch state
         port = self._store.port
         for rank in range(self.config.world_size):
-            parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, name=f"jigsaw-train-rank{rank}", daemon=True,
-                               args=(rank, port, dataclasses.asdict(model_config),
-                                     dataclasses.asdict(self.config), child_end, self.board))
+            parent_end, child_end = Pipe()
+            proc = procs.process(_rank_main, (rank, port, dataclasses.asdict(model_config),
+                                              dataclasses.asdict(self.config), child_end, self.board),
+                                 name=f"jigsaw-train-rank{rank}")
             proc.start()
             child_end.close()
             self._procs.append(proc)
@@ -304,7 +303,7 @@ def _join_all(procs: Sequence[Any], timeout_s: float) -> None:
 # ── rank side ──────────────────────────────────────────────────────────────────────────────
 def _rank_main(rank: int, port: int, model_cfg: dict, train_cfg: dict, conn: Connection,
                board: Path | None = None) -> None:
-    """Entry point of a spawned rank: set up, then serve commands until "stop" or EOF."""
+    """Entry point of a rank process: set up, then serve commands until "stop" or EOF."""
     try:
         worker = _Rank(rank, port, ModelConfig(**model_cfg), TrainConfig(**train_cfg), board)
     except BaseException:  # noqa: BLE001 -- every failure goes to the parent, which raises it

@@ -126,8 +126,11 @@ def main(argv=None) -> int:
 def run(cfg: RecipeConfig) -> dict:
     import os
 
+    from jigsaw.engines import procs
+
+    procs.warm()  # the workers' imports run beside this process's own
     from jigsaw.engines.dp import DPRollout
-    from jigsaw.engines.model import ModelConfig, load
+    from jigsaw.engines.model import ModelConfig, load_tokenizer
     from jigsaw.engines.rewards import ReasoningGymTask
     from jigsaw.engines.rollout import RolloutConfig
     from jigsaw.engines.training import TrainConfig, Trainer
@@ -137,9 +140,7 @@ def run(cfg: RecipeConfig) -> dict:
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
     client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens)
     mc = ModelConfig(name=cfg.model, device=cfg.device, dtype=cfg.dtype)
-    model, tok = load(ModelConfig(name=cfg.model))  # here only for the tokenizer and the size: no GPU context
-    params = sum(p.numel() for p in model.parameters())
-    del model  # the workers hold the weights; this process only needs the tokenizer
+    tok = load_tokenizer(mc)  # the workers hold the weights (and say their number); this process only tokenizes
     task = ReasoningGymTask(cfg.task, seed=cfg.seed)
     say = _say(name)
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; "
@@ -150,6 +151,7 @@ def run(cfg: RecipeConfig) -> dict:
     # the workers follow the grants the client posts for them (a green side, the KV room)
     with DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
             Trainer(mc, train, board=client.board) as trainer:
+        params = dp.num_params
         for step in range(cfg.steps):
             wait_at_gate(say, step=step)
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))

@@ -202,6 +202,13 @@ def test_steps_reach_on_step_and_routing_weights(dp, prompts):
     assert [len(c.output_ids) for c in out] == budgets
 
 
+def test_the_workers_say_the_size_of_the_model_they_serve(dp, model_and_tok):
+    """The recipe prices FLOPs with it and never loads the model itself."""
+    model, _ = model_and_tok
+    assert dp.num_params == sum(p.numel() for p in model.parameters()) > 0
+    assert len(set(dp.pids)) == dp.num_workers
+
+
 def test_update_weights_changes_outputs_and_keeps_serving(dp, prompts, model_and_tok):
     model, _ = model_and_tok
     before = dp.generate(prompts[:2], 16)
