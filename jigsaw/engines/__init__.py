@@ -5,6 +5,7 @@
     dp.py        DPRollout: a worker process per DP rank; generate, poll, migrate, weights
     training.py  Trainer: FSDP2 over gloo (NCCL on GPUs) in rank processes (reference, GRPO step)
     procs.py     where workers and ranks start: a fork server that imported torch once
+    forkserver_exit.py  the fork server's last preload: its own exit skips interpreter teardown
     grpo.py      GRPO math on plain tensors (advantages, log-probs, the loss)
     rewards.py   verifiable rewards (reasoning-gym tasks)
     sandbox.py   a tool call's sandbox: model-written Python with no network, bounded time and memory

@@ -27,9 +27,12 @@ from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
+from jigsaw.engines import forkserver_exit
+
 PRELOAD = ("torch", "transformers.models.qwen3.modeling_qwen3", "jigsaw.engines.model", "jigsaw.engines.rollout",
-           "jigsaw.engines.training")
-"""Imported once in the fork server (an import that fails there is left to the child, as spawn would)."""
+           "jigsaw.engines.training", "jigsaw.engines.forkserver_exit")
+"""Imported once in the fork server (an import that fails there is left to the child, as spawn
+would); the last one makes the server's own exit quick."""
 
 
 def _context() -> BaseContext:
@@ -42,12 +45,17 @@ def warm() -> None:
     """Start the fork server now, so that its imports run beside the caller's own (a recipe
     imports torch and builds its tokenizer meanwhile)."""
     _context()
-    forkserver.ensure_running()
+    os.environ[forkserver_exit.MARK] = "1"  # the server's environment alone: forkserver_exit.py
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(forkserver_exit.MARK, None)
 
 
 def process(target: Callable[..., None], args: tuple, *, name: str) -> BaseProcess:
     """A daemonic engine process (not started) that runs target(*args) from the fork server,
     with this process's environment and cores as of now."""
+    warm()
     return _context().Process(target=_as_spawned, name=name, daemon=True,
                               args=(dict(os.environ), sorted(os.sched_getaffinity(0)), target, *args))
 

@@ -11,13 +11,15 @@ from multiprocessing.connection import Pipe
 
 import pytest
 
-from jigsaw.engines import procs
+from jigsaw.engines import forkserver_exit, procs
 
 
 def _report(conn, names: list[str]) -> None:
     """In the child: what it inherited, before it imports anything itself."""
     conn.send({"env": os.environ.get("JIGSAW_TEST_PROCS"), "cores": sorted(os.sched_getaffinity(0)),
-               "preloaded": [n for n in names if n in sys.modules], "pid": os.getpid()})
+               "preloaded": [n for n in names if n in sys.modules], "pid": os.getpid(),
+               "quick_exit": sys.modules["jigsaw.engines.forkserver_exit"].ARMED,
+               "mark": os.environ.get(forkserver_exit.MARK)})
     conn.close()
 
 
@@ -49,6 +51,14 @@ def test_an_engine_process_has_torch_already_and_the_callers_environment_and_cor
         os.sched_setaffinity(0, cores)
     assert later["env"] == "set after the server started"
     assert later["cores"] == (cores[:1] if len(cores) > 1 else cores)
+
+
+def test_only_the_fork_server_skips_its_teardown_at_exit():
+    """Its forks inherit the armed module (and leave through os._exit anyway); the caller, and
+    the environment it hands on, never carry the mark."""
+    got = _start()
+    assert got["quick_exit"] is True and got["mark"] is None
+    assert forkserver_exit.ARMED is False and forkserver_exit.MARK not in os.environ
 
 
 def test_the_tokenizer_alone_is_the_one_load_gives_and_needs_no_modeling_code():
