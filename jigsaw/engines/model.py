@@ -57,12 +57,8 @@ def load(config: ModelConfig = ModelConfig()):
         raise ValueError(f"device {config.device!r} / dtype {config.dtype!r}: cpu or cuda, float32 or bfloat16")
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda: this machine has no usable CUDA device (torch.cuda.is_available() is False)")
-    if config.name == "tiny-qwen3":
-        model, tok = _tiny(config), tokenizer(config.vocab_size)
-    elif config.name == "smollm2-135m":
-        model, tok = _smollm2()
-    else:
-        raise ValueError(f"unknown model {config.name!r}; use tiny-qwen3 or smollm2-135m")
+    tok = load_tokenizer(config)  # an unknown model name fails here
+    model = _tiny(config) if config.name == "tiny-qwen3" else _smollm2()
     device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
     return model.to(device=device, dtype=getattr(torch, config.dtype)), tok
 
@@ -72,7 +68,7 @@ def load_tokenizer(config: ModelConfig = ModelConfig()):
     if config.name == "tiny-qwen3":
         return tokenizer(config.vocab_size)
     if config.name == "smollm2-135m":
-        return _smollm2_tokenizer(*_smollm2_files())
+        return _smollm2_tokenizer(_smollm2_files())
     raise ValueError(f"unknown model {config.name!r}; use tiny-qwen3 or smollm2-135m")
 
 
@@ -119,8 +115,10 @@ def _smollm2_files() -> tuple[Path, Path]:
     return pkg, gguf
 
 
-def _smollm2_tokenizer(pkg: Path, gguf: Path):
+def _smollm2_tokenizer(files: tuple[Path, Path]):
     from transformers import AutoTokenizer
+
+    pkg, gguf = files
 
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=gguf.name)
     tok.padding_side = "left"
@@ -134,11 +132,9 @@ def _smollm2():
     from transformers import AutoModelForCausalLM
 
     pkg, gguf = _smollm2_files()
-    tok = _smollm2_tokenizer(pkg, gguf)
-
     gg = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model counts as quantized (no .float(), no save_pretrained): move its
     # dequantised weights into a plain model of the same class.
     model = type(gg)(gg.config).to(torch.float32)
     model.load_state_dict(gg.state_dict())
-    return model.eval(), tok
+    return model.eval()
