@@ -32,8 +32,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=DemoConfig().max_new_tokens)
     ap.add_argument("--repeats", type=int, default=DemoConfig().repeats)
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/jigsaw-cpu-demo"))
-    ap.add_argument("--workload", choices=("math", "agentic"), default="math",
-                    help="agentic: the first pipeline calls a sandboxed Python tool between its 3 turns")
+    ap.add_argument("--workload", choices=("math", "agentic", "async"), default="math",
+                    help="agentic: the first pipeline calls a sandboxed Python tool between its 3 turns; "
+                         "async: the first pipeline is one-step off-policy")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="which modes to run")
     ap.add_argument("--pipelines", type=int, default=len(DemoConfig().seeds),
                     help="pipelines side by side (seeds 1..N); more than the cores: static caps each at an equal "

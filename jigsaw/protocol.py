@@ -57,6 +57,7 @@ MAX_WAIT_S = 60.0
 # ids are built from, so they cannot hold the id separator.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
+JOB_PATTERN = r"^$|" + NAME_PATTERN
 NAME_RULE = "1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
 MAX_TOKEN, MAX_REF, MAX_REQ = 128, 512, 1 << 62
 Token = Annotated[str, Meta(max_length=MAX_TOKEN)]
@@ -103,6 +104,10 @@ class Register(_Msg, tag="register"):
     slo_slowdown: Annotated[float, Meta(ge=0.0, le=1000.0)] = 0.0
     """Its steps may take at most this × their exclusive time (`jigsaw run --slo`, >= 1;
     0: no SLO); the scheduler keeps it where it can and says when it cannot."""
+    job: Annotated[str, Meta(pattern=JOB_PATTERN)] = ""
+    """The asynchronous job this pipeline is one side of (its rollout or its training, joined
+    by a sample buffer: graph/buffer.py); "" for a pipeline that is a whole job.  Policies
+    that give the node to one job at a time (serial) give it to both sides together."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):

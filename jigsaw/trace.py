@@ -24,7 +24,10 @@
                 plan       the daemon decided (data: started, assignments, decisions, fallback)
                 open       a sub-stage ran without the daemon (fail-open; data: reason, kind, rank, step)
                 migration  requests moved between DP workers (data: target, delta_s)
-                step       an RL step finished (data: latency_s, tokens, samples, flops)
+                step       an RL step finished (data: latency_s, tokens, samples, flops; an
+                           asynchronous side's: job, weights_version, and staleness or carried)
+                weights    new weights reached a running fully-async rollout: its requests
+                           interrupted, resumed with their partial output (data: step, resumed)
                 telemetry  an NVML sample of `device`, pipeline "" (jigsaw.mux.telemetry; data:
                            sm_util_frac = fraction of the sample period some kernel ran,
                            mem_used_bytes, mem_total_bytes, processes = {"pid": bytes or null})
@@ -47,7 +50,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 EVENTS = ("node", "pipeline", "request", "grant", "delivered", "release", "host", "done", "drop", "plan", "open",
-          "migration", "step", "telemetry", "progress", "samples", "lengths", "no_rollout", "forecast", "migrate")
+          "migration", "step", "telemetry", "progress", "samples", "lengths", "no_rollout", "forecast", "migrate",
+          "weights")
 log = logging.getLogger("jigsaw.trace")
 
 

@@ -7,6 +7,9 @@ the shipped priors use the real files in profiles/.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec, PipelineState
 from jigsaw.graph.substage import SubStage
@@ -78,3 +81,29 @@ def colocated(**fields):
     from jigsaw.sim.run import SimConfig
 
     return SimConfig(placement="colocated", **fields)
+
+
+def workload_toml(fields: dict) -> str:
+    """A workload TOML of these fields (nested tables as sections), every parameter sourced
+    'hypothesis'."""
+    def value(v):
+        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+
+    top = [f"{k} = {value(v)}" for k, v in fields.items() if not isinstance(v, dict)]
+    sections = [f"[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
+                for k, v in fields.items() if isinstance(v, dict)]
+    paths = [k for k, v in fields.items() if not isinstance(v, dict)]
+    paths += [f"{k}.{kk}" for k, v in fields.items() if isinstance(v, dict) for kk in v]
+    provenance = "[provenance]\n" + "\n".join(f'"{p}" = "hypothesis"' for p in paths)
+    return "\n".join([*top, "", *sections, provenance, ""])
+
+
+def write_workloads(pipes: list[dict], where: Path) -> tuple[str, ...]:
+    """Each pipeline's fields as w<i>.toml under `where`; their paths."""
+    where.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, fields in enumerate(pipes):
+        path = where / f"w{i}.toml"
+        path.write_text(workload_toml({"name": f"w{i}", "description": "drawn", **fields}))
+        out.append(str(path))
+    return tuple(out)

@@ -74,7 +74,7 @@ def run(args: Args) -> int:
         for name in sorted(wl.shipped()):
             console.print(f"{name:36s} {wl.get(name).description}")
         return 0
-    policies = _policies(args.sim.policy)
+    policies = _policies(args.sim.policy, asynchronous=_asynchronous(args.sim))
     from jigsaw.sim.cost import check_price
 
     check_price(args.usd_per_gpu_hour)
@@ -132,10 +132,24 @@ def _violations(results: dict, log) -> bool:
     return any(r.violations for r in results.values())
 
 
-def _policies(spec: str) -> list[str]:
-    from jigsaw.graph.policies import NAMES
+def _asynchronous(config: SimConfig) -> bool:
+    """Whether a pipeline of the run is asynchronous (False where the workloads do not load:
+    the run itself then says why)."""
+    from jigsaw.sim.run import pipelines
 
-    names = list(NAMES) if spec == "all" else [p for p in spec.split(",") if p]
+    try:
+        return any(spec.is_async for spec, *_ in pipelines(config))
+    except (KeyError, ValueError):
+        return False
+
+
+def _policies(spec: str, asynchronous: bool = True) -> list[str]:
+    """The policies `spec` names; 'all' leaves out the asynchronous systems' baselines
+    (streamrl, areal: split by another name) when every pipeline is synchronous."""
+    from jigsaw.graph.policies import ASYNC_ONLY, NAMES
+
+    names = [p for p in NAMES if asynchronous or p not in ASYNC_ONLY] if spec == "all" else \
+        [p for p in spec.split(",") if p]
     unknown = [p for p in names if p not in NAMES]
     if unknown or not names:
         raise ValueError(f"unknown policy {unknown or spec!r}; choose from {', '.join(NAMES)} or 'all'")

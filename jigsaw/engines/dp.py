@@ -9,6 +9,8 @@
              └─ on_poll(self)  ──► migrate(source, target):
                    "abort_all" on source ─► partials ─► "submit" Request(partial_ids=…) on target
       update_weights(state_dict) ── torch.save bytes ──► "update_weights" on every worker (paused CB)
+      reload(state_dict), from on_poll: "abort_all" everywhere ─► update_weights ─► each worker's
+               partials "submit"ted back to it (fully async: resumed under the new weights)
       pids, num_params (each worker's hello)
       pids ──► whoever binds the workers to a partition (the client, mux/partition/bind.py); a worker's
                generation threads follow the cores it may use
@@ -63,6 +65,8 @@ class DPRollout:
         self.poll_interval_s, self.rpc_timeout_s = poll_interval_s, rpc_timeout_s
         self.migrated = 0
         """Requests moved by migrate() so far."""
+        self.resumed = 0
+        """Requests stopped by reload() and resumed under new weights, so far."""
         self.finished_on: dict[str, int] = {}
         """Rank each sample of the last generate() finished on (after any migration)."""
         self.moves: list[tuple[str, int, int, int]] = []
@@ -160,23 +164,44 @@ class DPRollout:
         those that finished during the move are kept as finished."""
         if source == target:
             return 0
-        moved = []
-        for c in self._rpc(source, "abort_all"):
+        moved = self._abort(source)
+        for req in moved:
+            self.moves.append((req.rid, source, target, len(req.partial_ids)))
+            self._pending[req.rid].rank = target
+        if moved:
+            self._rpc(target, "submit", moved)
+        self.migrated += len(moved)
+        return len(moved)
+
+    def reload(self, state_dict) -> int:
+        """New weights in the middle of generate() (fully asynchronous RL, AReaL's
+        interruptible rollout): every request in flight stops, the weights load, and each
+        request goes on where it was with what it generated (its KV recomputed under the new
+        weights).  Returns how many resumed; one that finished meanwhile is kept as finished."""
+        stopped = {rank: self._abort(rank) for rank in range(self.num_workers)}
+        self.update_weights(state_dict)
+        for rank, reqs in stopped.items():
+            if reqs:
+                self._rpc(rank, "submit", reqs)
+        resumed = sum(len(reqs) for reqs in stopped.values())
+        self.resumed += resumed
+        return resumed
+
+    def _abort(self, rank: int) -> list[Request]:
+        """Stop every request in flight on `rank`: each as a Request carrying its partial output
+        (those that finished before the abort reached them are finished here)."""
+        out = []
+        for c in self._rpc(rank, "abort_all"):
             if c.finished:  # finished after our last poll, before the abort reached it
                 self._finish(c)
                 continue
             entry = self._pending.get(c.rid)
             if entry is None:
-                raise WorkerError(f"worker {source} aborted {c.rid!r}, which is not pending")
+                raise WorkerError(f"worker {rank} aborted {c.rid!r}, which is not pending")
             req = entry.request
-            moved.append(Request(rid=req.rid, prompt_ids=req.prompt_ids, max_new_tokens=req.max_new_tokens,
-                                 partial_ids=c.output_ids, partial_logprobs=c.logprobs))
-            self.moves.append((req.rid, source, target, len(c.output_ids)))
-            entry.rank = target
-        if moved:
-            self._rpc(target, "submit", moved)
-        self.migrated += len(moved)
-        return len(moved)
+            out.append(Request(rid=req.rid, prompt_ids=req.prompt_ids, max_new_tokens=req.max_new_tokens,
+                               partial_ids=c.output_ids, partial_logprobs=c.logprobs))
+        return out
 
     # ---------------------------------------------------------------- control
 

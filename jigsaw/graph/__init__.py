@@ -26,6 +26,8 @@ Policies
     placement.py  where k pipelines go on n devices: the shapes the policies place by
     policy.py     the one Policy protocol, its View, and the look-ahead as a policy (Jigsaw)
     baselines.py  serial, split, static, muxserve, rollmux, hrrs
+    async_baselines.py  streamrl, areal: the asynchronous systems' placement
+    buffer.py     an asynchronous pipeline's sample buffer: staleness bound, weight versions
     policies.py   every policy by name (`make`)
 
 Nothing here holds a live node's facts or acts on a plan: that is jigsaw/node/ (one ledger,

@@ -150,7 +150,8 @@ def _first_come(view: View, b: _Builder) -> None:
 
 @dataclass
 class Serial:
-    """verl: one pipeline holds the node for a whole step, then the next one's turn."""
+    """verl: one job holds the node for a whole step, then the next one's turn (both sides of
+    an asynchronous job hold it together: its turn passes when neither runs)."""
 
     name: str = "serial"
     separable: bool = False
@@ -161,29 +162,32 @@ class Serial:
         return colocated(k, gpus)
 
     def plan(self, view: View) -> Plan:
-        names = [ps.graph.pipeline for ps in view.pipelines]
-        prog = dict(zip(names, view.progress))
+        jobs = {ps.graph.pipeline: pr.job or ps.graph.pipeline for ps, pr in zip(view.pipelines, view.progress)}
+        steps: dict[str, int] = {}
+        for ps, pr in zip(view.pipelines, view.progress):
+            steps[jobs[ps.graph.pipeline]] = max(steps.get(jobs[ps.graph.pipeline], -1), pr.step)
         b = _Builder(view)
-        if self.turn not in prog or (prog[self.turn].step > self.turn_step and not self._busy(view, self.turn)):
-            self._next_turn(names, prog)
+        if self.turn not in steps or (steps[self.turn] > self.turn_step and not self._busy(view, jobs, self.turn)):
+            self._next_turn(list(steps), steps)
         for ps in view.pipelines:
             b.keep_running(ps)
-            mine = ps.graph.pipeline == self.turn
+            mine = jobs[ps.graph.pipeline] == self.turn
             for s in _frontier(ps):  # another pipeline's request past max-wait starts too: the node promised it
                 if s.id in ps.aged or (mine and (s.kind.on_device is False or b.free([_device(ps, s)])
                                                  or s.id in ps.urgent)):
                     b.start(ps, s)
         return b.plan()
 
-    def _busy(self, view: View, name: str) -> bool:
-        return any(ps.running for ps in view.pipelines if ps.graph.pipeline == name)
+    @staticmethod
+    def _busy(view: View, jobs: dict[str, str], job: str) -> bool:
+        return any(ps.running for ps in view.pipelines if jobs[ps.graph.pipeline] == job)
 
-    def _next_turn(self, names: list[str], prog) -> None:
-        if self.turn in names:
-            nxt = names[(names.index(self.turn) + 1) % len(names)]
+    def _next_turn(self, jobs: list[str], steps: dict[str, int]) -> None:
+        if self.turn in jobs:
+            nxt = jobs[(jobs.index(self.turn) + 1) % len(jobs)]
         else:
-            nxt = names[0]
-        self.turn, self.turn_step = nxt, prog[nxt].step
+            nxt = jobs[0]
+        self.turn, self.turn_step = nxt, steps[nxt]
 
 
 @dataclass
@@ -224,20 +228,24 @@ class Static:
             raise ValueError(f"static: {exc}") from exc
 
     def plan(self, view: View) -> Plan:
+        """Each job's half runs one sub-stage at a time (both sides of an asynchronous job,
+        where they share a device, take turns in their job's half)."""
         units: dict[int, list[tuple[PipelineState, SubStage]]] = {}
         started: list[str] = []
-        for ps in view.pipelines:
-            mine: set[int] = set()
+        jobs = [pr.job or ps.graph.pipeline for ps, pr in zip(view.pipelines, view.progress)]
+        held: dict[str, set[int]] = {job: set() for job in jobs}
+        for ps, job in zip(view.pipelines, jobs):  # what runs holds its half first
             for sid in ps.running:
                 if (d := _device(ps, ps.graph[sid])) is not None:
-                    mine.add(d)
+                    held[job].add(d)
                     units.setdefault(d, []).append((ps, ps.graph[sid]))
+        for ps, job in zip(view.pipelines, jobs):
             for s in _frontier(ps):
                 d = _device(ps, s)
                 if d is None:
                     started.append(s.id)
-                elif d not in mine or s.id in ps.urgent:  # its half holds one sub-stage at a time
-                    mine.add(d)
+                elif d not in held[job] or s.id in ps.urgent:  # its half holds one sub-stage at a time
+                    held[job].add(d)
                     units.setdefault(d, []).append((ps, s))
                     started.append(s.id)
         assignments = [a for d, us in units.items() for a in self._grants(view, d, us)]

@@ -5,6 +5,8 @@
     split          each pipeline alone on its own equal group     two jobs on one node, unshared
     disaggregated  rollouts on the first half, reference and training on the second      rollmux
     shared-pool    each pipeline its own rollout devices, one training pool for all         hrrs
+    crossed        rollouts and trainings on opposite halves, every other pipeline swapped
+                   (asynchronous pipelines: one's training beside the other's rollout, §5.3)
 
 A placement is one (rollout devices, training devices) pair per pipeline, devices in DP rank
 order.  Each shape is a pure function of (k, n); one that cannot hold k pipelines on n devices
@@ -64,10 +66,20 @@ def shared_pool(k: int, devices: int) -> list[Placement]:
     return [(tuple((i * own + j) % max(1, devices // 2) for j in range(own)), pool) for i in range(k)]
 
 
+def crossed(k: int, devices: int) -> list[Placement]:
+    """Pipeline i's rollout on one half and its training on the other, the halves swapped for
+    every other pipeline: each device runs one pipeline's rollout beside another's training
+    (JigsawRL §5.3's asynchronous setting).  One device: both halves are it."""
+    half = max(1, devices // 2)
+    a, b = tuple(range(half)), tuple(range(half, devices)) or tuple(range(half))
+    return [(a, b) if i % 2 == 0 else (b, a) for i in range(k)]
+
+
 SHAPES: dict[str, Callable[[int, int], list[Placement]]] = {
     "colocated": colocated, "paired": paired, "split": split, "disaggregated": disaggregated,
-    "shared-pool": shared_pool}
-"""Every shape by name, jigsaw's default first."""
+    "shared-pool": shared_pool, "crossed": crossed}
+"""Every shape by name, jigsaw's default first (crossed is tried only for asynchronous
+pipelines, sim/placement.py: it is rollmux's shape, alternated)."""
 
 
 def shape(name: str) -> Callable[[int, int], list[Placement]]:

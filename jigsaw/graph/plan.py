@@ -182,6 +182,8 @@ class Progress:
     tail trigger), else exclusive rollout work done over done + left."""
     ready_since_s: float
     """When the current stage first asked to run (HRRS waiting time)."""
+    job: str = ""
+    """The job the pipeline belongs to ("": itself; else the asynchronous job it is one side of)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

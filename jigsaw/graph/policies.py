@@ -2,6 +2,7 @@
 
     make(name, config) ─► Jigsaw (policy.py: the look-ahead; greedy is it at W = 1)
                        └► Serial | Split | Static | MuxServe | RollMux | HRRS  (baselines.py)
+                       └► StreamRL | AReaL  (async_baselines.py: asynchronous pipelines)
 
 A fresh policy per call: the daemon holds one, every simulation its own.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from jigsaw.graph import baselines
+from jigsaw.graph import async_baselines, baselines
 from jigsaw.graph.plan import SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 
-NAMES = ("serial", "split", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw")
+NAMES = ("serial", "split", "static", "muxserve", "rollmux", "hrrs", "streamrl", "areal", "greedy", "jigsaw")
 """Every policy `make` knows, baselines first."""
+ASYNC_ONLY = ("streamrl", "areal")
+"""Baselines that differ from split only for asynchronous pipelines."""
 
 
 def make(name: str, config: SchedulerConfig = SchedulerConfig()) -> Policy:
@@ -24,6 +27,7 @@ def make(name: str, config: SchedulerConfig = SchedulerConfig()) -> Policy:
     factories: dict[str, Callable[[], Policy]] = {
         "serial": baselines.Serial, "split": baselines.Split, "static": baselines.Static,
         "muxserve": baselines.MuxServe, "rollmux": baselines.RollMux, "hrrs": baselines.HRRS,
+        "streamrl": async_baselines.StreamRL, "areal": async_baselines.AReaL,
         "greedy": lambda: Jigsaw(name="greedy", config=replace(config, window=1)),
         "jigsaw": lambda: Jigsaw(config=config)}
     if name not in factories:

@@ -62,6 +62,9 @@ class PipelineNeeds:
     """The least memory of one device each sub-stage kind (a SubStageKind value) must hold
     to run: reference and training their sharded state and micro-batch, a rollout engine its
     weights, its reserve and the KV of one response at the cap."""
+    mode: str = "sync"
+    """How its rollout and training meet (graph/buffer.py MODES); an asynchronous job's two
+    sides each say its mode."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -171,8 +171,10 @@ class LivePipeline:
     are called by NodeState, which every message reaches first."""
 
     def __init__(self, name: str, devices: tuple[int, ...], *, steps: int | None = None, max_tokens: int = 0,
-                 static: SubStageGraph | None = None, slo_slowdown: float | None = None):
+                 static: SubStageGraph | None = None, slo_slowdown: float | None = None, job: str = ""):
         self.name = check_name(name)
+        self.job = check_name(job) if job else name
+        """The job it belongs to: itself, or the asynchronous job it is one side of."""
         self.clock = StepClock(slo_slowdown)
         """Its steps' timing against its slowdown SLO (node/slo.py)."""
         self.devices = tuple(devices)

@@ -123,18 +123,19 @@ class NodeState:
         return p
 
     def register(self, name: str, devices: tuple[int, ...] = (), *, steps: int | None = None, max_tokens: int = 0,
-                 static: SubStageGraph | None = None, slo_slowdown: float | None = None) -> LivePipeline:
+                 static: SubStageGraph | None = None, slo_slowdown: float | None = None, job: str = "") -> LivePipeline:
         """A pipeline joins (its name is checked); `devices[r]` hosts DP rank r (default: r).
         `steps`: how many it runs (None: unknown); `max_tokens`: its response cap (turn
         lengths then tell how long a tail runs on); `static`: its whole graph, known ahead;
-        `slo_slowdown`: its steps may take at most this × their exclusive time (graph/slo.py)."""
+        `slo_slowdown`: its steps may take at most this × their exclusive time (graph/slo.py);
+        `job`: the asynchronous job it is one side of ("": a job of its own)."""
         if name in self.pipelines:
             raise ValueError(f"pipeline {name!r} is already registered")
         devs = tuple(devices) or tuple(range(self.node.num_devices))
         if len(set(devs)) != len(devs) or any(not 0 <= d < self.node.num_devices for d in devs):
             raise ValueError(f"devices {devs} must be distinct and on this node's 0..{self.node.num_devices - 1}")
         p = self.pipelines[name] = LivePipeline(name, devs, steps=steps, max_tokens=max_tokens, static=static,
-                                                slo_slowdown=slo_slowdown)
+                                                slo_slowdown=slo_slowdown, job=job)
         self._memos[name] = ViewMemo()
         return p
 

@@ -493,4 +493,5 @@ def _progress(p: LivePipeline, nodes: list[SubStage], skip: set[str], remaining:
                    if s.kind.is_rollout and s.step == p.step and s.id not in skip)
         done_frac = done / (done + left) if done + left > 0 else 1.0
     since = p.stage_since_s if p.stage_since_s is not None else now_s
-    return Progress(stage=p.stage.value, step=p.step, rollout_done_frac=done_frac, ready_since_s=since)
+    return Progress(stage=p.stage.value, step=p.step, rollout_done_frac=done_frac, ready_since_s=since,
+                    job="" if p.job == p.name else p.job)

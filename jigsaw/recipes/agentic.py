@@ -1,6 +1,6 @@
 """Multi-turn rollout with a real code tool: model turns, a sandboxed Python call between two.
 
-    step's prompts ─► turn 1: grpo._rollout (DP workers, regimes, grants, as one-turn GRPO)
+    step's prompts ─► turn 1: grpo_step._rollout (DP workers, regimes, grants, as one-turn GRPO)
       ─► per sample, the code of its turn: a ```python block it wrote, else the task's scaffold,
          print(<the question's expression>) (a random model never writes code)
       ─► per DP worker, one `tool` sub-stage (host work: the worker's device share is given
@@ -68,7 +68,7 @@ def observation(result: ToolResult) -> str:
 def rollout(cfg, step: int, client, dp, prompts, items, tok, sandbox: SandboxConfig, generate,
             say=lambda line: None) -> list[Turns]:
     """Every sample over cfg.tool_turns turns; a tool call between two (module docstring).
-    `generate(prompts, turn)`: one turn of every sample, as the recipe generates (grpo._rollout);
+    `generate(prompts, turn)`: one turn of every sample, as the recipe generates (grpo_step._rollout);
     `say`: the pipeline's log; every call cut off or failed gets a line there."""
     samples = [Turns(rid=rid, prompt_ids=tuple(ids)) for rid, ids in prompts]
     for turn in range(cfg.tool_turns):

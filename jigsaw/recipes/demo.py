@@ -101,7 +101,10 @@ class DemoConfig:
     workload: str = "math"
     """math: every pipeline is one-turn GRPO on reasoning-gym arithmetic.  agentic: the first
     pipeline (first seed) runs 3 turns with a sandboxed Python tool call between two
-    (--tool-turns 3, recipes/agentic.py), beside math pipelines (jigsaw's own recipe only)."""
+    (--tool-turns 3, recipes/agentic.py), beside math pipelines.  async: the first pipeline is
+    one-step off-policy (--mode one-step-off, recipes/async_grpo.py: its rollout and training
+    side by side, joined by a sample buffer), beside synchronous math pipelines.  agentic and
+    async: jigsaw's own recipe only."""
     framework: str = "jigsaw"
     """jigsaw: the GRPO recipe on jigsaw's own engines.  verl: unmodified verl 0.9.1 GRPO jobs
     (`python -m verl.trainer.main_ppo`, 2 rollout replicas each; needs the [verl] extra), modes
@@ -194,10 +197,10 @@ def run_demo(cfg: DemoConfig, say=print) -> list[Run]:
 def _check_config(cfg: DemoConfig) -> None:
     if cfg.framework not in ("jigsaw", "verl", "gpu"):
         raise ValueError(f"--framework {cfg.framework!r}: jigsaw, verl or gpu")
-    if cfg.workload not in ("math", "agentic"):
-        raise ValueError(f"--workload {cfg.workload!r}: math or agentic")
-    if cfg.workload == "agentic" and cfg.framework != "jigsaw":
-        raise ValueError("--workload agentic is jigsaw's own recipe (--framework jigsaw)")
+    if cfg.workload not in ("math", "agentic", "async"):
+        raise ValueError(f"--workload {cfg.workload!r}: math, agentic or async")
+    if cfg.workload != "math" and cfg.framework != "jigsaw":
+        raise ValueError(f"--workload {cfg.workload} is jigsaw's own recipe (--framework jigsaw)")
     if cfg.partitioner not in (None, "cpu", "green"):
         raise ValueError(f"--partitioner {cfg.partitioner!r}: cpu or green")
     if cfg.framework != "jigsaw" and "naive-fair" in cfg.modes:
@@ -227,7 +230,9 @@ def _pipeline_cmd(cfg: DemoConfig, seed: int, result: Path, threads: int | None 
               *shlex.split(cfg.recipe_args)]
     if cfg.framework == "gpu":
         return [sys.executable, "-m", "jigsaw.recipes.gpu_grpo", *common]
-    agentic = ["--tool-turns", str(AGENTIC_TURNS)] if cfg.workload == "agentic" and seed == cfg.seeds[0] else []
+    first = seed == cfg.seeds[0]
+    agentic = ["--tool-turns", str(AGENTIC_TURNS)] if cfg.workload == "agentic" and first else []
+    agentic += ["--mode", "one-step-off"] if cfg.workload == "async" and first else []
     return [sys.executable, "-m", "jigsaw.recipes.grpo", *common, "--long-tail" if cfg.long_tail else "--no-long-tail",
             *(["--threads", str(threads)] if threads else []), *agentic]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import tyro
 
 from jigsaw.mux.partition.bind import on_stream
-from jigsaw.recipes.grpo import long_tail_caps
+from jigsaw.recipes.grpo_step import long_tail_caps
 
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, vocab_size=151936, rope_theta=1_000_000.0, tie_word_embeddings=True)

@@ -13,6 +13,8 @@
          rank processes bound the same way ─► weights to the rollout workers ─► client.step_end()
     ─► result JSON: per-step latency, tokens, reward, loss; first step start and last end
        (epoch s); sub-stages that fell open (ran without the daemon)
+    the step's pieces (generate, train) live in grpo_step.py; --mode one-step-off | fully-async
+    runs them as an asynchronous pipeline instead (async_grpo.py)
 
 Without a daemon every grant is exclusive and the pipeline uses all of this machine's cores
 (its workers' threads follow the cores they may use; `--threads` fixes them instead).
@@ -22,9 +24,7 @@ long responses, many short ones, as in reasoning RL) and says so.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -32,9 +32,6 @@ from pathlib import Path
 from typing import Annotated
 
 import tyro
-
-LONG_TAIL_MEDIAN_FRAC = 0.2
-LONG_TAIL_SIGMA = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +77,22 @@ class RecipeConfig:
     """float32 or bfloat16."""
     name: str | None = None
     """Pipeline name; if unset, $JIGSAW_PIPELINE or grpo-seed<seed>."""
+    mode: str = "sync"
+    """sync (a step barrier) | one-step-off (batch n generated while step n - 1 trains) |
+    fully-async (new weights also reach a running batch: its requests stop and resume with
+    their partial output); the asynchronous modes run rollout and training side by side
+    (recipes/async_grpo.py)."""
+    staleness: int | None = None
+    """Most weight versions a trained batch may lag its step (asynchronous modes; None: the
+    mode's, 1 one-step-off, 2 fully-async)."""
+
+    def __post_init__(self) -> None:
+        from jigsaw.graph.buffer import MODES
+
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.staleness is not None and (self.mode == "sync" or self.staleness < 1):
+            raise ValueError(f"--staleness {self.staleness} needs an asynchronous --mode and is at least 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,7 +110,11 @@ class Args:
 def main(argv=None) -> int:
     from jigsaw.extras import MissingExtra, require
 
-    args = tyro.cli(Args, args=argv)
+    try:
+        args = tyro.cli(Args, args=argv)
+    except ValueError as exc:  # a flag tyro parsed that the config refuses
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         require("cpu", "the GRPO recipe (jigsaw.recipes.grpo)")
     except MissingExtra as exc:
@@ -134,15 +151,20 @@ def run(cfg: RecipeConfig) -> dict:
     from jigsaw.engines.rewards import ReasoningGymTask
     from jigsaw.engines.rollout import RolloutConfig
     from jigsaw.engines.training import TrainConfig, Trainer
+    from jigsaw.recipes.grpo_step import log_as
     from jigsaw.recipes.start_gate import wait_at_gate
     from jigsaw.runtime.client import connect
 
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
-    client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens)
     mc = ModelConfig(name=cfg.model, device=cfg.device, dtype=cfg.dtype)
     tok = load_tokenizer(mc)  # the workers hold the weights (and say their number); this process only tokenizes
     task = ReasoningGymTask(cfg.task, seed=cfg.seed)
-    say = _say(name)
+    say = log_as(name)
+    if cfg.mode != "sync":
+        from jigsaw.recipes import async_grpo
+
+        return async_grpo.run(cfg, name, mc, tok, task, say)
+    client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens)
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; "
         f"{'long-tail length caps on' if cfg.long_tail else 'lengths from the model'}")
     steps = []
@@ -166,133 +188,18 @@ def run(cfg: RecipeConfig) -> dict:
             "pids": {"rollout": list(dp.pids), "trainer": trainer.pids()}}
 
 
-def _say(name: str):
-    return lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
-
-
 def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
-    from jigsaw.engines.grpo import Sample
+    from jigsaw.recipes.grpo_step import generate, lengths, train
 
     start = time.time()
-    items = [it for it in task.prompts(cfg.prompts, step) for _ in range(cfg.group)]
-    prompts = [(f"{step}-{i}", tuple(tok(text)["input_ids"])) for i, (text, _) in enumerate(items)]
-    if cfg.tool_turns > 1:
-        from jigsaw.engines.sandbox import SandboxConfig
-        from jigsaw.recipes import agentic
-
-        turns = agentic.rollout(cfg, step, client, dp, prompts, [it for _, it in items], tok,
-                                SandboxConfig(timeout_s=cfg.tool_timeout_s),
-                                lambda ps, turn: _rollout(cfg, step, client, dp, ps, params, turn=turn),
-                                say=_say(client.pipeline))
-        rolled = [(t.prompt_ids, tuple(t.output_ids), tuple(t.logprobs), tuple(t.loss_mask), t.last_turn)
-                  for t in turns]
-    else:
-        rolled = [(c.prompt_ids, c.output_ids, c.logprobs, None, c.output_ids)
-                  for c in _rollout(cfg, step, client, dp, prompts, params)]
-    with client.substage("reward", step=step):  # the answer of the last turn is scored
-        texts = tok.batch_decode([r[4] for r in rolled], skip_special_tokens=True)
-        samples = [Sample(prompt_ids=p, output_ids=o, reward=task.reward(t, item), old_logprobs=lp, loss_mask=m)
-                   for (p, o, lp, m, _), t, (_, item) in zip(rolled, texts, items)]
-    seq = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
-    with _trainer_stage(client, "reference", step, cfg, trainer.pids()) as grants:
-        shares = gang_shares(grants, len(samples))
-        ref = trainer.reference_logprobs(samples, shares)
-        _report(grants, shares, seq, 2.0 * params)  # forward: 2 FLOPs/param/token
-    with _trainer_stage(client, "training", step, cfg, trainer.pids()) as grants:
-        shares = gang_shares(grants, len(samples))
-        metrics = trainer.train_step(samples, ref, group_size=cfg.group, shares=shares)
-        dp.update_weights(trainer.state_dict())
-        _report(grants, shares, seq, 6.0 * params)  # forward + backward
+    samples = generate(cfg, step, client, dp, task, tok, params)
+    metrics = train(cfg, step, client, trainer, samples, params)
+    dp.update_weights(trainer.state_dict())
     tokens = sum(s.trained_tokens() for s in samples)  # generated: a tool's output is not
     client.step_end(step, tokens=tokens, samples=len(samples))
     end = time.time()
     return {"step": step, "latency_s": end - start, "tokens": tokens, "reward_mean": metrics["reward_mean"],
-            "loss": metrics["loss"], "start_s": start, "end_s": end,
-            # an answer that ends at once still generated its end-of-sequence token
-            "lengths": [(len(s.prompt_ids), max(1, len(s.output_ids))) for s in samples]}
-
-
-def _trainer_stage(client, kind: str, step: int, cfg, pids: list[int]):
-    """The trainer's stage: a gang of its ranks, rank i a DP worker on device i as rollout worker
-    i is (when the pipeline has that many), else one sub-stage of all its processes."""
-    if 1 < cfg.train_ranks <= cfg.dp:
-        return client.gang(kind, members=[(i, (pid,)) for i, pid in enumerate(pids)], step=step)
-    return _one(client.substage(kind, step=step, pids=pids))
-
-
-@contextlib.contextmanager
-def _one(substage):
-    with substage as grant:
-        yield [grant]
-
-
-def gang_shares(grants, num_samples: int) -> list[int] | None:
-    """Samples per rank from a gang's grants (the scheduler skews a gang's batch towards its
-    faster members, schedule._balanced); None where the grants say nothing usable (one
-    sub-stage, no skew, or shares that do not add up to this batch)."""
-    shares = [g.micro_batch for g in grants]
-    if len(shares) < 2 or any(n is None for n in shares) or sum(shares) != num_samples:
-        return None
-    return shares
-
-
-def _report(grants, shares: list[int] | None, seq: list[int], flops_per_token: float) -> None:
-    """Each member's numbers from its own slice of the batch (one sub-stage: the whole batch)."""
-    n = len(grants)
-    counts = shares or [len(seq) // n + (i < len(seq) % n) for i in range(n)]
-    start = 0
-    for g, count in zip(grants, counts):
-        tokens = sum(seq[start:start + count])
-        g.report(num_tokens=tokens, batch_size=count, flops=flops_per_token * tokens)
-        start += count
-
-
-def _caps(cfg, step: int, n: int, turn: int = 0) -> list[int]:
-    """Each request's cap in `turn` of `step` (a later turn draws its own)."""
-    key = step + 1_000_003 * turn
-    return long_tail_caps(cfg.seed, key, n, cfg.max_new_tokens) if cfg.long_tail else [cfg.max_new_tokens] * n
-
-
-def long_tail_caps(seed: int, step: int, n: int, max_new_tokens: int) -> list[int]:
-    """Each request's response length in step `step`: lognormal, median 0.2 × the budget, capped at
-    it; the same for the same seed and step (every mode of a comparison does the same work)."""
-    rng = random.Random(seed * 100_003 + step)
-    median = LONG_TAIL_MEDIAN_FRAC * max_new_tokens
-    return [max(2, min(max_new_tokens, round(rng.lognormvariate(0.0, LONG_TAIL_SIGMA) * median))) for _ in range(n)]
-
-
-def _rollout(cfg, step, client, dp, prompts, params: int, turn: int = 0):
-    """Generation, one Rollout (client-side bucketing) per DP worker, bound to its grants."""
-    routing = None
-    rollouts = [client.rollout(dp_rank=r, step=step, pids=(dp.pids[r],)) for r in range(dp.num_workers)]
-    for ro in rollouts:
-        ro.flops_per_token = 2.0 * params  # forward FLOPs per token, for MFU in the trace
-    for r, ro in enumerate(rollouts):  # the first regime waits for admission before any work
-        ro.start(sum(len(p) for _, p in prompts[r::dp.num_workers]))
-        routing = ro.grant.routing or routing
-    moved: set[tuple[int, int]] = set()
-
-    def on_poll(d) -> None:
-        total = len(prompts)
-        if any(ro.progress(d.held[r]) for r, ro in enumerate(rollouts) if not ro.closed):
-            client.samples(step, total - len(d.pending()), total)
-        for r, ro in enumerate(rollouts):
-            for m in ro.grant.migrations if ro.grant is not None else ():
-                if m.source_rank == r and (m.source_rank, m.target_rank) not in moved:
-                    moved.add((m.source_rank, m.target_rank))
-                    d.migrate(m.source_rank, m.target_rank)
-                    ro.close()  # its requests went to the target: this worker's rollout is over
-
-    try:
-        done = dp.generate(prompts, _caps(cfg, step, len(prompts), turn), routing=routing,
-                           on_step=lambda r, fs: rollouts[r].forward(fs.num_prefill_tokens, fs.num_decode_reqs,
-                                                                     fs.kv_tokens),
-                           on_poll=on_poll)
-    finally:
-        for ro in rollouts:
-            ro.close()
-    client.lengths(len(c.output_ids) for c in done)  # how long responses run: the next tails' residual life
-    return done
+            "loss": metrics["loss"], "start_s": start, "end_s": end, "lengths": lengths(samples)}
 
 
 if __name__ == "__main__":

@@ -427,6 +427,7 @@ class Daemon:
             self._event("pipeline", name, data={"devices": list(self.state.pipeline(name).devices), "pid": msg.pid,
                                                 "steps": msg.steps, "max_tokens": msg.max_tokens,
                                                 "slo_slowdown": msg.slo_slowdown,
+                                                **({"job": msg.job} if msg.job else {}),
                                                 "device": self.grid.device.sku,
                                                 "peak_flops": self.grid.device.peak_flops})
         token = secrets.token_hex(8)

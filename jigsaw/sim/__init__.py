@@ -9,6 +9,8 @@
                  eviction, retraction, recompute)
     rollout.py   continuous-batching engine per DP worker, one batch segment at a time
     pipeline.py  a pipeline's steps: rollout ─► reward ─► reference ─► training
+    asynchronous.py  an asynchronous pipeline's rollout and training sides, joined by its
+                 sample buffer (one-step off-policy, fully async)
     report.py    each engine's client: the protocol requests a live worker would send
     node.py      event heap; requests ─► jigsaw/node/ (NodeState, the daemon's) ─► Decision
                  ─► engines, budgets, physics, invariants, trace

@@ -37,7 +37,7 @@ from jigsaw.node.inputs import Inbox
 from jigsaw.node.slo import step_fields
 from jigsaw.node.state import NodeState
 from jigsaw.sim.physics import Physics, floors
-from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, PipelineRun
+from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, TRAINING, WAITING, PipelineRun
 from jigsaw.sim.report import Clients, Decided
 from jigsaw.sim.rollout import DoesNotFit
 from jigsaw.trace import Trace, TraceEvent
@@ -120,6 +120,7 @@ class NodeSim:
             self._trace("pipeline", run.name, data={"workload": run.spec.name, "model": run.spec.model,
                                                     "device": run.spec.device, "devices": list(run.devices),
                                                     "prior": asdict(run.cost.config),
+                                                    **({"job": run.job, "mode": run.spec.mode} if run.job else {}),
                                                     **({"model_config": run.spec.model_config}
                                                        if run.spec.model_config else {})})
             self.clients.register(run)
@@ -163,7 +164,10 @@ class NodeSim:
         if ev.kind == "reward":
             self.clients.finish_stage(run, self.t)
             self._next_gang(run)
-            self.clients.ask_gang(run, self.t)
+            if run.stage == WAITING:  # an asynchronous rollout side's step ends at its reward
+                self._step_ended(run)
+            else:
+                self.clients.ask_gang(run, self.t)
             return True
         if ev.kind == "gang":
             self._gang_end(run)
@@ -173,6 +177,8 @@ class NodeSim:
         raise ValueError(f"unknown event kind {ev.kind!r}")
 
     def _begin_step(self, run: PipelineRun, t: float) -> None:
+        if not run.may_begin():  # an asynchronous side waits for its buffer: _step_ended retries
+            return
         run.begin_step(t, self._routing.get(run.name))
         if run.stage != DONE:
             self.clients.begin_step(run, t, first=run.step == 0)
@@ -199,7 +205,13 @@ class NodeSim:
 
     def _abort(self, run: PipelineRun, rids: set[int]) -> None:
         for r, wk in enumerate(run.workers):
-            if wk.take(rids) and r in run.started_workers:
+            if run.keeps_aborted:  # the requests go on elsewhere: what they generated so far counts
+                wk.settle(self.t)
+                rids = rids | run.on_completed(wk.drain())
+            taken = wk.take(rids)
+            if run.keeps_aborted and taken:
+                run.aborted(r, taken)
+            if taken and r in run.started_workers:
                 wk.segment = None
                 self._reschedule_worker(run, r)
                 self.clients.sync_worker(run, r, self.t)
@@ -229,13 +241,45 @@ class NodeSim:
         if was != TRAINING:
             self.clients.ask_gang(run, self.t)
             return
+        self._step_ended(run)
+
+    def _step_ended(self, run: PipelineRun) -> None:
+        """Trace the step, begin the next; a side that waited on this one's buffer begins too,
+        and a fully async rollout picks up the new weights."""
         self._trace_host(run)
         m = run.metrics[-1]
         self._trace("step", run.name, data={"step": m.step, "latency_s": m.end_s - m.start_s, "tokens": m.tokens,
                                             "samples": m.samples, "round": m.round,
                                             "flops": run.cost.flops_per_token * m.tokens * 4,
-                                            **self._slo_fields(run, m.step)})
+                                            **run.step_facts(), **self._slo_fields(run, m.step)})
         self._begin_step(run, self.t)
+        for other in self.runs:
+            if other is not run and other.stage == WAITING:
+                self._begin_step(other, self.t)
+        if (picks := run.new_weights()) is not None:
+            self._reload(picks)
+
+    def _reload(self, run: PipelineRun) -> None:
+        """New weights reach a running rollout (AReaL): every worker stops where it is and
+        resumes its requests with what they generated, their KV recomputed."""
+        abort: set[int] = set()
+        resumed = 0
+        for r in sorted(run.started_workers):
+            wk = run.workers[r]
+            wk.settle(self.t)
+            abort |= run.on_completed(wk.drain())
+            computing = {q.rid for q in [*wk.queue, *wk.decoding]}  # a tool wait holds no KV to redo
+            if computing:
+                wk.add(wk.take(computing), self.t)
+                resumed += len(computing)
+            wk.segment = None
+            self._reschedule_worker(run, r)
+            self.clients.sync_worker(run, r, self.t)
+        self._trace("weights", run.name, data={"step": run.step, "resumed": resumed})
+        if abort:
+            self._abort(run, abort)
+        if run.stage == ROLLOUT and run.rollout_done():
+            self._end_rollout(run)
 
     def _slo_fields(self, run: PipelineRun, step: int) -> dict:
         """The step's exclusive time and SLO as the node measured it (node/slo.py; none untraced)."""

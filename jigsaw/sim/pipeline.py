@@ -148,6 +148,29 @@ class PipelineRun:
     def finished_all(self) -> bool:
         return self.stage == DONE
 
+    # What an asynchronous side (sim/asynchronous.py) changes; a whole pipeline is its own job.
+    job = ""
+    """The asynchronous job this run is one side of ("": a job of its own)."""
+    keeps_aborted = False
+    """Requests aborted mid-step come back to `aborted` (a fully async round's tail) instead of
+    being dropped (tail batching's surplus)."""
+
+    def may_begin(self) -> bool:
+        """Whether its next step may begin now (a whole pipeline: always, after its last)."""
+        return True
+
+    def aborted(self, rank: int, reqs: list[Request]) -> None:
+        """Requests aborted on worker `rank` (only called when `keeps_aborted`)."""
+
+    def new_weights(self) -> PipelineRun | None:
+        """The run whose running rollout picks up the weights a step just published (fully
+        async: interrupted and resumed with its partial output), if any."""
+        return None
+
+    def step_facts(self) -> dict:
+        """What the trace records of its finished step besides its times and tokens."""
+        return {}
+
     @property
     def devices(self) -> tuple[int, ...]:
         """Device of every rank of the graph (training ranks after rollout ranks if disaggregated)."""
@@ -355,12 +378,15 @@ class PipelineRun:
     def cold_graph(self) -> SubStageGraph:
         """Before any step has run: a conservative guess from the workload's cap (every response
         at max_tokens, as RollMux's admission does), so a policy has something to plan with."""
+        nodes, deps, last = self._cold_rollout()
+        return self._cold_gangs(nodes, deps, last)
+
+    def _cold_rollout(self) -> tuple[list[SubStage], dict, list[str]]:
+        """Each worker's prefill and tail at the cap: (nodes, deps, the last of each worker)."""
         w, c = self.spec, self.cost
         per = w.samples / len(self.rollout_devices)
         steps = w.lengths.max_tokens
         decode_s = steps * c.decode_s(max(1, int(per)), int(per * (w.prompt_tokens + steps / 2)))
-        seqs = math.ceil(w.samples / (len(self.train_devices) * c.gpus_per_device))
-        lengths = np.full(seqs, w.prompt_tokens + w.lengths.max_tokens / 2)
         nodes, deps, last = [], {}, []
         for r in range(len(self.rollout_devices)):
             prefill_s = c.prefill_s(int(per * w.prompt_tokens), 0, max(1, int(per)))
@@ -369,6 +395,13 @@ class PipelineRun:
             nodes += [a, b]
             deps[b.id] = (a.id,)
             last.append(b.id)
+        return nodes, deps, last
+
+    def _cold_gangs(self, nodes: list[SubStage], deps: dict, last: list[str]) -> SubStageGraph:
+        """Reference and training at the cap's mean length, after `last`."""
+        w, c = self.spec, self.cost
+        seqs = math.ceil(w.samples / (len(self.train_devices) * c.gpus_per_device))
+        lengths = np.full(seqs, w.prompt_tokens + w.lengths.max_tokens / 2)
         for kind in (SubStageKind.REFERENCE, SubStageKind.TRAINING):
             excl = self._gang_seconds(kind, lengths)
             layer = [self._cold(self.train_rank0 + r, kind, excl, c.fsdp_mem_bytes(train=kind is SubStageKind.TRAINING))

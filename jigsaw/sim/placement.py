@@ -84,19 +84,22 @@ class Choice:
                 + (f"; {self.shape} at other windows: {windows}" if windows else "") + ")")
 
 
-def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
+def choose(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any],
+           asynchronous: bool = False) -> Choice:
     """The fastest shape of `config.policy` (a sim.run.SimConfig) for its `pipelines` on
     `devices` scheduling devices, each tried with `simulate`, then the window on it (module
-    docstring)."""
-    choice = _shape(config, pipelines=pipelines, devices=devices, simulate=simulate)
+    docstring); `crossed` only where a pipeline is `asynchronous`."""
+    choice = _shape(config, pipelines=pipelines, devices=devices, simulate=simulate, asynchronous=asynchronous)
     return _window(config, choice, simulate)
 
 
-def _shape(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any]) -> Choice:
+def _shape(config: Any, *, pipelines: int, devices: int, simulate: Callable[..., Any],
+           asynchronous: bool) -> Choice:
     pol = make(config.policy, config.sched)
     trial_cfg = _trial_config(config)
     trials: list[Trial] = []
-    for name, placed in distinct(pol.shapes, pipelines, devices).items():
+    shapes = tuple(s for s in pol.shapes if asynchronous or s != "crossed")
+    for name, placed in distinct(shapes, pipelines, devices).items():
         if isinstance(placed, str):  # the shape cannot hold them on this node
             trials.append(Trial(shape=name, makespan_s=None, why=placed))
             continue

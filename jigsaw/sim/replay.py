@@ -68,6 +68,9 @@ def recorded(trace: Trace, first_step: int = 0, factors: Mapping[str, float] | N
     pieces = [s for s in pieces if s.step >= first_step]
     tokens: dict[str, int] = defaultdict(int)
     meta = {e.pipeline: e.data for e in trace.events if e.event == "pipeline"}
+    if sides := sorted(name for name, data in meta.items() if data.get("job")):
+        raise ValueError(f"the trace holds asynchronous pipelines ({', '.join(sides)}): their sides wait on each "
+                         "other's sample buffer, which the graphs a trace gives do not hold; they cannot be replayed")
     for e in trace.events:
         if e.event == "step" and int(e.data.get("step", 0)) >= first_step:
             tokens[e.pipeline] += int(e.data.get("tokens", 0))

@@ -3,7 +3,8 @@
     Clients(inbox) ─ send(run, request, t) ─► node/inputs.py Inbox ─► NodeState  (the daemon's path)
     register       Register: the pipeline's devices, step count and response cap
     begin_step     a Forecast of the cap-based step before any history; each worker asks for
-                   its first regime (Admit: its ordinal); a worker routing sent nothing: NoRollout
+                   its first regime (Admit: its ordinal); a worker routing sent nothing: NoRollout;
+                   an asynchronous training side asks for its gang
     sync_worker    after a worker's event: a regime change finishes one sub-stage (Done with the
                    numbers a live Rollout reports) and asks for the next (Admit, urgent: a
                    running engine cannot pause, with the seconds it already ran); a tool wait
@@ -69,7 +70,8 @@ class Clients:
 
     def register(self, run: PipelineRun) -> None:
         msg = pr.Register(pipeline=run.name, pid=1, devices=run.devices, steps=run.steps_total,
-                          max_tokens=run.spec.lengths.max_tokens, slo_slowdown=run.slo_slowdown or 0.0)
+                          max_tokens=run.spec.lengths.max_tokens, slo_slowdown=run.slo_slowdown or 0.0,
+                          job=run.job)
         if self.record is not None:
             self.record.append(Sent(0.0, run.name, msg))
         self.inbox.register(msg)
@@ -85,6 +87,8 @@ class Clients:
                 continue
             sid = wk.first_piece_id()
             self._admit(run, r, sid, t)
+        if run.gang is not None:  # an asynchronous training side: its step starts with its gang
+            self.ask_gang(run, t)
 
     def sync_worker(self, run: PipelineRun, rank: int, t: float) -> None:
         if rank not in run.started_workers:

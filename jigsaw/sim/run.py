@@ -36,6 +36,7 @@ from jigsaw.mux.model.slowdown import SlowdownGrid
 from jigsaw.mux.model.specs import DEVICES, PriorConfig
 from jigsaw.node.learning import Learned
 from jigsaw.sim import workload
+from jigsaw.sim.asynchronous import Coupling, RolloutSide, TrainSide
 from jigsaw.sim.deploy import Parallelism, Replicas
 from jigsaw.sim.node import Infeasible, NodeSim
 from jigsaw.sim.physics import Physics
@@ -65,6 +66,10 @@ class SimConfig:
     offload: tuple[str, ...] = ()
     """Training state offloaded to host memory per pipeline: none | optimizer | full (verl's
     FSDP optimizer_offload / param_offload); empty: each workload's."""
+    mode: tuple[str, ...] = ()
+    """How each pipeline's rollout and training meet, in --workload order: sync | one-step-off |
+    fully-async (the workload's `mode`); empty: each workload's.  An asynchronous pipeline runs
+    as its rollout and training sides on devices of their own (sim/asynchronous.py)."""
     steps: int = 20
     """RL steps per pipeline."""
     seed: int = 0
@@ -212,9 +217,12 @@ def pipelines(config: SimConfig) -> list[tuple[workload.WorkloadSpec, int, int |
     workload fields, in a canonical order: the result never depends on the listing order."""
     specs = [workload.get(w) for w in expand(config.workload)]
     for name, values in (("rollout_tp", config.rollout_tp), ("fsdp_degree", config.fsdp_degree),
-                         ("offload", config.offload)):
+                         ("offload", config.offload), ("mode", config.mode)):
         if values and len(values) != len(specs):
             raise ValueError(f"--{name.replace('_', '-')} gives {len(values)} values for {len(specs)} pipelines")
+    if config.mode:
+        specs = [s if m == s.mode else replace(s, mode=m, provenance={**s.provenance, "mode": "the run's --mode"})
+                 for s, m in zip(specs, config.mode)]
     out = []
     for i, s in enumerate(specs):
         tp = config.rollout_tp[i] if config.rollout_tp else s.rollout_tp
@@ -248,8 +256,9 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
     device_name = items[0][0].device
     device = DEVICES[device_name]
     runs, deployments = [], []
-    for k, (i, (roll, train)) in enumerate(zip(chosen, places)):
+    for i, (roll, train) in zip(chosen, places):
         spec, tp, fsdp, offload = items[i]
+        roll, train = sides(spec, roll, train)
         if not roll or not train:
             raise Infeasible(f"{pol.name}: its placement leaves {spec.name} no devices for rollout or training "
                              f"on {gpus // per_device} scheduling devices of {per_device} GPUs")
@@ -262,15 +271,38 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
         except ValueError as exc:  # this policy's placement gives its training too few GPUs
             raise Infeasible(f"{pol.name}: {spec.name} on {len(train)} of {gpus // per_device} devices: {exc}; "
                              "more GPUs per pipeline, a larger fsdp_degree or offload would fit") from exc
-        runs.append(PipelineRun(k, spec, name=f"p{i}-{spec.name}", steps=config.steps, seed=config.seed * 1000 + i,
-                                cost=cost, rollout_devices=roll, train_devices=train, tailbatch=config.tailbatch,
-                                slo_slowdown=config.slo_of(i)))
+        kw = dict(steps=config.steps, seed=config.seed * 1000 + i, cost=cost, tailbatch=config.tailbatch,
+                  slo_slowdown=config.slo_of(i))
+        runs += _runs(len(runs), spec, f"p{i}-{spec.name}", roll, train, kw)
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
     try:
         grid = grids.prior_grid(device_name, deployments)
     except ValueError as exc:  # a model whose weights or state do not fit a device at all
         raise Infeasible(f"{pol.name}: {exc}") from exc
     return runs, node, grid, pol
+
+
+def sides(spec: workload.WorkloadSpec, roll: tuple[int, ...], train: tuple[int, ...]) -> Placement:
+    """Where an asynchronous pipeline's rollout and training go: a placement that shares its
+    devices between them is split by rollout_frac (disaggregated, as StreamRL and AReaL run;
+    a single device is shared); a sync pipeline stays where it was placed."""
+    if spec.is_async and roll == train and len(roll) > 1:
+        cut = min(len(roll) - 1, max(1, round(spec.rollout_frac * len(roll))))
+        return roll[:cut], roll[cut:]
+    return roll, train
+
+
+def _runs(index: int, spec: workload.WorkloadSpec, name: str, roll: tuple[int, ...], train: tuple[int, ...],
+          kw: dict) -> list[PipelineRun]:
+    """One pipeline, or an asynchronous one's two sides (placed by `sides`)."""
+    if not spec.is_async:
+        return [PipelineRun(index, spec, name=name, rollout_devices=roll, train_devices=train, **kw)]
+    if kw["tailbatch"] or kw["slo_slowdown"]:
+        raise ValueError(f"{name}: tail batching and SLOs are not simulated for asynchronous pipelines")
+    coupling = Coupling(name, spec.staleness_bound)
+    rollout = RolloutSide(index, spec, coupling=coupling, rollout_devices=roll, train_devices=roll, **kw)
+    return [rollout, TrainSide(index + 1, spec, coupling=coupling, rollout=rollout, rollout_devices=train,
+                               train_devices=train, **kw)]
 
 
 def _placement(config: SimConfig, placed_as: str | None, k: int, devices: int) -> list[Placement]:
@@ -301,7 +333,7 @@ def needs(runs: list[PipelineRun], node: NodeSpec) -> Needs:
 
     return Needs(device_mem_bytes=node.mem_bytes, pipelines=tuple(
         PipelineNeeds(name=r.name, rollout_devices=r.rollout_devices, train_devices=r.train_devices,
-                      mem_bytes={k.value: need_bytes(r, k) for k in DEVICE_KINDS}) for r in runs))
+                      mem_bytes={k.value: need_bytes(r, k) for k in DEVICE_KINDS}, mode=r.spec.mode) for r in runs))
 
 
 def simulate(config: SimConfig, until_s: float | None = None, measure_slo: bool = True) -> SimResult:
@@ -310,7 +342,8 @@ def simulate(config: SimConfig, until_s: float | None = None, measure_slo: bool 
     pipeline is also run alone for its exclusive steps, the truth its SLO is measured by."""
     choice = None
     if config.placement == "auto" and getattr(make(config.policy), "shapes", ()):
-        choice = choose(config, pipelines=len(expand(config.workload)), devices=_devices(config), simulate=simulate)
+        choice = choose(config, pipelines=len(expand(config.workload)), devices=_devices(config), simulate=simulate,
+                        asynchronous=any(spec.is_async for spec, *_ in pipelines(config)))
         config = replace(config, placement=choice.shape,
                          sched=replace(config.sched, window=choice.window) if choice.window else config.sched)
     runs, node, grid, pol = build(config)
@@ -383,7 +416,9 @@ def lower_bound(config: SimConfig) -> LowerBound:
             except Infeasible:
                 continue
             NodeSim(runs, node, grid_i, make("serial"), trace=False).run()
-            best_s, best_work = min(best_s, runs[0].metrics[-1].end_s), min(best_work, runs[0].device_s)
+            # an asynchronous pipeline is its two sides: it ends with the later, works in both
+            end_s, device_s = max(r.metrics[-1].end_s for r in runs), sum(r.device_s for r in runs)
+            best_s, best_work = min(best_s, end_s), min(best_work, device_s)
         if math.isinf(best_s):
             raise Infeasible(f"{expand(config.workload)[i]} cannot run alone on this node under any placement")
         alone.append(best_s)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jigsaw.graph.buffer import DEFAULT_STALENESS, MODES
 from jigsaw.mux.model.specs import DEVICES, MODELS, OFFLOAD_MODES, model_from_config, register_model
 from jigsaw.sim import lengths
 from jigsaw.sim.lengths import GaussianMixture, Lengths, LognormalMixture, Pareto, PromptClass
@@ -170,6 +171,24 @@ class WorkloadSpec:
     hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size,
     tie_word_embeddings; MoE: num_experts, num_experts_per_tok, moe_intermediate_size) and,
     from its model card, params (else derived from the shapes); known as `model` from then on."""
+    mode: str = "sync"
+    """How rollout and training meet: sync (a step barrier, verl's default trainer) |
+    one-step-off (batch n generated while step n - 1 trains; StreamRL, verl's
+    one_step_off_policy) | fully-async (rollouts never wait for a step: in-flight requests
+    are interrupted at each weight update and resumed with their partial output; AReaL,
+    verl's fully_async_policy).  The asynchronous modes run disaggregated: rollout and training
+    workers on devices of their own (`rollout_frac`), joined by a sample buffer
+    (graph/buffer.py)."""
+    staleness: int | None = None
+    """Most weight versions a trained sample may lag the step that trains it (None: the
+    mode's, graph/buffer.py DEFAULT_STALENESS: 0 sync, 1 one-step-off, 2 fully-async)."""
+    rollout_frac: float = 0.5
+    """Share of an asynchronous pipeline's devices its rollout workers get (the rest train);
+    0.5: the equal split the JigsawRL paper's StreamRL and AReaL baselines use (§5.3)."""
+    tail_frac: float | None = None
+    """fully-async: share of a batch still generating when the next batch's prompts are
+    submitted; those are interrupted and carried into the next round with their partial
+    output (None: 0.25, an assumption; AReaL submits a prompt whenever one finishes)."""
     provenance: dict[str, str] = field(default_factory=dict)
     """Source of every parameter: 'parameter.path' -> paper table / figure / trace."""
 
@@ -179,6 +198,22 @@ class WorkloadSpec:
     @property
     def samples(self) -> int:
         return self.prompts * self.group
+
+    @property
+    def is_async(self) -> bool:
+        return self.mode != "sync"
+
+    @property
+    def staleness_bound(self) -> int:
+        """The staleness bound in force: the stated one, else the mode's."""
+        return DEFAULT_STALENESS[self.mode] if self.staleness is None else self.staleness
+
+    @property
+    def tail_share(self) -> float:
+        """The share of a batch carried into the next round (0 unless fully-async)."""
+        if self.mode != "fully-async":
+            return 0.0
+        return DEFAULT_TAIL_FRAC if self.tail_frac is None else self.tail_frac
 
 
 def _check(w: WorkloadSpec) -> None:
@@ -230,12 +265,30 @@ def _new_field_checks(w: WorkloadSpec) -> Iterator[tuple[bool, str]]:
         yield r.sigma >= 0, f"reward.sigma must be >= 0, got {r.sigma}"
         yield r.timeout_s >= 0, f"reward.timeout_s must be >= 0, got {r.timeout_s}"
         yield _is_int(r.workers) and r.workers >= 0, f"reward.workers must be an int >= 0, got {r.workers!r}"
+    yield from _async_checks(w)
     yield _is_int(w.gen_prompts) and w.gen_prompts >= 0, f"gen_prompts must be an int >= 0, got {w.gen_prompts!r}"
     yield not w.gen_prompts or d is not None, "gen_prompts needs [dynamic_sampling] (what filters its surplus)"
     if d is not None:
         yield 0 < d.keep_frac <= 1, f"dynamic_sampling.keep_frac must be in (0, 1], got {d.keep_frac}"
         yield _is_int(d.max_gen_batches) and d.max_gen_batches >= 1, \
             f"dynamic_sampling.max_gen_batches must be an int >= 1, got {d.max_gen_batches!r}"
+
+
+def _async_checks(w: WorkloadSpec) -> Iterator[tuple[bool, str]]:
+    yield w.mode in MODES, f"mode must be one of {MODES}, got {w.mode!r}"
+    if w.mode not in MODES:
+        return
+    k = w.staleness
+    yield k is None or (_is_int(k) and k >= 0), f"staleness must be an int >= 0, got {k!r}"
+    yield k is None or w.is_async or k == 0, f"staleness {k} needs an asynchronous mode (sync trains on fresh samples)"
+    yield k is None or not w.is_async or k >= 1, f"{w.mode} needs staleness >= 1 (0 is sync), got {k}"
+    yield 0 < w.rollout_frac < 1, f"rollout_frac must be in (0, 1), got {w.rollout_frac}"
+    f = w.tail_frac
+    yield f is None or w.mode == "fully-async", "tail_frac needs mode = 'fully-async'"
+    yield f is None or 0 <= f < 1, f"tail_frac must be in [0, 1), got {f}"
+    for what, on in (("[dynamic_sampling]", w.dynamic_sampling is not None), ("gen_prompts", bool(w.gen_prompts))):
+        yield not (on and w.is_async), \
+            f"{what} with mode {w.mode!r} is not simulated (a dynamic batch has no fixed size)"
 
 
 def _tool_checks(t: Tool) -> Iterator[tuple[bool, str]]:
@@ -255,6 +308,8 @@ _ALWAYS = frozenset(
      "gradient_checkpointing", "turns.probs", "turns.context_tokens", "turns.context_sigma",
      "tool.latency_s", "tool.latency_sigma", "tool.blocking"]
     + [f"lengths.{k}" for k in lengths.LEGACY_FIELDS])
+DEFAULT_TAIL_FRAC = 0.25
+"""fully-async's share of a batch carried into the next round, when a workload does not say."""
 _REQUIRED = object()  # the "default" of a field without one: never equal to a value
 
 

@@ -13,7 +13,8 @@ from jigsaw.graph.ids import SubStageId
 from jigsaw.recipes import demo
 from jigsaw.recipes.demo import MODES, DemoConfig, Run, _summarise
 from jigsaw.recipes.demo_report import MAX_BUSY_FRAC, doubts, noise, summarise, table, verdict
-from jigsaw.recipes.grpo import RecipeConfig, _caps
+from jigsaw.recipes.grpo import RecipeConfig
+from jigsaw.recipes.grpo_step import _caps
 
 
 def test_long_tail_caps_are_seeded_bounded_and_skewed():
@@ -163,7 +164,7 @@ def test_bad_demo_configs_are_refused_before_anything_runs(tmp_path):
         demo.run_demo(DemoConfig(modes=("serial", "fast"), out_dir=tmp_path))
     with pytest.raises(ValueError, match="warmup"):
         demo.run_demo(DemoConfig(steps=1, warmup_steps=1, out_dir=tmp_path))
-    with pytest.raises(ValueError, match="math or agentic"):
+    with pytest.raises(ValueError, match="math, agentic or async"):
         demo.run_demo(DemoConfig(workload="swe", out_dir=tmp_path))
     with pytest.raises(ValueError, match="own recipe"):
         demo.run_demo(DemoConfig(workload="agentic", framework="gpu", out_dir=tmp_path))
@@ -175,6 +176,21 @@ def test_the_agentic_workload_gives_the_first_pipeline_its_tool_turns(tmp_path):
     turns = [cmd[cmd.index("--tool-turns") + 1] if "--tool-turns" in cmd else None for cmd in cmds]
     assert turns == [str(demo.AGENTIC_TURNS), None, None]
     assert "--tool-turns" not in demo._pipeline_cmd(DemoConfig(), 1, tmp_path / "r.json")
+
+
+def test_the_async_workload_runs_a_one_step_off_pipeline_beside_a_sync_one(tmp_path, capsys, monkeypatch):
+    cmds = [demo._pipeline_cmd(DemoConfig(workload="async"), seed, tmp_path / "r.json") for seed in (1, 2)]
+    assert [cmd[cmd.index("--mode") + 1] if "--mode" in cmd else None for cmd in cmds] == ["one-step-off", None]
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--workload", "async", "--steps", "3", "--prompts", "2", "--group", "2",
+                 "--max-new-tokens", "24", "--repeats", "1", "--modes", "static", "jigsaw", "--out-dir", "demo"]) == 0
+    for mode in ("static", "jigsaw"):
+        one, other = (json.loads((tmp_path / "demo" / f"{mode}-seed{s}.json").read_text()) for s in (1, 2))
+        assert one["mode"] == "one-step-off" and "mode" not in other
+        assert sorted(u for u, _, _ in one["ledger"]) == list(range(3 * 4))  # every sample trained once
+        assert [s["staleness"] for s in one["steps"]] == [0, 1, 1]  # batch n under the weights of step n - 1
+    trace = (tmp_path / "demo" / "jigsaw-trace-r1.jsonl").read_text()
+    assert '"grpo-seed1.train"' in trace and "tokens/s" in capsys.readouterr().out
 
 
 def test_static_gives_each_pipeline_its_own_equal_cores():

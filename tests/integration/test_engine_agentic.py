@@ -17,7 +17,8 @@ from jigsaw.engines.model import ModelConfig
 from jigsaw.engines.rollout import RolloutConfig
 from jigsaw.engines.sandbox import SandboxConfig, run_python
 from jigsaw.recipes import agentic
-from jigsaw.recipes.grpo import RecipeConfig, _rollout
+from jigsaw.recipes.grpo import RecipeConfig
+from jigsaw.recipes.grpo_step import _rollout
 from jigsaw.runtime.client import connect
 
 

@@ -59,6 +59,14 @@ NOT_RUN = {
     "python bench/slo.py": "a benchmark (4 minutes); the README shows its table",
     "python bench/learned_grid.py --live --steps 32 --repeats 3": "a benchmark (11 minutes of CPU demo runs); "
                                                                    "the README shows its table",
+    "python -m jigsaw.recipes.grpo --mode one-step-off --steps 4":
+        "tests/integration/test_recipe_async.py runs the recipe one-step-off under a daemon beside a sync one",
+    "python -m jigsaw.recipes.grpo --mode fully-async --steps 4":
+        "tests/integration/test_recipe_async.py runs the recipe fully-async and kills its daemon mid-run",
+    "jigsaw demo --workload async": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py::test_the_async_"
+                                    "workload_runs_a_one_step_off_pipeline_beside_a_sync_one runs two modes small",
+    "python bench/cpu_demo.py --workload async --modes serial naive-fair static jigsaw":
+        "a benchmark (minutes); the README shows its table",
     "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
                                       "agentic pipeline's command and test_engine_agentic.py runs it under a daemon",
     "python bench/cpu_demo.py --workload agentic --modes serial naive-fair static jigsaw":

@@ -351,12 +351,13 @@ def test_gpu_options_without_a_gpu_leave_the_daemon_serving(tmp_path):
     assert "MPS:" in log and "telemetry off" in log and "green partitioner unavailable" in log
 
 
-@pytest.mark.parametrize("policy", ["serial", "split", "static", "muxserve", "rollmux", "hrrs", "greedy", "jigsaw"])
+@pytest.mark.parametrize("policy", ["serial", "split", "static", "muxserve", "rollmux", "hrrs", "streamrl", "areal",
+                                    "greedy", "jigsaw"])
 def test_the_daemon_runs_every_policy_live(tmp_path, policy):
     from jigsaw.graph.policies import NAMES
 
     assert policy in NAMES  # the list above is every policy `make` knows
-    assert len(NAMES) == 8
+    assert len(NAMES) == 10
     n = Node(tmp_path)
     # verl's order: with a max-wait (2 s by default) a loaded machine would start B beside A
     n.start("--policy", policy, *(("--max-wait-s", "None") if policy == "serial" else ()))

@@ -27,6 +27,8 @@ def test_every_shape_places_k_pipelines_on_its_devices_or_says_why():
     assert pl.paired(3, 4) == [((0, 1),) * 2, ((0, 1),) * 2, ((2, 3),) * 2]
     assert pl.disaggregated(2, 8) == [((0, 1, 2, 3), (4, 5, 6, 7))] * 2
     assert pl.shared_pool(2, 8) == [((0, 1), (4, 5, 6, 7)), ((2, 3), (4, 5, 6, 7))]
+    assert pl.crossed(3, 4) == [((0, 1), (2, 3)), ((2, 3), (0, 1)), ((0, 1), (2, 3))]
+    assert pl.crossed(2, 1) == [((0,), (0,))] * 2
     with pytest.raises(ValueError, match="3 pipelines need 3 devices"):
         pl.split(3, 2)
     with pytest.raises(ValueError, match="unknown placement 'ring'"):
@@ -36,7 +38,7 @@ def test_every_shape_places_k_pipelines_on_its_devices_or_says_why():
 def test_distinct_shapes_drop_a_placement_an_earlier_shape_already_gave():
     got = pl.distinct(tuple(pl.SHAPES), 2, 8)
     assert "paired" not in got  # two pipelines paired on one group of all 8 is colocated
-    assert list(got) == ["colocated", "split", "disaggregated", "shared-pool"]
+    assert list(got) == ["colocated", "split", "disaggregated", "shared-pool", "crossed"]
     assert pl.distinct(("colocated", "split"), 3, 2)["split"] == "3 pipelines need 3 devices (one group each), " \
                                                                   "the node has 2"
 
@@ -131,7 +133,7 @@ def test_a_configured_shape_is_used_and_one_jigsaw_cannot_run_is_refused():
     res = simulate(replace(APART, policy="jigsaw", placement="colocated", steps=1))
     assert res.placement is None and res.config.placement == "colocated"
     with pytest.raises(Infeasible, match="jigsaw runs on colocated, paired, split, disaggregated, shared-pool, "
-                                         "not on placement 'ring'"):
+                                         "crossed, not on placement 'ring'"):
         simulate(replace(APART, policy="jigsaw", placement="ring", steps=1))
     # a baseline keeps its own placement whatever is configured
     assert simulate(replace(APART, policy="rollmux", placement="split", steps=1)).placement is None

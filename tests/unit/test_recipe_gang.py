@@ -1,6 +1,6 @@
 """The GRPO recipe's trainer stage as a gang: each rank trains the share of the batch its grant gives it."""
 
-from jigsaw.recipes.grpo import _report, gang_shares
+from jigsaw.recipes.grpo_step import _report, gang_shares
 from jigsaw.runtime.client import GrantHandle
 
 

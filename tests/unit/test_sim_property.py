@@ -14,12 +14,11 @@ found failing are in FOUND and run every time.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from factories import write_workloads
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -63,29 +62,6 @@ def nodes(draw) -> tuple[list[dict], int]:
     tp = max(p["rollout_tp"] for p in pipes)
     gpus = draw(st.sampled_from([g for g in (4, 8, 16, 32, 64) if g >= tp]))
     return pipes, gpus
-
-
-def _toml(fields: dict) -> str:
-    def value(v):
-        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
-
-    top = [f"{k} = {value(v)}" for k, v in fields.items() if not isinstance(v, dict)]
-    sections = [f"[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
-                for k, v in fields.items() if isinstance(v, dict)]
-    paths = [k for k, v in fields.items() if not isinstance(v, dict)]
-    paths += [f"{k}.{kk}" for k, v in fields.items() if isinstance(v, dict) for kk in v]
-    provenance = "[provenance]\n" + "\n".join(f'"{p}" = "hypothesis"' for p in paths)
-    return "\n".join([*top, "", *sections, provenance, ""])
-
-
-def _write(pipes: list[dict], where: Path) -> tuple[str, ...]:
-    where.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i, fields in enumerate(pipes):
-        path = where / f"w{i}.toml"
-        path.write_text(_toml({"name": f"w{i}", "description": "drawn", **fields}))
-        out.append(str(path))
-    return tuple(out)
 
 
 def _check(result, bound) -> None:
@@ -142,7 +118,7 @@ FOUND = [
 @given(node=nodes())
 def test_every_policy_runs_or_says_why_on_any_drawn_node(node, tmp_path_factory):
     pipes, gpus = node
-    names = _write(pipes, tmp_path_factory.mktemp("node"))
+    names = write_workloads(pipes, tmp_path_factory.mktemp("node"))
     cfg = SimConfig(workload=names, gpus=gpus, steps=STEPS, trace=False)
     try:
         bound = lower_bound(cfg)
