@@ -3,7 +3,7 @@
     job "p0-w" (mode one-step-off | fully-async, staleness k)
       RolloutSide "p0-w"  on its rollout devices: step n = generate batch n (+ reward)
           may begin once buffer.may_generate(n) (weights at most k versions behind step n)
-          fully-async: a round ends when the batch carried in is done and (1 - tail) of its own
+          fully-async: a round ends when the batch carried in is done and (1 - carry_frac) of its own
           is; the rest is interrupted and carried into the next round with its partial output,
           and every weight update interrupts the running requests (their KV recomputed)
             └─ finished batches ─► SampleBuffer (graph/buffer.py) ─┐
@@ -100,7 +100,7 @@ class RolloutSide(PipelineRun):
     def _round_end(self) -> set[int]:
         """Fully async: once the carried batch is done and (1 - tail) of this one, the rest of
         this one stops here (returned: to abort, then carried); the last round runs to the end."""
-        B, tail = self.spec.samples, self.spec.tail_share
+        B, tail = self.spec.samples, self.spec.carry_share
         if not self._round_open or tail == 0 or self.step + 1 >= self.steps_total:
             return set()
         if self.step > 0 and len(self.done.get(self.step - 1, ())) < B:

@@ -185,7 +185,7 @@ class WorkloadSpec:
     rollout_frac: float = 0.5
     """Share of an asynchronous pipeline's devices its rollout workers get (the rest train);
     0.5: the equal split the JigsawRL paper's StreamRL and AReaL baselines use (§5.3)."""
-    tail_frac: float | None = None
+    carry_frac: float | None = None
     """fully-async: share of a batch still generating when the next batch's prompts are
     submitted; those are interrupted and carried into the next round with their partial
     output (None: 0.25, an assumption; AReaL submits a prompt whenever one finishes)."""
@@ -209,11 +209,11 @@ class WorkloadSpec:
         return DEFAULT_STALENESS[self.mode] if self.staleness is None else self.staleness
 
     @property
-    def tail_share(self) -> float:
+    def carry_share(self) -> float:
         """The share of a batch carried into the next round (0 unless fully-async)."""
         if self.mode != "fully-async":
             return 0.0
-        return DEFAULT_TAIL_FRAC if self.tail_frac is None else self.tail_frac
+        return DEFAULT_CARRY_FRAC if self.carry_frac is None else self.carry_frac
 
 
 def _check(w: WorkloadSpec) -> None:
@@ -283,9 +283,9 @@ def _async_checks(w: WorkloadSpec) -> Iterator[tuple[bool, str]]:
     yield k is None or w.is_async or k == 0, f"staleness {k} needs an asynchronous mode (sync trains on fresh samples)"
     yield k is None or not w.is_async or k >= 1, f"{w.mode} needs staleness >= 1 (0 is sync), got {k}"
     yield 0 < w.rollout_frac < 1, f"rollout_frac must be in (0, 1), got {w.rollout_frac}"
-    f = w.tail_frac
-    yield f is None or w.mode == "fully-async", "tail_frac needs mode = 'fully-async'"
-    yield f is None or 0 <= f < 1, f"tail_frac must be in [0, 1), got {f}"
+    f = w.carry_frac
+    yield f is None or w.mode == "fully-async", "carry_frac needs mode = 'fully-async'"
+    yield f is None or 0 <= f < 1, f"carry_frac must be in [0, 1), got {f}"
     for what, on in (("[dynamic_sampling]", w.dynamic_sampling is not None), ("gen_prompts", bool(w.gen_prompts))):
         yield not (on and w.is_async), \
             f"{what} with mode {w.mode!r} is not simulated (a dynamic batch has no fixed size)"
@@ -308,7 +308,7 @@ _ALWAYS = frozenset(
      "gradient_checkpointing", "turns.probs", "turns.context_tokens", "turns.context_sigma",
      "tool.latency_s", "tool.latency_sigma", "tool.blocking"]
     + [f"lengths.{k}" for k in lengths.LEGACY_FIELDS])
-DEFAULT_TAIL_FRAC = 0.25
+DEFAULT_CARRY_FRAC = 0.25
 """fully-async's share of a batch carried into the next round, when a workload does not say."""
 _REQUIRED = object()  # the "default" of a field without one: never equal to a value
 

@@ -63,7 +63,7 @@ def test_one_step_off_generates_the_next_batch_while_the_last_one_trains(tmp_pat
 
 
 def test_fully_async_resumes_interrupted_requests_with_what_they_generated(tmp_path, monkeypatch):
-    (path,) = write_workloads([_fields(mode="fully-async", staleness=2, tail_frac=0.5)], tmp_path)
+    (path,) = write_workloads([_fields(mode="fully-async", staleness=2, carry_frac=0.5)], tmp_path)
     resumed: list[tuple[int, int, int]] = []
 
     class Watched(asynchronous.RolloutSide):
@@ -104,7 +104,7 @@ def mixes(draw) -> tuple[list[dict], str, int, int]:
         if mode != "sync":
             extra["staleness"] = draw(st.integers(1, 3))
         if mode == "fully-async":
-            extra["tail_frac"] = draw(st.sampled_from([0.0, 0.25, 0.6]))
+            extra["carry_frac"] = draw(st.sampled_from([0.0, 0.25, 0.6]))
         pipes.append(_fields(prompts=draw(st.sampled_from([4, 8])), group=draw(st.sampled_from([2, 4])), **extra))
     return pipes, draw(st.sampled_from(NAMES)), draw(st.integers(2, 4)), draw(st.sampled_from([2, 4]))
 
@@ -148,9 +148,9 @@ def test_the_workload_format_says_what_is_wrong_with_an_asynchronous_pipeline():
     for over, message in ((dict(mode="async"), "mode must be one of"),
                           (dict(mode="one-step-off", staleness=0), "needs staleness >= 1"),
                           (dict(staleness=2), "needs an asynchronous mode"),
-                          (dict(mode="one-step-off", tail_frac=0.2), "tail_frac needs mode"),
+                          (dict(mode="one-step-off", carry_frac=0.2), "carry_frac needs mode"),
                           (dict(mode="fully-async", rollout_frac=1.0), "rollout_frac must be in"),
-                          (dict(mode="fully-async", tail_frac=1.0), "tail_frac must be in")):
+                          (dict(mode="fully-async", carry_frac=1.0), "carry_frac must be in")):
         with pytest.raises(ValueError, match=message):
             replace(base, **over, provenance={**base.provenance, **{k: "test" for k in over}})
 
