@@ -26,7 +26,7 @@ import numpy as np
 from jigsaw.graph.buffer import SampleBuffer, train_side
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.substage import SubStageKind
-from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, WAITING, PipelineRun, StepMetrics
+from jigsaw.sim.pipeline import DONE, REFERENCE, ROLLOUT, PipelineRun
 from jigsaw.sim.request import Request
 from jigsaw.sim.workload import reward_wall_s
 
@@ -98,7 +98,7 @@ class RolloutSide(PipelineRun):
         return self._round_end() if reqs else set()
 
     def _round_end(self) -> set[int]:
-        """Fully async: once the carried batch is done and (1 - tail) of this one, the rest of
+        """Fully async: once the carried batch is done and (1 - carry_frac) of this one, the rest of
         this one stops here (returned: to abort, then carried); the last round runs to the end."""
         B, tail = self.spec.samples, self.spec.carry_share
         if not self._round_open or tail == 0 or self.step + 1 >= self.steps_total:
@@ -131,13 +131,8 @@ class RolloutSide(PipelineRun):
                 self.coupling.put(batch, sorted(self.done.pop(batch), key=lambda q: q.rid))
         self._end_step(t)
 
-    def _end_step(self, t: float) -> None:
-        self.metrics.append(StepMetrics(step=self.step, start_s=self._step_start, end_s=t, tokens=0, samples=0,
-                                        round="async", stage_s=dict(self._stage_s)))
-        cols = [c for wk in self.workers if (c := wk.columns()) is not None]
-        graph = self.last_graph = self.builder.add_step(self.records, columns=cols)
-        self.device_s += graph.total_work_s()
-        self.stage = WAITING
+    def counted_samples(self) -> list[Request]:
+        return []
 
     def step_facts(self) -> dict:
         return {"job": self.job, "weights_version": self.coupling.born[self.step],

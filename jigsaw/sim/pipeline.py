@@ -363,8 +363,13 @@ class PipelineRun:
                     num_decode_reqs=max(1, round(g.seqs_per_rank * share)),
                     mem_bytes=g.mem_bytes, flops=self.cost.flops_per_token * g.tokens_per_rank * share, slowdown=slow))
 
+    def counted_samples(self) -> list[Request]:
+        """The samples its step counts as trained (an asynchronous rollout side's: none, they
+        count once, on the training side)."""
+        return self.trained_samples()
+
     def _end_step(self, t: float) -> None:
-        samples = self.trained_samples()
+        samples = self.counted_samples()
         self.metrics.append(StepMetrics(step=self.step, start_s=self._step_start, end_s=t,
                                         tokens=sum(q.context for q in samples), samples=len(samples),
                                         round=self._round.get("kind", "plain"), stage_s=dict(self._stage_s)))

@@ -71,18 +71,24 @@ def test_fully_async_resumes_interrupted_requests_with_what_they_generated(tmp_p
             resumed.extend((q.rid, q.output_tokens, q.context) for reqs in self.carry.values() for q in reqs)
             super().begin_step(t, weights)
 
+    trained: dict[int, object] = {}
+    take = asynchronous.Coupling.take
+
+    def watched_take(self, step):
+        reqs = take(self, step)
+        trained.update((q.rid, q) for q in reqs)
+        return reqs
+
     monkeypatch.setattr(run, "RolloutSide", Watched)
+    monkeypatch.setattr(asynchronous.Coupling, "take", watched_take)
     runs, node, grid, pol = build(SimConfig(workload=(path,), policy="serial", steps=4))
     sim = NodeSim(runs, node, grid, pol)
     sim.run()
     roll, train = runs
     assert resumed, "no round carried its tail into the next"
     assert all(out > 0 for _, out, _ in resumed), "a carried request restarted from its prompt"
-    trained = {q.rid: q for q in roll.coupling.samples.values() for q in q} | {
-        q.rid: q for q in train.batch}
-    for rid, out, ctx in resumed:
-        if rid in trained:  # its final sequence holds what it had then, once
-            assert trained[rid].context >= ctx and trained[rid].response_tokens >= out
+    for rid, out, ctx in resumed:  # each carried request is trained, with what it had then in it
+        assert trained[rid].context >= ctx and trained[rid].response_tokens >= out
     reloads = [e for e in sim.trace.events if e.event == "weights"]
     assert len(reloads) >= 1 and sum(e.data["resumed"] for e in reloads) > 0, "no weight update reached a rollout"
     _check_ledger(roll.coupling, steps=4, samples=roll.spec.samples, bound=2)
