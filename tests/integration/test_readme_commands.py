@@ -27,7 +27,7 @@ NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e '.[dev]' "
     "--config-settings editable_mode=compat && jigsaw demo":
         "the install is what .ci/run does; the full demo takes minutes (tests/integration/test_demo.py runs it small)",
-    "python -m pytest -q": "this suite (tests/integration/test_readme.py checks it is what .ci/run runs)",
+    "python -m pytest -q -n 2": "this suite (tests/integration/test_readme.py checks it is what .ci/run runs)",
     "python3 -m venv .venv-verl": "the verl venv .ci/run makes (tests/integration/test_readme.py checks the lines)",
     ".venv-verl/bin/pip install -c constraints.txt -e '.[dev,verl]' --config-settings editable_mode=compat":
         "the verl install .ci/run does (tests/integration/test_readme.py checks it)",
