@@ -26,6 +26,8 @@
                 migration  requests moved between DP workers (data: target, delta_s)
                 step       an RL step finished (data: latency_s, tokens, samples, flops; an
                            asynchronous side's: job, weights_version, and staleness or carried)
+                job        a side of an asynchronous job said its coupling (data: job, mode,
+                           staleness: the bound its framework keeps)
                 weights    new weights reached a running fully-async rollout: its requests
                            interrupted, resumed with their partial output (data: step, resumed)
                 telemetry  an NVML sample of `device`, pipeline "" (jigsaw.mux.telemetry; data:
@@ -51,7 +53,7 @@ from pathlib import Path
 
 EVENTS = ("node", "pipeline", "request", "grant", "delivered", "release", "host", "done", "drop", "plan", "open",
           "migration", "step", "telemetry", "progress", "samples", "lengths", "no_rollout", "forecast", "migrate",
-          "weights")
+          "weights", "job")
 log = logging.getLogger("jigsaw.trace")
 
 

@@ -68,8 +68,9 @@ def run(cfg, name: str, mc, tok, task, say) -> dict:
 
     k = cfg.staleness if cfg.staleness is not None else DEFAULT_STALENESS[cfg.mode]
     shared = Shared(k)
-    roll_client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens, job=name)
-    train_client = connect(pipeline=train_side(name), steps=cfg.steps, job=name)
+    roll_client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens, job=name, mode=cfg.mode,
+                          staleness=k)
+    train_client = connect(pipeline=train_side(name), steps=cfg.steps, job=name, mode=cfg.mode, staleness=k)
     say(f"{cfg.mode}, staleness bound {k}; "
         f"{'under the jigsaw daemon' if roll_client.connected else 'alone (no daemon)'}")
     rollout = RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed, threads=cfg.threads)

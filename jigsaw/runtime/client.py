@@ -98,14 +98,16 @@ class GrantHandle:
 class Client:
     def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
                  connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S, owner: str = "",
-                 steps: int = 0, max_tokens: int = 0, slo_slowdown: float = 0.0, job: str = ""):
+                 steps: int = 0, max_tokens: int = 0, slo_slowdown: float = 0.0, job: str = "", mode: str = "",
+                 staleness: int = 0):
         """`steps`: RL steps the pipeline runs in all, `max_tokens`: its response cap (0: not
         said), `slo_slowdown`: its steps may take at most this × their exclusive time (0: no
         SLO; the registration that creates the pipeline sets it), `job`: the asynchronous job
-        it is one side of (graph/buffer.py), told at registration."""
+        it is one side of (graph/buffer.py), with its `mode` and `staleness` bound, told at
+        registration."""
         self.pipeline, self.endpoint, self.devices = pr.check_name(pipeline), endpoint, tuple(devices)
         self.owner, self.steps, self.max_tokens = owner, steps, max_tokens
-        self.slo_slowdown, self.job = slo_slowdown, job
+        self.slo_slowdown, self.job, self.mode, self.staleness = slo_slowdown, job, mode, staleness
         self.refusal: pr.Error | None = None
         """Why the daemon refused to register this pipeline (None: it did not)."""
         self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
@@ -461,7 +463,7 @@ class Client:
                 return  # another job holds the name: asking again would not change that
             msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, owner=self.owner,
                               steps=self.steps, max_tokens=self.max_tokens, slo_slowdown=self.slo_slowdown,
-                              job=self.job, req=self._next_req())
+                              job=self.job, mode=self.mode, staleness=self.staleness, req=self._next_req())
             reply = self._call(sock, msg, timeout_s)
             if isinstance(reply, pr.Registered):
                 self.refusal = None
@@ -574,16 +576,17 @@ def wait_for_daemon(endpoint: str, timeout_s: float) -> bool:
 
 
 def connect(pipeline: str | None = None, endpoint: str | None = None, devices: tuple[int, ...] = (), *,
-            steps: int = 0, max_tokens: int = 0, slo_slowdown: float = 0.0, job: str = "") -> Client:
+            steps: int = 0, max_tokens: int = 0, slo_slowdown: float = 0.0, job: str = "", mode: str = "",
+            staleness: int = 0) -> Client:
     """The client of this process.  Without a daemon endpoint (not under `jigsaw run`),
     a client that grants every sub-stage exclusively.  `steps` and `max_tokens`: the
     pipeline's step count and response cap, when it knows them (the scheduler plans better);
     `slo_slowdown`: its step SLO, if this registration creates the pipeline (`jigsaw run
     --slo` sets it for its job); `job`: the asynchronous job this pipeline is one side of
     (its other side registers with the same job; a side that is not the job's own name takes
-    the owner token of the job's)."""
+    the owner token of the job's), `mode` and `staleness` its coupling and bound."""
     ep = endpoint or os.environ.get(ENV_ENDPOINT)
     name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
     owner = find_owner(ep, name) or (find_owner(ep, job) if job else "")
     return Client(name, ep, devices, owner=owner, steps=steps, max_tokens=max_tokens,
-                  slo_slowdown=slo_slowdown, job=job)
+                  slo_slowdown=slo_slowdown, job=job, mode=mode, staleness=staleness)

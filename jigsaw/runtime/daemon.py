@@ -195,6 +195,8 @@ class Daemon:
         self.owners: dict[str, str] = {}
         """Pipeline name -> the owner token it was registered with."""
         self.step_start: dict[str, float] = {}
+        self.job_modes: dict[str, tuple[str, int]] = {}
+        """Each asynchronous side's coupling and staleness bound, as its clients said them."""
         self.requested: Counter[str] = Counter()
         self.granted: Counter[str] = Counter()
         """Sub-stages asked for and admitted, per pipeline (in status replies)."""
@@ -430,6 +432,9 @@ class Daemon:
                                                 **({"job": msg.job} if msg.job else {}),
                                                 "device": self.grid.device.sku,
                                                 "peak_flops": self.grid.device.peak_flops})
+        if msg.mode and self.job_modes.get(name) != (msg.mode, msg.staleness):
+            self.job_modes[name] = (msg.mode, msg.staleness)  # whichever client says it: `jigsaw run` does not
+            self._event("job", name, data={"job": msg.job or name, "mode": msg.mode, "staleness": msg.staleness})
         token = secrets.token_hex(8)
         self.sessions[token] = Session(pipeline=name, last_seen=arrived_s)
         self._gauge()

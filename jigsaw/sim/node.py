@@ -123,6 +123,9 @@ class NodeSim:
                                                     **({"job": run.job, "mode": run.spec.mode} if run.job else {}),
                                                     **({"model_config": run.spec.model_config}
                                                        if run.spec.model_config else {})})
+            if run.job:  # what the daemon traces when a side's client says it
+                self._trace("job", run.name, data={"job": run.job, "mode": run.spec.mode,
+                                                   "staleness": run.spec.staleness_bound})
             self.clients.register(run)
             self._begin_step(run, 0.0)
         self._decide(0.0)

@@ -67,6 +67,8 @@ def test_a_one_step_off_recipe_runs_beside_a_sync_one_under_the_daemon(tmp_path)
     events = node.events()
     registered = {e["pipeline"]: e["data"] for e in events if e["event"] == "pipeline"}
     assert registered["job.train"].get("job") == "job" and "sync" in registered
+    said = {e["pipeline"]: e["data"] for e in events if e["event"] == "job"}  # the bound reached the daemon
+    assert said == {side: {"job": "job", "mode": "one-step-off", "staleness": 1} for side in ("job", "job.train")}
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert {"sync", "job", "job.train"} <= granted  # each side's sub-stages went through the daemon
 

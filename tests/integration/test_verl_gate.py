@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from nodes import Node
@@ -158,3 +159,40 @@ def test_the_opt_in_poll_shortens_verls_replay_buffer_poll_and_nothing_else(monk
     before = list(sys.meta_path)
     poll.install()  # unset: verl as it is
     assert sys.meta_path == before
+
+
+class FakeAsyncTrainer(FakeTrainer):
+    """verl's PPOTrainerColocateAsync as the gate sees it: its mode, its bound, batches of 4 prompts."""
+
+    trainer_mode = "colocate_async"
+
+    def __init__(self, calls: list):
+        super().__init__(calls)
+        self.config = SimpleNamespace(data=SimpleNamespace(train_batch_size=4),
+                                      trainer=SimpleNamespace(v1=SimpleNamespace(
+                                          sampler={"max_off_policy_threshold": 2})))
+
+
+def test_an_async_trainer_is_its_jobs_training_side_and_its_rollouts_count_batches(tmp_path, monkeypatch):
+    """verl's asynchronous trainers: the gangs under `<job>.train`, registered with the job, its
+    mode and bound; each prompt's rollout step is the batch it completes, not the trainer's step."""
+    node = Node(tmp_path)
+    node.start("--devices", "2")
+    monkeypatch.setattr(vt.Gate, "pids", lambda self, trainer: (os.getpid(), os.getpid()))
+    for k, v in {**node.env, "JIGSAW_ENDPOINT": node.ep, "JIGSAW_PIPELINE": "verl-job"}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        t = vt.gated(FakeAsyncTrainer)([])
+        assert t._compute_old_log_prob(Batch(), metrics={}) is not None
+        t._jigsaw_gate.client.close()
+    finally:
+        node.stop()
+    ev = node.events()
+    assert {e["pipeline"] for e in ev if e["event"] == "request"} == {"verl-job.train"}
+    assert [e["data"] for e in ev if e["event"] == "job"] == [{"job": "verl-job", "mode": "fully-async",
+                                                                "staleness": 2}]
+    steps = [vt._rollout_step(t, n) for n in (4, 4, 2, 2, 3)]  # the warm-up batch, then steps topped up
+    assert steps == [1, 2, 3, 3, 4]
+    sync = vt.gated(FakeTrainer)([])
+    sync.global_steps = 7
+    assert vt._rollout_step(sync, 4) == 7  # sync: the step the trainer waits in

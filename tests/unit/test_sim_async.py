@@ -57,6 +57,9 @@ def test_one_step_off_generates_the_next_batch_while_the_last_one_trains(tmp_pat
     assert overlaps, "no rollout ran beside the training of the batch before it"
     assert all(e.data["step"] - e.data["weights_version"] <= 1 for e in roll)
     assert all(e.data["staleness"] <= 1 for e in train) and max(e.data["staleness"] for e in train) == 1
+    said = {e.pipeline: e.data for e in r.trace.events if e.event == "job"}  # as the daemon traces a live job
+    job = roll[0].pipeline
+    assert said == {side: {"job": job, "mode": "one-step-off", "staleness": 1} for side in (job, f"{job}.train")}
     sync = simulate(replace(cfg, mode=("sync",)))
     assert sync.tokens == r.tokens  # the same samples trained, whatever the mode
     assert r.makespan_s < sync.makespan_s

@@ -20,7 +20,7 @@ from pathlib import Path
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
-    """One GRPO job of verl's sync trainer on the host."""
+    """One GRPO job of verl's trainer on the host."""
 
     model: Path = Path("verl-assets/model")
     """HF checkpoint directory (assets.make_model writes one)."""
@@ -44,6 +44,12 @@ class JobConfig:
     """`actor_rollout_ref.rollout.name`."""
     out: Path | None = None
     """`trainer.default_local_dir` (checkpoints are off; verl writes little there)."""
+    trainer_mode: str = "sync"
+    """`trainer.v1.trainer_mode`: sync, or colocate_async (rollouts run ahead of training,
+    interrupted and resumed at each weight update)."""
+    staleness: int = 2
+    """`trainer.v1.sampler.max_off_policy_threshold` of an asynchronous mode: the weight
+    versions a trained sample may span."""
     rollout_dump: Path | None = None
     """`trainer.rollout_data_dir`: verl writes every step's prompts and responses here, as
     <step>.jsonl (None: not written)."""
@@ -77,6 +83,9 @@ def grpo_command(c: JobConfig) -> list[str]:
         "ray_kwargs.ray_init.num_cpus=16", f"+ray_kwargs.ray_init.num_gpus={c.replicas}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
+    if c.trainer_mode != "sync":
+        overrides += [f"trainer.v1.trainer_mode={c.trainer_mode}",
+                      f"trainer.v1.sampler.max_off_policy_threshold={c.staleness}"]
     if c.rollout_dump is not None:
         overrides.append(f"trainer.rollout_data_dir={c.rollout_dump}")
     if c.out is not None:  # Hydra writes its run directory (outputs/<date>/...) under the cwd otherwise

@@ -1,8 +1,9 @@
-"""verl's sync trainer with every stage admitted by the jigsaw daemon, in the trainer process.
+"""verl's trainers with every stage admitted by the jigsaw daemon, in the trainer process.
 
     install()  (every process; only under `jigsaw run`: JIGSAW_PIPELINE is set)
-        └─ when verl.trainer.ppo.v1.trainer_sync is imported: TRAINER_REGISTRY["sync"] =
-           gated(PPOTrainerSync), under the same name (verl checks trainer_mode == "sync")
+        └─ when verl.trainer.ppo.v1.trainer_<mode> is imported: TRAINER_REGISTRY[mode] =
+           gated(its trainer), under the same name, for each of verl's `trainer.v1.trainer_mode`s:
+           sync, colocate_async and separate_async
 
     PPOTrainerSync.fit ─► step N ─► _submit_batch_to_rollout  the replicas learn step N; `gen`
         │                           is their engines' regimes, each replica a DP worker
@@ -21,10 +22,18 @@
 Gating here, never per rank: the ranks run collectives, and a rank held back alone would
 deadlock the others; the gang is asked for whole and verl's call starts once every member is
 admitted.  Without a daemon every stage is granted at once (fail open).
+
+The asynchronous modes are an asynchronous job to jigsaw (graph/buffer.py), as the CPU recipe's
+are: the replicas its rollout side (the job's name), the trainer's gangs its training side
+(`<job>.train`), registered with the job, mode fully-async (verl interrupts running rollouts at
+a weight update and resumes them: partial rollout) and the staleness bound verl keeps
+(`trainer.v1.sampler.max_off_policy_threshold`).  Their rollouts run ahead of training: the
+prompts of batch b are step b of the rollout side, whatever step the trainer is in.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -32,7 +41,14 @@ from jigsaw.runtime.paths import ENV_PIPELINE
 
 log = logging.getLogger("jigsaw.verl")
 
-TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_sync"
+TRAINER_MODULES = {
+    "sync": "verl.trainer.ppo.v1.trainer_sync",
+    "colocate_async": "verl.trainer.ppo.v1.trainer_colocate_async",
+    "separate_async": "verl.trainer.ppo.v1.trainer_separate_async",
+}
+"""verl's trainer modes (`trainer.v1.trainer_mode`), each with the module that registers it."""
+ASYNC_MODE = "fully-async"
+"""What verl's asynchronous trainers are to jigsaw (graph/buffer.py MODES)."""
 STAGES = {
     "reward": ("_compute_reward_colocate", "reference"),
     "old_log_prob": ("_compute_old_log_prob", "reference"),
@@ -48,22 +64,23 @@ WEIGHT_SYNC = "update_weights"
 
 
 def install() -> None:
-    """Replace the sync trainer once verl defines it (now, if it already did)."""
+    """Replace each of verl's trainers once verl defines it (now, if it already did)."""
     if not os.environ.get(ENV_PIPELINE):
         return  # not under `jigsaw run`: verl as it is
     from jigsaw.integrations.verl.imports import after_import
 
-    after_import(TRAINER_MODULE, _replace)
+    for mode, module in TRAINER_MODULES.items():
+        after_import(module, functools.partial(_replace, mode))
 
 
-def _replace(module) -> None:
+def _replace(mode: str, module) -> None:
     from verl.trainer.ppo.v1 import trainer_base
 
-    base = trainer_base.TRAINER_REGISTRY.get("sync")
+    base = trainer_base.TRAINER_REGISTRY.get(mode)
     if base is None or getattr(base, "jigsaw_gated", False):
         return
-    trainer_base.TRAINER_REGISTRY["sync"] = gated(base)
-    log.info("jigsaw: verl's sync trainer runs its stages under the jigsaw daemon")
+    trainer_base.TRAINER_REGISTRY[mode] = gated(base)
+    log.info("jigsaw: verl's %s trainer runs its stages under the jigsaw daemon", mode)
 
 
 def gated(base: type) -> type:
@@ -75,13 +92,13 @@ def gated(base: type) -> type:
             return base.on_step_end(self)
 
     def _submit_batch_to_rollout(self, batch):
-        _tell_replicas(self, self.global_steps)
+        _tell_replicas(self, _rollout_step(self, len(batch)))
         return base._submit_batch_to_rollout(self, batch)
 
     def _jigsaw_stage(self, label: str, kind: str, batch=None):
         gate = self.__dict__.get("_jigsaw_gate")
         if gate is None:
-            gate = self.__dict__["_jigsaw_gate"] = Gate()
+            gate = self.__dict__["_jigsaw_gate"] = Gate(self)
         return gate.stage(self, label, kind, batch)
 
     ns = dict(methods, on_step_end=on_step_end, _submit_batch_to_rollout=_submit_batch_to_rollout,
@@ -100,6 +117,20 @@ def _gate(base: type, label: str, name: str, kind: str):
     return stage
 
 
+def is_async(trainer) -> bool:
+    return getattr(trainer, "trainer_mode", "sync") != "sync"
+
+
+def _rollout_step(trainer, prompts: int) -> int:
+    """The rollout step `prompts` new prompts belong to: the trainer's step when it waits for
+    them (sync), else the batch they complete (counted in prompts: verl tops batches up)."""
+    if not is_async(trainer):
+        return trainer.global_steps
+    before = trainer.__dict__.get("_jigsaw_prompts", 0)
+    trainer.__dict__["_jigsaw_prompts"] = before + prompts
+    return 1 + before // int(trainer.config.data.train_batch_size)
+
+
 def _tell_replicas(trainer, step: int) -> None:
     """The jigsaw rollout replicas' next rollout belongs to `step` (other backends: nothing)."""
     import ray
@@ -112,11 +143,11 @@ def _tell_replicas(trainer, step: int) -> None:
 class Gate:
     """The trainer process's client and the processes its stages run in."""
 
-    def __init__(self):
+    def __init__(self, trainer=None):
         from jigsaw.integrations.verl.placement import node_devices
         from jigsaw.runtime.client import connect
 
-        self.client = connect()
+        self.client = connect(**_side(trainer)) if trainer is not None and is_async(trainer) else connect()
         self.devices = node_devices(self.client)
         self._pids: tuple[int, ...] | None = None
 
@@ -135,6 +166,15 @@ class Gate:
         members = gang_members(self.pids(trainer), self.devices)
         cm = self.client.gang(kind, members=members, step=trainer.global_steps, label=label)
         return _Reported(cm, batch)
+
+
+def _side(trainer) -> dict:
+    """An asynchronous trainer's registration: its job's training side, the job's bound."""
+    from jigsaw.graph.buffer import train_side
+
+    job = os.environ[ENV_PIPELINE]
+    bound = trainer.config.trainer.v1.sampler.get("max_off_policy_threshold")
+    return {"pipeline": train_side(job), "job": job, "mode": ASYNC_MODE, "staleness": int(bound or 0)}
 
 
 def _pid(actor) -> int:
