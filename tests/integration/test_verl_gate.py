@@ -60,14 +60,21 @@ class Batch:
     keys = ["a", "b", "c"]
 
 
-def test_each_verl_stage_is_admitted_as_a_gang_before_it_runs_and_reported_after(tmp_path, monkeypatch):
-    """Two trainer ranks on a two-device node: every stage is a sub-stage per rank, both
-    granted before verl's call runs, both done after it, each with its half of the batch."""
+def _under_a_daemon(tmp_path, monkeypatch) -> Node:
+    """A two-device daemon, and this process as the trainer of `jigsaw run --name verl-job`
+    whose two ranks are this process (the caller stops the node)."""
     node = Node(tmp_path)
     node.start("--devices", "2")
     monkeypatch.setattr(vt.Gate, "pids", lambda self, trainer: (os.getpid(), os.getpid()))
     for k, v in {**node.env, "JIGSAW_ENDPOINT": node.ep, "JIGSAW_PIPELINE": "verl-job"}.items():
         monkeypatch.setenv(k, v)
+    return node
+
+
+def test_each_verl_stage_is_admitted_as_a_gang_before_it_runs_and_reported_after(tmp_path, monkeypatch):
+    """Two trainer ranks on a two-device node: every stage is a sub-stage per rank, both
+    granted before verl's call runs, both done after it, each with its half of the batch."""
+    node = _under_a_daemon(tmp_path, monkeypatch)
     try:
         calls = []
         t = vt.gated(FakeTrainer)(calls)
@@ -176,11 +183,7 @@ class FakeAsyncTrainer(FakeTrainer):
 def test_an_async_trainer_is_its_jobs_training_side_and_its_rollouts_count_batches(tmp_path, monkeypatch):
     """verl's asynchronous trainers: the gangs under `<job>.train`, registered with the job, its
     mode and bound; each prompt's rollout step is the batch it completes, not the trainer's step."""
-    node = Node(tmp_path)
-    node.start("--devices", "2")
-    monkeypatch.setattr(vt.Gate, "pids", lambda self, trainer: (os.getpid(), os.getpid()))
-    for k, v in {**node.env, "JIGSAW_ENDPOINT": node.ep, "JIGSAW_PIPELINE": "verl-job"}.items():
-        monkeypatch.setenv(k, v)
+    node = _under_a_daemon(tmp_path, monkeypatch)
     try:
         t = vt.gated(FakeAsyncTrainer)([])
         assert t._compute_old_log_prob(Batch(), metrics={}) is not None
