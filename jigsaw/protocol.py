@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from jigsaw.graph.buffer import MODES
 from jigsaw.mux.partition.partitioners import Partition
 
 PROTOCOL_VERSION = 8
@@ -74,8 +75,9 @@ Amount = Annotated[float, Meta(ge=0.0, le=1e9)]
 Tokens = Annotated[int, Meta(ge=0, le=1 << 24)]
 """Tokens of one request or turn."""
 MAX_LIST = 8192
-MAX_STALENESS = 1 << 20
 """Most entries of a list of numbers in one message (a longer one is sent in parts)."""
+MAX_STALENESS = 1 << 20
+"""Largest staleness bound a pipeline may state, in weight versions."""
 Flops = Annotated[float, Meta(ge=0.0, le=1e30)]
 
 
@@ -110,7 +112,7 @@ class Register(_Msg, tag="register"):
     """The asynchronous job this pipeline is one side of (its rollout or its training, joined
     by a sample buffer: graph/buffer.py); "" for a pipeline that is a whole job.  Policies
     that give the node to one job at a time (serial) give it to both sides together."""
-    mode: Literal["", "sync", "one-step-off", "fully-async"] = ""
+    mode: Literal[("", *MODES)] = ""
     """How the job's sides are coupled (graph/buffer.py MODES; "" not said): one-step-off
     generates batch n with weights n - staleness, fully-async with the newest, its running
     requests interrupted by every update."""
