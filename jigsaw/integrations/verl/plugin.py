@@ -3,6 +3,8 @@
     import verl ─► verl/__init__.py loads entry points ─► this module ─► load()
         cpu.register()       the "cpu" platform (selected only by VERL_PLATFORM=cpu)
         rollout.register()   the rollout backend "jigsaw"
+        weights.register()   the checkpoint engine "jigsaw" (registered when verl loads its
+                             engines): weights to separate replicas through Ray's object store
         trainer.install()    under `jigsaw run` only (JIGSAW_PIPELINE set): the sync trainer
                              is replaced, under its own name, by one whose stages the daemon
                              admits; installed when verl's trainer module is first imported
@@ -22,9 +24,9 @@ log = logging.getLogger("jigsaw.verl")
 
 
 def load() -> None:
-    from jigsaw.integrations.verl import cpu, poll, rollout, router, trainer
+    from jigsaw.integrations.verl import cpu, poll, rollout, router, trainer, weights
 
-    for part in (cpu.register, rollout.register, trainer.install, router.install, poll.install):
+    for part in (cpu.register, rollout.register, weights.register, trainer.install, router.install, poll.install):
         try:
             part()
         except Exception as exc:  # noqa: BLE001 - verl must run as without jigsaw

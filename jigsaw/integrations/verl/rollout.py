@@ -9,6 +9,8 @@
                       update_weights(generator): every rank materialises each tensor
                       (`full_tensor()`, a collective), the replica's leader rank sends the
                       state dict to its server through Ray's object store
+      or, a standalone replica (verl's separate trainers): its CheckpointEngineWorker's
+                      ServerAdapter, fed by the checkpoint engine "jigsaw" (weights.py)
 
 `_ROLLOUT_REGISTRY` is private to verl 0.9.1 (there is no public register function); the
 contract tests name it.
@@ -71,10 +73,11 @@ def adapter_class():
         """Pushes the trainer's weights to the replica this rank leads; nothing else to do on
         a host, whose memory is never released between stages."""
 
-        def __init__(self, config, model_config, device_mesh, *args, **kwargs):
+        def __init__(self, config, model_config, device_mesh, *args, replica_rank: int | None = None, **kwargs):
             super().__init__(config, model_config, device_mesh)
-            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            self.replica_rank, self.leader = rank, True  # one rank per replica (launch_servers checks)
+            if replica_rank is None:  # a trainer rank (colocated): its rank; a standalone worker is told
+                replica_rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            self.replica_rank, self.leader = replica_rank, True  # one rank per replica (launch_servers checks)
             self._server = None
 
         def _actor(self):
@@ -93,8 +96,10 @@ def adapter_class():
         async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
             if wire_format != "named_tensors":
                 raise ValueError(f"the jigsaw rollout takes full named tensors, not {wire_format!r}")
+            from verl.workers.rollout.utils import ensure_async_iterator
+
             state = {}
-            for name, tensor in weights:
+            async for name, tensor in ensure_async_iterator(weights):  # a checkpoint engine's is async
                 full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # every rank: a collective
                 if self.leader:
                     state[name] = full.detach().to("cpu", torch.float32).clone()
