@@ -15,6 +15,9 @@ a sync one and an asynchronous one (verl's colocate_async trainer).
     rollout to rank 0 until a replica reports requests in flight moved
     the same two jobs again, their daemon SIGKILLed at their first grant: they fall open and
     run every step without jigsaw, nothing in them moved: the unmigrated outputs
+    a third pair: verl's experimental mains, verl-s3 (one_step_off_policy) and verl-s4
+    (fully_async_policy, bound 2), one trainer rank and one rollout replica of their own each,
+    weights through the checkpoint engine "jigsaw"
 
 Checked: both exit 0; every verl stage of every step of both jobs was requested under its
 verl name and granted, each trainer stage as a gang of both ranks; the jobs held the same
@@ -24,8 +27,9 @@ every step's responses of verl-s1 are token-identical to the unmigrated run's (v
 reproducible: where a weight update interrupts its rollouts depends on timing); verl-s2 ran as
 its job's two sides, the training side registered with the bound, and verl trained within it,
 on samples of older weights; the pair fits in this machine's memory.  The second pair, whose
-daemon died mid-run, still finishes and says so.  (One pair serves as both the reference and
-the fault: a verl pair starts in minutes here.)
+daemon died mid-run, still finishes and says so.  The experimental mains train every step
+with every stage and weight sync gated on their training sides, registered with their bounds.
+(One pair serves as both the reference and the fault: a verl pair starts in minutes here.)
 """
 
 from __future__ import annotations
@@ -61,9 +65,12 @@ RESPONSE_TOKENS = 48
 STAGES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 """verl's stage names (its `marked_timer` names) each step of these jobs runs."""
 TRAINER_STAGES = STAGES[1:]
-MODES = {1: "sync", 2: "colocate_async"}
+MODES = {1: "sync", 2: "colocate_async", 3: "one_step_off", 4: "fully_async"}
 """verl-s2 runs verl's asynchronous colocated trainer: its rollouts run a batch ahead of its
-training, interrupted at each weight update and resumed (an asynchronous job beside a sync one)."""
+training, interrupted at each weight update and resumed (an asynchronous job beside a sync one).
+verl-s3 and verl-s4 run verl's experimental mains, a rollout device of their own each."""
+SEPARATE = {3: ("one-step-off", 1), 4: ("fully-async", 2)}
+"""The experimental jobs: what each is to jigsaw, and the bound its trainer registers."""
 STALENESS = 2
 """verl-s2's `max_off_policy_threshold`."""
 SIDES = {"verl-s1": dict.fromkeys(STAGES, "verl-s1"),
@@ -97,8 +104,9 @@ def command(assets, seed: int, tmp: Path) -> list[str]:
     model, data = assets
     return grpo_command(JobConfig(model=model, data=data, seed=seed, steps=STEPS, prompts=PROMPTS, temperature=0.0,
                                   response_tokens=RESPONSE_TOKENS, out=tmp / f"out-s{seed}",
-                                  rollout_dump=tmp / f"dump-s{seed}", trainer_mode=MODES[seed],
-                                  staleness=STALENESS))
+                                  rollout_dump=None if seed == 3 else tmp / f"dump-s{seed}", trainer_mode=MODES[seed],
+                                  staleness=SEPARATE.get(seed, (None, STALENESS))[1],
+                                  replicas=1 if seed in SEPARATE else DEVICES))
 
 
 def start(cmd: list[str], env: dict, tmp: Path, seed: int) -> subprocess.Popen:
@@ -211,13 +219,14 @@ class Drain(threading.Thread):
         return []
 
 
-def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None, drain: bool = False) -> dict:
+def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None, drain: bool = False,
+             seeds: tuple[int, int] = (1, 2)) -> dict:
     node = Node(tmp)
     node.start("--partitioner", "cpu", "--profile", "cpu/tiny-qwen3-1c", "--devices", str(DEVICES))
     sampler = Sampler(node)
     sampler.start()
     wrap = [sys.executable, "-m", "jigsaw.cli.main", "run", "--no-start-daemon", "--name"]
-    procs = [start([*wrap, f"verl-s{s}", "--", *command(assets, s, tmp)], node.env, tmp, s) for s in (1, 2)]
+    procs = [start([*wrap, f"verl-s{s}", "--", *command(assets, s, tmp)], node.env, tmp, s) for s in seeds]
     memory, drainer = PeakMemory(procs), Drain(node, tmp / "verl-s1.log")
     memory.start()
     if drain:
@@ -234,9 +243,9 @@ def run_pair(tmp: Path, assets, kill_daemon_at_step: int | None = None, drain: b
             t.stop.set()
         sampler.join(5)
         node.stop()
-    logs = [(tmp / f"verl-s{s}.log").read_text(errors="replace") for s in (1, 2)]
+    logs = [(tmp / f"verl-s{s}.log").read_text(errors="replace") for s in seeds]
     return {"rcs": rcs, "events": node.events(), "samples": sampler.samples, "peak_bytes": memory.peak_bytes,
-            "logs": logs, "dumps": [_dump(tmp / f"dump-s{s}") for s in (1, 2)], "orders": drainer.orders,
+            "logs": logs, "dumps": [_dump(tmp / f"dump-s{s}") for s in seeds], "orders": drainer.orders,
             "refused": drainer.refused}
 
 
@@ -279,6 +288,15 @@ def unmigrated(tmp_path_factory, assets) -> dict:
     assert run["rcs"] == [0, 0], _tail(run)
     assert not any(MOVED.search(log) for log in run["logs"]), "the reference run moved requests"
     return run
+
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory, assets) -> dict:
+    """verl's two experimental asynchronous mains side by side under one daemon, each a trainer
+    rank and a rollout replica of its own, their weights through the checkpoint engine "jigsaw"."""
+    if len(os.sched_getaffinity(0)) < DEVICES:
+        pytest.skip("a device per core needs two cores")
+    return run_pair(tmp_path_factory.mktemp("verl-separate"), assets, seeds=tuple(SEPARATE))
 
 
 def _tail(run: dict) -> str:
@@ -384,6 +402,34 @@ def test_killing_the_daemon_mid_run_leaves_both_verl_jobs_finishing(unmigrated):
     assert steps and all(step <= 2 for _, step in steps), steps  # the last steps ran without it
     for seed, dump in enumerate(unmigrated["dumps"], 1):
         assert sorted(dump) == list(range(1, STEPS + 1)), (seed, dump.keys())  # and every step ran
+
+
+def test_verls_experimental_async_mains_run_with_every_stage_gated_on_their_training_side(separate):
+    """one_step_off_policy and fully_async_policy, unmodified, under `jigsaw run`: both train
+    every step under a grant; every trainer stage verl timed and every weight sync was asked on
+    `<job>.train` and granted; their replicas' regimes are the rollout side; each trainer
+    registered its mode and bound.  (verl-s3 writes no rollout dump: verl 0.9.1's
+    OneStepOffRayTrainer never makes the executor `trainer.rollout_data_dir` writes with.)"""
+    assert separate["rcs"] == [0, 0], _tail(separate)
+    ev = separate["events"]
+    granted = {e["substage"] for e in ev if e["event"] == "grant"}
+    asked = [e for e in ev if e["event"] == "request"]
+    assert all(e["substage"] in granted for e in asked), [e["substage"] for e in asked if e["substage"] not in granted]
+    said = sorted((e["pipeline"], e["data"]["mode"], e["data"]["staleness"]) for e in ev if e["event"] == "job")
+    assert said == [(f"verl-s{s}.train", mode, bound) for s, (mode, bound) in SEPARATE.items()], said
+    for seed, log in zip(SEPARATE, separate["logs"], strict=True):
+        job = f"verl-s{seed}"
+        ran = set(re.findall(r"timing_s/(ref|update_actor|old_log_prob|update_weights):", log))
+        assert {"ref", "update_actor"} <= ran, (job, ran)  # what verl timed, jigsaw must have gated
+        train = {(e["data"]["step"], e["data"]["label"]) for e in asked if e["pipeline"] == f"{job}.train"}
+        trained = {s for s, st in train if st == "update_actor"}
+        assert trained == set(range(1, STEPS + 1)), (job, trained, log[-3000:])
+        missing = [(s, st) for s in range(1, STEPS + 1) for st in ran & set(TRAINER_STAGES) if (s, st) not in train]
+        assert not missing, (job, missing)
+        syncs = sorted(s for s, st in train if st == "update_weights")
+        assert syncs[0] == 0 and len(syncs) >= STEPS, (job, syncs)  # the sync before step 1, then each step's
+        gen = {e["data"]["step"] for e in asked if e["pipeline"] == job}
+        assert gen and gen <= set(range(1, STEPS + 2)), (job, gen)
 
 
 def test_the_verl_plugin_is_what_verl_loads():

@@ -199,3 +199,74 @@ def test_an_async_trainer_is_its_jobs_training_side_and_its_rollouts_count_batch
     sync = vt.gated(FakeTrainer)([])
     sync.global_steps = 7
     assert vt._rollout_step(sync, 4) == 7  # sync: the step the trainer waits in
+
+
+class FakeOneStepOff(FakeTrainer):
+    """verl's OneStepOffRayTrainer as the gate sees it: RayPPOTrainer's stage methods (no
+    metrics argument), its weight sync `_fit_update_weights`, the replicas of its checkpoint manager."""
+
+    def __init__(self, calls: list):
+        super().__init__(calls)
+        self.global_steps = 0  # verl syncs once before step 1
+        self.config = SimpleNamespace()
+
+    def _compute_old_log_prob(self, batch):
+        return self._stage("old_log_prob", batch)
+
+    def _fit_update_weights(self):
+        self.calls.append(("update_weights", time.monotonic(), self._held()))
+
+
+class FakeFullyAsync(FakeOneStepOff):
+    """verl's FullyAsyncTrainer: an async weight sync that moves weights only on the step that
+    completes `trigger_parameter_sync_step`, and verl's bound as a fraction."""
+
+    def __init__(self, calls: list):
+        super().__init__(calls)
+        self.local_trigger_step = 1
+        self.config = SimpleNamespace(async_training=SimpleNamespace(staleness_threshold=0.5,
+                                                                     trigger_parameter_sync_step=2))
+
+    async def _fit_update_weights(self):
+        self.calls.append(("update_weights", time.monotonic(), self._held()))
+
+
+@pytest.mark.parametrize("base, mode, bound", [(FakeOneStepOff, "one-step-off", 1), (FakeFullyAsync, "fully-async", 3)])
+def test_verls_experimental_trainers_gate_their_stages_and_sync_as_their_jobs_training_side(
+        tmp_path, monkeypatch, base, mode, bound):
+    """one_step_off_policy / fully_async_policy: each stage and each weight sync that moves
+    weights is a gang of `<job>.train`, registered with the job's mode and bound; after the sync
+    of step N the replicas' rollouts are step N + 1; a sync verl skips is not asked for."""
+    import asyncio
+
+    told = []
+    monkeypatch.setattr(vt, "_tell_replicas", lambda trainer, step: told.append(step))
+    node = _under_a_daemon(tmp_path, monkeypatch)
+    try:
+        calls = []
+        t = vt.gated(base, mode)(calls)
+
+        def sync():
+            out = t._fit_update_weights()
+            return asyncio.run(out) if asyncio.iscoroutine(out) else out
+
+        sync()  # before step 1
+        t.global_steps = 1
+        assert t._compute_old_log_prob(Batch()) is not None
+        sync()
+        if mode == "fully-async":
+            t.global_steps, t.local_trigger_step = 2, 2
+            sync()  # verl returns at once: no weights move
+        t._jigsaw_gate.client.close()
+    finally:
+        node.stop()
+    ev = node.events()
+    asked = [(e["pipeline"], e["data"]["label"], e["data"]["step"]) for e in ev if e["event"] == "request"]
+    assert asked == [(p, label, step) for p, label, step in [
+        ("verl-job.train", "update_weights", 0), ("verl-job.train", "update_weights", 0),
+        ("verl-job.train", "old_log_prob", 1), ("verl-job.train", "old_log_prob", 1),
+        ("verl-job.train", "update_weights", 1), ("verl-job.train", "update_weights", 1)]]
+    assert [e["data"] for e in ev if e["event"] == "job"] == [{"job": "verl-job", "mode": mode, "staleness": bound}]
+    assert [held for name, _, held in calls] == [["training"] * 2, ["reference"] * 2, ["training"] * 2] + (
+        [[]] if mode == "fully-async" else [])  # the skipped sync ran, outside any grant
+    assert told == [1, 2]

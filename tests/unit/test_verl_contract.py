@@ -58,6 +58,20 @@ TARGETS = [
     ("verl.workers.rollout.router.GlobalRequestLoadBalancer.acquire_server", ("self", "request_id"), False),
     ("verl.workers.rollout.router.GlobalRequestLoadBalancer.release_server", ("self", "server_id"), False),
     ("verl.checkpoint_engine.base.CheckpointEngineManager.update_weights", ("self", "global_steps"), False),
+    ("verl.checkpoint_engine.base.CheckpointEngineRegistry.register", ("backend",), False),
+    ("verl.checkpoint_engine.base.CheckpointEngine", None, False),
+    ("verl.workers.rollout.utils.ensure_async_iterator", ("iterable",), False),
+    ("verl.trainer.ppo.ray_trainer.RayPPOTrainer._compute_reward_colocate", ("self", "batch"), True),
+    ("verl.trainer.ppo.ray_trainer.RayPPOTrainer._compute_old_log_prob", ("self", "batch"), True),
+    ("verl.trainer.ppo.ray_trainer.RayPPOTrainer._compute_ref_log_prob", ("self", "batch"), True),
+    ("verl.trainer.ppo.ray_trainer.RayPPOTrainer._compute_values", ("self", "batch"), True),
+    ("verl.trainer.ppo.ray_trainer.RayPPOTrainer._update_critic", ("self", "batch"), True),
+    ("verl.trainer.ppo.ray_trainer.RayPPOTrainer._update_actor", ("self", "batch"), True),
+    ("verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer._fit_update_weights", ("self",), True),
+    ("verl.experimental.one_step_off_policy.ray_trainer.OneStepOffRayTrainer", None, False),
+    ("verl.experimental.fully_async_policy.fully_async_trainer.FullyAsyncTrainer", None, False),
+    ("ray.util.queue.Queue.put_async", ("self", "item"), False),
+    ("ray.util.queue.Queue.get_async", ("self", "block", "timeout"), False),
 ]
 
 
@@ -115,6 +129,35 @@ def source(module: str) -> str:
     ("verl.workers.rollout.llm_server", "server.generate.remote(", "how requests reach a replica's server"),
     ("verl.workers.rollout.llm_server", '"abort"', "the stop reason the resuming client continues from"),
     ("ray._private.worker", "RAY_RUNTIME_ENV_HOOK", "how jigsaw run reaches every Ray worker"),
+    ("verl.experimental.one_step_off_policy.main_ppo",
+     "from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer",
+     "the main reads the class jigsaw replaced when it imports it"),
+    ("verl.experimental.fully_async_policy.fully_async_main",
+     "from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer",
+     "the main reads the actor class jigsaw replaced when it imports it"),
+    ("verl.experimental.one_step_off_policy.ray_trainer", "class OneStepOffRayTrainer(SeparateRayPPOTrainer)",
+     "its stages are RayPPOTrainer's methods, its weight sync _fit_update_weights"),
+    ("verl.experimental.fully_async_policy.fully_async_trainer", "class FullyAsyncTrainer(SeparateRayPPOTrainer)",
+     "its stages are RayPPOTrainer's methods, its weight sync _fit_update_weights"),
+    ("verl.experimental.fully_async_policy.fully_async_trainer",
+     "if self.local_trigger_step != 1:\n            return None",
+     "a sync moves weights only on the step that completes trigger_parameter_sync_step"),
+    ("verl.experimental.fully_async_policy.fully_async_rollouter",
+     "* (self.staleness_threshold + 1)\n                * self.config.async_training.trigger_parameter_sync_step",
+     "the rollouter's cap per weight sync, which the bound jigsaw registers is derived from"),
+    ("verl.experimental.separation.ray_trainer", 'marked_timer("update_weights"', "a stage label"),
+    ("verl.experimental.separation.ray_trainer", "self._compute_old_log_prob(batch)", "a gated stage method"),
+    ("verl.experimental.separation.ray_trainer", "self._update_actor(batch)", "a gated stage method"),
+    ("verl.experimental.one_step_off_policy.ray_trainer", "self.actor_rollout_wg = self.actor_wg",
+     "the trainer ranks' worker group"),
+    ("verl.experimental.fully_async_policy.fully_async_trainer", "self.actor_rollout_wg = self.actor_wg",
+     "the trainer ranks' worker group"),
+    ("verl.checkpoint_engine.base", "        self.replicas = replicas\n",
+     "the replicas a trainer without an LLMServerManager (fully_async's) tells its rollout step"),
+    ("verl.workers.engine_workers", "is_master=(torch.distributed.get_rank() == 0)",
+     "the jigsaw checkpoint engine sends from actor rank 0"),
+    ("verl.workers.rollout.replica", "replica_rank=self.replica_rank,",
+     "a standalone replica's worker tells its server adapter which replica it serves"),
     ("verl.workers.rollout.llm_server", "        from verl.workers.rollout.router import get_router_handle\n",
      "looked up when the router is built, so the one router.install() wraps is called"),
     ("verl.workers.rollout.router", "self._request_id_to_server[request_id] = server_id",
@@ -152,6 +195,38 @@ def test_the_cpu_platform_implements_every_abstract_method():
     p = cls()
     assert isinstance(p, PlatformBase) and p.device_name == "cpu" and p.communication_backend_name() == "gloo"
     assert p.current_device() == "cpu" and not p.is_platform_available()  # asked for by name only
+
+
+def test_the_checkpoint_engine_implements_every_abstract_method():
+    from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+
+    from jigsaw.integrations.verl.weights import NAME
+
+    cls = CheckpointEngineRegistry.get(NAME)  # registered once verl loaded its engines
+    assert issubclass(cls, CheckpointEngine) and not getattr(cls, "__abstractmethods__", None)
+    assert inspect.isasyncgenfunction(cls.receive_weights) and inspect.iscoroutinefunction(cls.send_weights)
+
+
+def test_the_experimental_trainers_are_replaced_by_gated_ones_of_the_same_kind(monkeypatch):
+    """Under `jigsaw run`, importing verl's experimental trainers yields gated ones: the Ray actor
+    class stays a Ray actor class with verl's options, wrapping the gated trainer."""
+    import sys
+
+    from jigsaw.integrations.verl import trainer as vt
+
+    monkeypatch.setenv("JIGSAW_PIPELINE", "verl-job")
+    mods = list(vt.EXPERIMENTAL)
+    for m in mods:
+        monkeypatch.delitem(sys.modules, m, raising=False)
+    vt.install()
+    one = importlib.import_module(mods[0]).OneStepOffRayTrainer
+    assert one.jigsaw_gated and one.jigsaw_mode == "one-step-off" and one.__qualname__ == "OneStepOffRayTrainer"
+    fa = importlib.import_module(mods[1]).FullyAsyncTrainer
+    inner = fa.__ray_metadata__.modified_class.__ray_actor_class__
+    assert inner.jigsaw_gated and inner.jigsaw_mode == "fully-async"
+    assert fa._default_options == {"num_cpus": 10}  # verl's @ray.remote(num_cpus=10)
+    assert inspect.iscoroutinefunction(inner._fit_update_weights)  # verl's is async: so is the gate's
+    assert inner.__mro__[1].__name__ == "FullyAsyncTrainer" and not getattr(inner.__mro__[1], "jigsaw_gated", False)
 
 
 def test_the_plugin_registered_the_platform_the_backend_and_the_adapter():

@@ -45,14 +45,24 @@ class JobConfig:
     out: Path | None = None
     """`trainer.default_local_dir` (checkpoints are off; verl writes little there)."""
     trainer_mode: str = "sync"
-    """`trainer.v1.trainer_mode`: sync, or colocate_async (rollouts run ahead of training,
-    interrupted and resumed at each weight update)."""
+    """`trainer.v1.trainer_mode` (sync, or colocate_async: rollouts run ahead of training,
+    interrupted and resumed at each weight update), or one of verl's experimental mains,
+    one_step_off or fully_async (EXPERIMENTAL_MAINS), on their own rollout devices."""
     staleness: int = 2
-    """`trainer.v1.sampler.max_off_policy_threshold` of an asynchronous mode: the weight
-    versions a trained sample may span."""
+    """The weight versions a trained sample may span: colocate_async's
+    `trainer.v1.sampler.max_off_policy_threshold`; fully_async's
+    `async_training.staleness_threshold` is this less one (weights synced every step);
+    one_step_off's is 1 by definition."""
     rollout_dump: Path | None = None
     """`trainer.rollout_data_dir`: verl writes every step's prompts and responses here, as
     <step>.jsonl (None: not written)."""
+
+
+EXPERIMENTAL_MAINS = {
+    "one_step_off": "verl.experimental.one_step_off_policy.main_ppo",
+    "fully_async": "verl.experimental.fully_async_policy.fully_async_main",
+}
+"""verl 0.9.1's experimental asynchronous trainers, each its own `python -m` main."""
 
 
 def grpo_command(c: JobConfig) -> list[str]:
@@ -83,14 +93,38 @@ def grpo_command(c: JobConfig) -> list[str]:
         "ray_kwargs.ray_init.num_cpus=16", f"+ray_kwargs.ray_init.num_gpus={c.replicas}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-    if c.trainer_mode != "sync":
+    main = EXPERIMENTAL_MAINS.get(c.trainer_mode, "verl.trainer.main_ppo")
+    if c.trainer_mode in EXPERIMENTAL_MAINS:
+        overrides = _separate(c, overrides)
+    elif c.trainer_mode != "sync":
         overrides += [f"trainer.v1.trainer_mode={c.trainer_mode}",
                       f"trainer.v1.sampler.max_off_policy_threshold={c.staleness}"]
     if c.rollout_dump is not None:
         overrides.append(f"trainer.rollout_data_dir={c.rollout_dump}")
     if c.out is not None:  # Hydra writes its run directory (outputs/<date>/...) under the cwd otherwise
         overrides += [f"trainer.default_local_dir={c.out}", f"hydra.run.dir={c.out / 'hydra'}"]
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    return [sys.executable, "-m", main, *overrides]
+
+
+def _separate(c: JobConfig, overrides: list[str]) -> list[str]:
+    """An experimental main's overrides: as many rollout devices again as trainer ranks, the
+    weights through the checkpoint engine "jigsaw" (weights.py; verl's default is NCCL).  Its
+    config names verl's base config by a path relative to a verl checkout (one_step_off's), so
+    the search path is the installed package's.  fully_async's rollouter takes prompts one by
+    one (`gen_batch_size` 1, `train_batch_size` 0) up to `total_rollout_steps` of them, and
+    its trainer steps every `ppo_mini_batch_size` prompts; its actors reserve 10 CPUs each."""
+    drop = ("+ray_kwargs.ray_init.num_gpus=", "ray_kwargs.ray_init.num_cpus=")
+    out = [o for o in overrides if not o.startswith(drop)]
+    out += ["hydra.searchpath=[pkg://verl.trainer.config]", "actor_rollout_ref.hybrid_engine=False",
+            "rollout.nnodes=1", f"rollout.n_gpus_per_node={c.replicas}",
+            f"+ray_kwargs.ray_init.num_gpus={2 * c.replicas}",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=jigsaw"]
+    if c.trainer_mode == "one_step_off":
+        return out + ["ray_kwargs.ray_init.num_cpus=16"]
+    out = [o for o in out if not o.startswith(("data.train_batch_size=", "trainer.total_training_steps="))]
+    return out + ["ray_kwargs.ray_init.num_cpus=32", "data.train_batch_size=0", f"rollout.n={c.group}",
+                  f"rollout.total_rollout_steps={c.steps * c.prompts}", "async_training.trigger_parameter_sync_step=1",
+                  f"async_training.staleness_threshold={c.staleness - 1}"]
 
 
 def cpu_env(base: dict | None = None) -> dict[str, str]:
