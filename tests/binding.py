@@ -126,15 +126,42 @@ class Sampler(threading.Thread):
             time.sleep(SAMPLE_S)
 
 
+LATE_S = 1.0
+"""A budget change whose pin has not shown in this long after BIND_S is not late: not followed."""
+
+
+def settled(h: Held, samples: list) -> list:
+    """The holding's samples from BIND_S after it was told until its end."""
+    return [seen for t, p, seen in samples if p == h.pid and h.start_s + BIND_S <= t < h.end_s]
+
+
+def late(h: Held, samples: list) -> bool:
+    """A budget change the worker had not reached yet when the next one came: none of its
+    settled samples is on its cores, and it lasted under LATE_S past BIND_S.  The client pins
+    from its heartbeat thread, which a saturated machine (the suite's other worker beside this
+    test's processes) can keep off a core for longer than BIND_S; such a holding says nothing
+    either way.  A client that never follows a change makes no move at all (`moved`, which
+    the callers require), and one that leaves a reached partition is off its cores."""
+    return (h.change and h.end_s - h.start_s < BIND_S + LATE_S
+            and not any(seen == {h.cores} for seen in settled(h, samples)))
+
+
+def moved(h: Held, samples: list) -> bool:
+    """The holding's process was seen off its cores just before it was told, and on them
+    after: a move the worker really made (a change back to where it had stayed is none)."""
+    before = [seen for t, p, seen in samples if p == h.pid and h.start_s - BIND_S <= t < h.start_s]
+    return bool(before) and before[-1] != {h.cores} and any(s == {h.cores} for s in settled(h, samples))
+
+
 def off_cores(held: list[Held], samples: list) -> list[tuple[Held, list]]:
-    """The holdings whose settled samples (BIND_S after it was told, until its end) were
-    mostly not on its cores, with their settled samples."""
+    """The holdings whose settled samples were mostly not on its cores (late changes aside),
+    with their settled samples."""
     out = []
     for h in held:
-        settled = [seen for t, p, seen in samples if p == h.pid and h.start_s + BIND_S <= t < h.end_s]
+        seen = settled(h, samples)
         # A pin moves a process's threads one by one, and on a saturated 2-core machine the
         # thread doing it can be preempted half-way: a sample may catch some threads moved and
         # some not.  A holding is off its cores when most of its settled samples are.
-        if settled and 2 * sum(s != {h.cores} for s in settled) > len(settled):
-            out.append((h, settled))
+        if seen and 2 * sum(s != {h.cores} for s in seen) > len(seen) and not late(h, samples):
+            out.append((h, seen))
     return out
