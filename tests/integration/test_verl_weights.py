@@ -3,7 +3,8 @@
     actor rank 0 (sender) ─┐                         ┌─► rollout worker 0: every tensor, bit-equal
     actor rank 1 ──────────┴─ prepare, build_topology ┤
                               init_process_group       └─► rollout worker 1: every tensor, bit-equal
-    a second sync: the new weights, not the old; a receiver with no sender: a clear error
+    a second sync: the new weights, not the old; a receiver with no sender: a clear error;
+    a sync one receiver failed to take: the next one still gets every receiver the new weights
 """
 
 from __future__ import annotations
@@ -43,16 +44,16 @@ def _connect(cls, actors: int, rollouts: int):
     return senders, receivers
 
 
-async def _sync(senders, receivers, state: dict, walked: list) -> list[dict]:
+async def _sync(senders, receivers, state: dict, walked: list, step: int | None = None) -> list[dict]:
     def weights(rank):
         for name, t in state.items():
             walked.append(rank)  # every actor rank walks the generator (a collective in verl)
             yield name, t
 
     async def receive(e):
-        return {name: t async for name, t in e.receive_weights()}
+        return {name: t async for name, t in e.receive_weights(global_steps=step)}
 
-    sends = [e.send_weights(weights(rank)) for rank, e in enumerate(senders)]
+    sends = [e.send_weights(weights(rank), global_steps=step) for rank, e in enumerate(senders)]
     *_, got = await asyncio.gather(*sends, asyncio.gather(*[receive(e) for e in receivers]))
     for e in (*senders, *receivers):
         e.finalize()
@@ -86,3 +87,19 @@ def test_a_receiver_without_a_sender_fails_clearly(engine, monkeypatch):
 
     with pytest.raises(RuntimeError, match="no weights from the trainer"):
         asyncio.run(receive())
+
+
+def test_weights_a_failed_receiver_left_are_dropped_for_the_next_syncs(engine):
+    """Sync 1's second receiver fails before it takes its copy; at sync 2 it gets step 2's
+    weights, not the copy left in the queue."""
+    import torch
+
+    senders, receivers = _connect(engine, actors=1, rollouts=2)
+
+    async def first():
+        await senders[0].send_weights(iter([("w", torch.zeros(2))]), global_steps=1)
+        return {n: t async for n, t in receivers[0].receive_weights(global_steps=1)}
+
+    assert torch.equal(asyncio.run(first())["w"], torch.zeros(2))
+    got = asyncio.run(_sync(senders, receivers, {"w": torch.ones(2)}, [], step=2))
+    assert [torch.equal(g["w"], torch.ones(2)) for g in got] == [True, True]

@@ -8,7 +8,7 @@ Ray's object store, so verl's disaggregated trainers run on a host without NCCL.
     actor rank 0 (is_master)                 rollout worker i (CheckpointEngineWorker)
       prepare: the job's Queue (a Ray actor,   init_process_group: the queue, no sender
         made once) ─► metadata[0]
-      send_weights: every actor rank walks     receive_weights: (ref,) = queue.get ─► the state
+      send_weights: every actor rank walks     receive_weights: (step, ref) = queue.get ─► the state
         verl's weight generator (gathering a     dict ─► (name, tensor) ─► the server adapter
         weight is collective over the actors);   (rollout.py ServerAdapter) ─► its replica
         rank 0 keeps a CPU copy of each,
@@ -23,6 +23,7 @@ The copy is whole, not bucketed: a model a host can train fits its object store.
 from __future__ import annotations
 
 import logging
+import time
 
 log = logging.getLogger("jigsaw.verl")
 
@@ -82,21 +83,30 @@ def engine_class(base: type) -> type:
             if not self._sender:
                 return None
             ref = ray.put(state)
-            for _ in range(self._receivers):
-                await self._queue.put_async([ref])  # in a list: the queue keeps the ref, not a copy
+            for _ in range(self._receivers):  # the ref in a list: the queue keeps it, not a copy
+                await self._queue.put_async((global_steps, [ref]))
             log.debug("jigsaw: sent %d tensors to %d rollout workers", len(state), self._receivers)
             return None
 
         async def receive_weights(self, global_steps: int | None = None):
+            for name, tensor in (await self._take(global_steps)).items():
+                yield name, tensor
+
+        async def _take(self, global_steps: int | None) -> dict:
+            """This sync's state dict.  An older sync's, left by a receiver that failed before
+            taking it, is dropped: the newer weights supersede it."""
             from ray.util.queue import Empty
 
-            try:
-                (ref,) = await self._queue.get_async(timeout=RECEIVE_TIMEOUT_S)
-            except Empty:
-                raise RuntimeError(f"no weights from the trainer in {RECEIVE_TIMEOUT_S:.0f} s "
-                                   f"(checkpoint engine {NAME!r})") from None
-            for name, tensor in (await ref).items():
-                yield name, tensor
+            deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+            while True:
+                try:
+                    step, (ref,) = await self._queue.get_async(timeout=max(0.0, deadline - time.monotonic()))
+                except Empty:
+                    raise RuntimeError(f"no weights from the trainer in {RECEIVE_TIMEOUT_S:.0f} s "
+                                       f"(checkpoint engine {NAME!r})") from None
+                if global_steps is None or step is None or step >= global_steps:
+                    return await ref
+                log.warning("jigsaw: dropped the weights of step %s, untaken, for step %s's", step, global_steps)
 
     ObjectStoreCheckpointEngine.__module__ = __name__
     return ObjectStoreCheckpointEngine
