@@ -5,11 +5,13 @@
                               init_process_group       └─► rollout worker 1: every tensor, bit-equal
     a second sync: the new weights, not the old; a receiver with no sender: a clear error;
     a sync one receiver failed to take: the next one still gets every receiver the new weights
+    a standalone worker's adapter (told its replica rank): the async stream to that replica's server
 """
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -103,3 +105,38 @@ def test_weights_a_failed_receiver_left_are_dropped_for_the_next_syncs(engine):
     assert torch.equal(asyncio.run(first())["w"], torch.zeros(2))
     got = asyncio.run(_sync(senders, receivers, {"w": torch.ones(2)}, [], step=2))
     assert [torch.equal(g["w"], torch.ones(2)) for g in got] == [True, True]
+
+
+def test_a_standalone_workers_adapter_feeds_the_replica_it_was_told(engine):
+    """A standalone replica's CheckpointEngineWorker builds the adapter with `replica_rank`
+    (no torch.distributed yet): the engine's async stream goes whole to that replica's server."""
+    import ray
+    import torch
+
+    from jigsaw.integrations.verl.rollout import adapter_class
+    from jigsaw.integrations.verl.server import server_name
+
+    @ray.remote(num_cpus=0)
+    class Server:  # the replica's server as the adapter sees it
+        def __init__(self):
+            self.state, self.steps = None, None
+
+        async def update_weights(self, state):
+            self.state = state
+
+        async def set_global_steps(self, steps):
+            self.steps = steps
+
+        def seen(self):
+            return self.state, self.steps
+
+    server = Server.options(name=server_name(1)).remote()
+    adapter = adapter_class()(SimpleNamespace(), SimpleNamespace(), None, replica_rank=1)
+
+    async def stream():
+        yield "w", torch.arange(3.0)
+
+    asyncio.run(adapter.update_weights(stream(), global_steps=4))
+    state, steps = ray.get(server.seen.remote(), timeout=30)
+    assert list(state) == ["w"] and torch.equal(state["w"], torch.arange(3.0)) and steps == 4
+    ray.kill(server)
