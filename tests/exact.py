@@ -95,7 +95,8 @@ class _Search:
 
     def __post_init__(self):
         cache = SchedulerCache()
-        self.P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in self.pipelines), self.node)
+        self.P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in self.pipelines), self.node,
+                               tuple(edge for ps in self.pipelines for edge in ps.waits_for))
         self.ctx = act.Context(self.model, _EXACT, self.node, cache, self.pipelines)
         self.levels = [s for s in self.model.sm_levels if s < 1.0]
         self.min_s = self.ctx.min_slowdown

@@ -16,13 +16,19 @@ buffer refuses a take that would pass k, and keeps one `Trained` entry per sampl
 invariant checks (tests) and the trace.
 
 Pure bookkeeping: the simulator's async sides (sim/asynchronous.py) and a live recipe drive
-the same object.
+the same object.  `buffer_edges` states the same gate as dependencies between the two sides'
+graphs, for the scheduler (node/jobs.py links them in the view) and the graph executor:
+
+    rollout round n's last pieces ─► training step n's first
+    training step n's last pieces ─► rollout round n + k + 1's first
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from jigsaw.graph.graph import SubStageGraph
 
 MODES = ("sync", "one-step-off", "fully-async")
 """How a pipeline's rollout and training meet: a step barrier, or a buffer."""
@@ -123,3 +129,37 @@ class SampleBuffer:
             raise ValueError(f"training step {step} finished at version {self.version} without taking its batch")
         self.version = step + 1
         return self.version
+
+
+def buffer_edges(rollout: SubStageGraph, train: SubStageGraph, staleness: int) -> tuple[tuple[str, str], ...]:
+    """The buffer as dependencies between an asynchronous job's two graphs: (before, after) ids.
+
+        rollout round n's last pieces ─► training step n's first  (step n trains batch n)
+        training step n's last pieces ─► rollout round n + k + 1's first  (its weights: version n + 1)
+
+    Both hold in every mode, so the scheduler never expects a piece before it can run; a
+    fully-async round that carries part of its batch into the next completes it a round later
+    than the first edge says (graph/buffer.py's SampleBuffer is what enforces it).  Only steps
+    both graphs hold are joined: one finished already waits on nothing."""
+    roll, trained = _step_ends(rollout), _step_ends(train)
+    edges = []
+    for n, (firsts, _) in trained.items():
+        if n in roll:
+            edges.extend((a, b) for a in roll[n][1] for b in firsts)
+    for n, (firsts, _) in roll.items():
+        if (m := n - staleness - 1) in trained:
+            edges.extend((a, b) for a in trained[m][1] for b in firsts)
+    return tuple(edges)
+
+
+def _step_ends(graph: SubStageGraph) -> dict[int, tuple[list[str], list[str]]]:
+    """Per step in the graph: (its first sub-stages, its last): none of the step before / after
+    them in the graph."""
+    out: dict[int, tuple[list[str], list[str]]] = {}
+    for s in graph:
+        firsts, lasts = out.setdefault(s.step, ([], []))
+        if not any(graph[d].step == s.step for d in graph.deps[s.id]):
+            firsts.append(s.id)
+        if not any(graph[n].step == s.step for n in graph.successors(s.id)):
+            lasts.append(s.id)
+    return out

@@ -168,6 +168,11 @@ class PipelineState:
     """Sub-stages that run with nothing beside them, to be measured there (a learning probe,
     node/learning.py).  One that is not urgent waits for its devices to empty; while one waits
     or runs, nothing but urgent pieces starts on its devices."""
+    waits_for: tuple[tuple[str, str], ...] = ()
+    """(another pipeline's sub-stage, one of this graph's) pairs: the second may not start
+    before the first ends.  An asynchronous job's sides wait on each other through their
+    sample buffer (graph/buffer.py `buffer_edges`), so the critical path crosses from one to
+    the other.  An id missing from its graph (finished) is no wait."""
 
 
 @dataclass(frozen=True, slots=True)

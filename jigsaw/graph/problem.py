@@ -4,6 +4,9 @@
                                              decode step fit (cached per graph; patched when
                                              only a few sub-stages changed since last time)
     Parts ─► Problem (tasks, kinds, mergeable tails, ...)            used by state.py
+      + links (PipelineState.waits_for): edges between two pipelines' tasks (an asynchronous
+        job's sample buffer); the linked tasks and their ancestors are copied, their tails
+        filled again across the links, so the critical path crosses them
     SchedulerCache: those caches, owned by whoever calls the scheduler on one node (a policy)
 
 A *task* is what the scheduler places: one sub-stage replica, or all replicas of a
@@ -41,7 +44,7 @@ class Problem:
                  "decode", "dominant", "task_of", "singles_on", "gangs", "first_device")
 
     def __init__(self, pipelines: Sequence[tuple[SubStageGraph, tuple[int, ...]]], node: NodeSpec,
-                 cache: SchedulerCache | None = None):
+                 cache: SchedulerCache | None = None, links: Sequence[tuple[str, str]] = ()):
         cache = cache or SchedulerCache()
         self.tasks: list[Task] = []
         self.names: list[str] = []
@@ -74,6 +77,8 @@ class Problem:
         self.gangs = frozenset(t.idx for t in self.tasks if len(t.devices) > 1)
         self.first_device = tuple(t.devices[0] if t.devices else -1 for t in self.tasks)
         """Per task, its first device (-1: a host task)."""
+        if links:
+            _link(self, links)
 
 
 class _Part(NamedTuple):
@@ -112,12 +117,13 @@ class SchedulerCache:
             self.tables_of, self.tables = (grid, pairs), {}
         return self.tables
 
-    def problem(self, pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec) -> Problem:
-        """Problems are rebuilt only when a graph or a placement changes."""
-        key = (pipelines, node)
+    def problem(self, pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec,
+                links: tuple[tuple[str, str], ...] = ()) -> Problem:
+        """Problems are rebuilt only when a graph, a placement or a link changes."""
+        key = (pipelines, node, links)
         got = _lru(self._problems, key, self.MAX_PROBLEMS)
         if got is None:
-            got = self._problems[key] = Problem(pipelines, node, self)
+            got = self._problems[key] = Problem(pipelines, node, self, links)
         return got
 
     def part(self, graph: SubStageGraph, devices: tuple[int, ...], pipe: int, start: int, node: NodeSpec) -> _Part:
@@ -216,9 +222,62 @@ def _copy(t: Task) -> Task:
 
 
 def problem_for(pipelines: tuple[tuple[SubStageGraph, tuple[int, ...]], ...], node: NodeSpec,
-                cache: SchedulerCache | None = None) -> Problem:
-    """The Problem of these graphs and placements (from `cache` when it has it)."""
-    return (cache or SchedulerCache()).problem(pipelines, node)
+                cache: SchedulerCache | None = None, links: tuple[tuple[str, str], ...] = ()) -> Problem:
+    """The Problem of these graphs and placements (from `cache` when it has it); `links`:
+    (before, after) sub-stage ids of two pipelines (PipelineState.waits_for)."""
+    return (cache or SchedulerCache()).problem(pipelines, node, links)
+
+
+def _link(P: Problem, links: Sequence[tuple[str, str]]) -> None:
+    """Dependencies between pipelines' tasks: the linked tasks, and every task whose tail now
+    runs through a link, are copied (a part's tasks are shared with other Problems) and their
+    tails filled again over the whole Problem."""
+    index = {name: p for p, name in enumerate(P.names)}
+    edges = {(a, b) for a, b in ((_task_of(P, index, x), _task_of(P, index, y)) for x, y in links)
+             if a is not None and b is not None and P.tasks[a].pipe != P.tasks[b].pipe}
+    if not edges:
+        return
+    tasks = P.tasks
+    linked = {i for edge in edges for i in edge}
+    for i in linked:
+        tasks[i] = _copy(tasks[i])
+    for a, b in edges:
+        tasks[a].succs = tuple(sorted({*tasks[a].succs, b}))
+        tasks[b].preds = tuple(sorted({*tasks[b].preds, a}))
+    dirty = _with_ancestors({a for a, _ in edges}, tasks, 0)  # across links too: they are in place
+    for i in dirty - linked:
+        tasks[i] = _copy(tasks[i])
+    for i in _successors_first(dirty, tasks):
+        _fill_tail(tasks[i], tasks, 0)
+
+
+def _task_of(P: Problem, index: dict[str, int], sid: str) -> int | None:
+    p = index.get(sid.partition("/")[0])
+    return None if p is None else P.task_of[p].get(sid)
+
+
+def _successors_first(subset: set[int], tasks: Sequence[Task]) -> list[int]:
+    """`subset` ordered so that each task comes after its successors in it; ValueError on a
+    cycle (links that make one pipeline wait on itself)."""
+    order, state = [], dict.fromkeys(subset, 0)  # 0 new, 1 on the path, 2 placed
+    for root in sorted(subset):
+        if state[root]:
+            continue
+        stack = [(root, iter(tasks[root].succs))]
+        state[root] = 1
+        while stack:
+            i, it = stack[-1]
+            j = next((j for j in it if j in state and state[j] != 2), None)
+            if j is None:
+                stack.pop()
+                state[i] = 2
+                order.append(i)
+            elif state[j] == 1:
+                raise ValueError(f"links between pipelines make a cycle through {tasks[j].ids[0]}")
+            else:
+                state[j] = 1
+                stack.append((j, iter(tasks[j].succs)))
+    return order
 
 
 def _dominant(t: Task, tasks: Sequence[Task], start: int, chain: dict[int, dict[str, float]]) -> str:
@@ -361,7 +420,7 @@ def _fill_tail(t: Task, tasks: Sequence[Task], start: int) -> None:
         v = u.excl_s + u.tail_s
         if v > tail:
             tail = v
-        if u.step == step:
+        if u.step == step and u.pipe == t.pipe:  # a link leaves the step (another pipeline's)
             v = u.excl_s + u.step_tail_s
             if v > step_tail:
                 step_tail = v

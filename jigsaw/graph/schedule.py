@@ -85,7 +85,8 @@ def _schedule(pipelines, node, model, config, time_s, cache, pairs, host_frac, e
     names = [ps.graph.pipeline for ps in pipelines]
     if len(set(names)) != len(names):
         raise ValueError(f"pipeline names must be unique, got {names}")
-    P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node)
+    links = tuple(edge for ps in pipelines for edge in ps.waits_for)
+    P = cache.problem(tuple((ps.graph, tuple(ps.devices)) for ps in pipelines), node, links)
     ctx = act.Context(model, config, node, cache, pipelines, pairs, host_frac)
     S = act.initial(P, pipelines, time_s, ctx)
     before = set(S.running)
