@@ -8,6 +8,7 @@ the shipped priors use the real files in profiles/.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from jigsaw.graph.graph import SubStageGraph
@@ -21,6 +22,7 @@ MEM = (0.2, 0.4, 0.6, 0.8)
 COMPUTE_FRAC = {"rollout_prefill": 0.9, "rollout_decode": 0.6, "rollout_tail": 0.05,
                 "reference": 0.85, "training": 0.9}
 GIB = 1 << 30
+Seconds = float | Sequence[float]
 NODE = NodeSpec(num_devices=1, mem_bytes=80 * GIB)
 
 
@@ -68,6 +70,45 @@ def chain(pipe: str, pieces: list[tuple[str, K, float, float]], rank: int = 0) -
     """A one-worker pipeline: pieces (name, kind, duration_s, mem_gib) in sequence."""
     nodes = [sub(pipe, n, k, d, rank=rank, mem_gib=m) for n, k, d, m in pieces]
     return SubStageGraph(nodes, {b.id: (a.id,) for a, b in zip(nodes, nodes[1:])})
+
+
+def rollout(pipe: str, rounds: int, decode_s: Seconds, tail_s: Seconds, *, ranks: int = 1,
+            train_s: Seconds | None = None) -> SubStageGraph:
+    """Rounds of decode + tail per worker; with `train_s`, a training gang closes each one (a
+    synchronous pipeline).  A duration is one for every round, or one per round."""
+    nodes, deps, prev = [], {}, []
+    for n in range(rounds):
+        ends = []
+        for r in range(ranks):
+            a = sub(pipe, "rollout_decode/0", K.ROLLOUT_DECODE, _at(decode_s, n), rank=r, step=n)
+            b = sub(pipe, "rollout_tail/0", K.ROLLOUT_TAIL, _at(tail_s, n), rank=r, step=n)
+            nodes += [a, b]
+            deps[a.id], deps[b.id] = tuple(prev), (a.id,)
+            ends.append(b.id)
+        prev = ends
+        if train_s is not None:
+            gang = [sub(pipe, "training/0", K.TRAINING, _at(train_s, n), rank=r, step=n) for r in range(ranks)]
+            deps.update({x.id: tuple(ends) for x in gang})
+            nodes += gang
+            prev = [x.id for x in gang]
+    return SubStageGraph(nodes, deps)
+
+
+def training(pipe: str, steps: int, train_s: Seconds, *, ranks: int = 1, first: int = 0) -> SubStageGraph:
+    """Steps of reference (1 s) + training gangs, from step `first`."""
+    nodes, deps, prev = [], {}, []
+    for n in range(first, first + steps):
+        ref = [sub(pipe, "reference/0", K.REFERENCE, 1.0, rank=r, step=n) for r in range(ranks)]
+        gang = [sub(pipe, "training/0", K.TRAINING, _at(train_s, n - first), rank=r, step=n) for r in range(ranks)]
+        deps.update({x.id: tuple(prev) for x in ref})
+        deps.update({x.id: tuple(y.id for y in ref) for x in gang})
+        nodes += ref + gang
+        prev = [x.id for x in gang]
+    return SubStageGraph(nodes, deps)
+
+
+def _at(seconds: Seconds, n: int) -> float:
+    return float(seconds) if isinstance(seconds, (int, float)) else float(seconds[n])
 
 
 def states(*graphs: SubStageGraph, devices: tuple[int, ...] = (0,)) -> list[PipelineState]:

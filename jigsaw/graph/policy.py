@@ -49,6 +49,11 @@ class View:
     host_frac: Mapping[int, float] = field(default_factory=dict)
     """Per device, the share of the pipelines placed there that work on the host, outside
     every sub-stage (view.host_frac; what SchedulerConfig.host_on_device keeps free)."""
+    waiting: tuple[PipelineState, ...] = ()
+    """Sides of asynchronous jobs that ask for nothing yet, each first piece of them waiting
+    on a piece of `pipelines` through the job's buffer (PipelineState.waits_for;
+    node/jobs.py): what comes once that piece ends, for a policy that looks ahead to count on.
+    None of their pieces may be started now; a policy that does not look ahead ignores them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,5 +138,5 @@ class Jigsaw:
             self.cache = SchedulerCache()
         if self.end_game is None and self.config.end_game_follow:
             self.end_game = EndGame()
-        return schedule(view.pipelines, view.node, view.model, self.config, view.time_s, cache=self.cache,
-                        pairs=view.pairs, host_frac=view.host_frac, end_game=self.end_game)
+        return schedule(view.pipelines + view.waiting, view.node, view.model, self.config, view.time_s,
+                        cache=self.cache, pairs=view.pairs, host_frac=view.host_frac, end_game=self.end_game)

@@ -6,6 +6,8 @@
         ─► state.py   NodeState: the only writer of the facts; decide() ─► view ─► policy ─► apply
                 ledger.py  LivePipeline: one pipeline's facts, changed by named methods only
                 view.py    the facts ─► the scheduler's PipelineState (one builder)
+                jobs.py    an asynchronous job's sides: linked through its sample buffer in
+                           the view, an idle side counted on, both planned in one group
                 learning.py GrantLog: where grants ran on the grid, evidence for a learned grid
                 slo.py     StepClock: each step's latency against its exclusive time and SLO
                            (deadlines for the view; outcomes for traces, status, metrics)

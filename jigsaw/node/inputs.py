@@ -55,7 +55,8 @@ class Inbox:
             raise pr.ProtocolError("bad-request", f"an SLO is a step slowdown >= 1.0 against the step alone, "
                                                   f"got {msg.slo_slowdown}")
         self.state.register(msg.pipeline, tuple(msg.devices), steps=msg.steps or None, max_tokens=msg.max_tokens,
-                            slo_slowdown=msg.slo_slowdown or None, job=msg.job)
+                            slo_slowdown=msg.slo_slowdown or None, job=msg.job, mode=msg.mode,
+                            staleness=msg.staleness)
 
     def release(self, name: str, sid: str, now_s: float):
         """A Done whose report was refused: the piece ends, its numbers unknown (what

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
+from jigsaw.graph.buffer import MODES
 from jigsaw.graph.builder import assemble_step_graph
 from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.ids import SubStageId, check_name
@@ -171,10 +172,15 @@ class LivePipeline:
     are called by NodeState, which every message reaches first."""
 
     def __init__(self, name: str, devices: tuple[int, ...], *, steps: int | None = None, max_tokens: int = 0,
-                 static: SubStageGraph | None = None, slo_slowdown: float | None = None, job: str = ""):
+                 static: SubStageGraph | None = None, slo_slowdown: float | None = None, job: str = "",
+                 mode: str = "", staleness: int = 0):
         self.name = check_name(name)
         self.job = check_name(job) if job else name
         """The job it belongs to: itself, or the asynchronous job it is one side of."""
+        self.mode, self.staleness = "", 0
+        """How its job's sides are coupled and the job's staleness bound, as its client said
+        them ("": not said; graph/buffer.py MODES)."""
+        self.couple(mode, staleness)
         self.clock = StepClock(slo_slowdown)
         """Its steps' timing against its slowdown SLO (node/slo.py)."""
         self.devices = tuple(devices)
@@ -469,6 +475,14 @@ class LivePipeline:
         if self._lengths is None:
             raise ValueError(f"{self.name} said no response cap at registration: turn lengths cannot be used")
         self._lengths.observe(turn_lengths)
+
+    def couple(self, mode: str, staleness: int) -> None:
+        """Its job's coupling, as a client says it (`mode` "": nothing said, kept as it was)."""
+        if mode:
+            if mode not in MODES or staleness < 0:
+                raise ValueError(f"pipeline {self.name!r}: mode {mode!r} with staleness {staleness} is not a "
+                                 f"coupling (modes {MODES}, staleness >= 0)")
+            self.mode, self.staleness = mode, staleness
 
     def set_forecast(self, graph: SubStageGraph) -> None:
         self._forecast = graph

@@ -36,6 +36,7 @@ from jigsaw.graph.plan import Assignment, Budget, Migration, NodeSpec, Plan
 from jigsaw.graph.policy import Policy, View
 from jigsaw.graph.substage import SubStageKind
 from jigsaw.node.effects import Admission, Decision, Held, layout, merged, overcommitted
+from jigsaw.node.jobs import idle_sides, planned_together, with_buffers
 from jigsaw.node.learning import GrantLog
 from jigsaw.node.ledger import HOST, LiveNumbers, LivePipeline, Running, Saved, Waiting
 from jigsaw.node.view import ViewMemo, host_frac, pipeline_state
@@ -123,21 +124,29 @@ class NodeState:
         return p
 
     def register(self, name: str, devices: tuple[int, ...] = (), *, steps: int | None = None, max_tokens: int = 0,
-                 static: SubStageGraph | None = None, slo_slowdown: float | None = None, job: str = "") -> LivePipeline:
+                 static: SubStageGraph | None = None, slo_slowdown: float | None = None, job: str = "",
+                 mode: str = "", staleness: int = 0) -> LivePipeline:
         """A pipeline joins (its name is checked); `devices[r]` hosts DP rank r (default: r).
         `steps`: how many it runs (None: unknown); `max_tokens`: its response cap (turn
         lengths then tell how long a tail runs on); `static`: its whole graph, known ahead;
         `slo_slowdown`: its steps may take at most this × their exclusive time (graph/slo.py);
-        `job`: the asynchronous job it is one side of ("": a job of its own)."""
+        `job`: the asynchronous job it is one side of ("": a job of its own), `mode` and
+        `staleness` how that job's sides are coupled (graph/buffer.py; "": not said)."""
         if name in self.pipelines:
             raise ValueError(f"pipeline {name!r} is already registered")
         devs = tuple(devices) or tuple(range(self.node.num_devices))
         if len(set(devs)) != len(devs) or any(not 0 <= d < self.node.num_devices for d in devs):
             raise ValueError(f"devices {devs} must be distinct and on this node's 0..{self.node.num_devices - 1}")
         p = self.pipelines[name] = LivePipeline(name, devs, steps=steps, max_tokens=max_tokens, static=static,
-                                                slo_slowdown=slo_slowdown, job=job)
+                                                slo_slowdown=slo_slowdown, job=job, mode=mode,
+                                                staleness=staleness)
         self._memos[name] = ViewMemo()
         return p
+
+    def couple(self, name: str, mode: str, staleness: int) -> None:
+        """A client of registered pipeline `name` says its job's coupling (a side registered
+        first by `jigsaw run`, which does not know it)."""
+        self.pipeline(name).couple(mode, staleness)
 
     def remove(self, name: str) -> LivePipeline | None:
         self._memos.pop(name, None)
@@ -239,8 +248,13 @@ class NodeState:
         if self.grants is not None:  # a learner's probes (node/learning.py)
             built = [(replace(s, alone=a), g) if (a := self.grants.probes(p)) else (s, g)
                      for (s, g), p in zip(built, live)]
-        view = View(time_s=now_s, pipelines=tuple(s for s, _ in built), progress=tuple(g for _, g in built),
-                    node=self.node, model=self.grid, pairs=self.pairs, host_frac=host_frac(self.pipelines.values()))
+        idle = idle_sides(list(self.pipelines.values()))
+        states = [s for s, _ in built] + [pipeline_state(p, now_s, next_step=self.next_step,
+                                                         memo=self._memos[p.name])[0] for p in idle]
+        states, waiting = with_buffers(states, live + idle, len(live))
+        view = View(time_s=now_s, pipelines=tuple(states), progress=tuple(g for _, g in built),
+                    waiting=tuple(waiting), node=self.node, model=self.grid, pairs=self.pairs,
+                    host_frac=host_frac(self.pipelines.values()))
         return view, live
 
     def decide(self, now_s: float) -> Decision | None:
@@ -262,21 +276,9 @@ class NodeState:
         return self._snapshot(changes, now_s)
 
     def groups(self) -> list[list[LivePipeline]]:
-        """Pipelines joined by the devices they share (connected components)."""
-        root = {d: d for p in self.pipelines.values() for d in p.devices}
-
-        def find(d: int) -> int:
-            while root[d] != d:
-                root[d] = d = root[root[d]]
-            return d
-
-        for p in self.pipelines.values():
-            for d in p.devices[1:]:
-                root[find(d)] = find(p.devices[0])
-        out: dict[int, list[LivePipeline]] = {}
-        for p in self.pipelines.values():
-            out.setdefault(find(p.devices[0]), []).append(p)
-        return list(out.values())
+        """Pipelines joined by the devices they share, and an asynchronous job's sides by their
+        buffer (connected components)."""
+        return planned_together(list(self.pipelines.values()))
 
     def _part(self, group: list[LivePipeline]) -> NodeState:
         """This node's state seen through one group of pipelines (the same objects)."""

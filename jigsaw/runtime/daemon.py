@@ -434,6 +434,7 @@ class Daemon:
                                                 "peak_flops": self.grid.device.peak_flops})
         if msg.mode and self.job_modes.get(name) != (msg.mode, msg.staleness):
             self.job_modes[name] = (msg.mode, msg.staleness)  # whichever client says it: `jigsaw run` does not
+            self.state.couple(name, msg.mode, msg.staleness)
             self._event("job", name, data={"job": msg.job or name, "mode": msg.mode, "staleness": msg.staleness})
         token = secrets.token_hex(8)
         self.sessions[token] = Session(pipeline=name, last_seen=arrived_s)

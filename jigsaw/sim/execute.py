@@ -24,7 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
+from jigsaw.graph.buffer import TRAIN_SUFFIX, buffer_edges, train_side
+from jigsaw.graph.graph import SubStageGraph
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.slo import StepOutcome
@@ -93,7 +96,8 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
             config: SchedulerConfig = SchedulerConfig(), policy: Policy | None = None,
             max_plans: int = 1_000_000, continuous: bool = False, fallback: bool = True,
             pairs=None, slo: Mapping[str, float] | None = None,
-            computes: frozenset[tuple[str, str]] = frozenset()) -> Execution:
+            computes: frozenset[tuple[str, str]] = frozenset(),
+            jobs: Mapping[str, tuple[str, int]] = MappingProxyType({})) -> Execution:
     """Run every pipeline's graph to completion; `policy` defaults to jigsaw with `config`.
     `pairs` (PairGrids, by pipeline name): pipelines of different models, each pair planned and
     timed by its own view, as the node simulator's physics does; None: `model` prices every pair.
@@ -103,16 +107,23 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
     `slo`: a slowdown SLO per pipeline name (graph/slo.py), registered as `jigsaw run --slo`.
     `computes`: (pipeline, sub-stage id) of tools that compute on the node's CPU, asked for as a
     live client asks for them (protocol.Admit.computes): the policy sees their pipeline at work
-    on the host (view.host_frac), which a CPU node's config keeps cores free for."""
+    on the host (view.host_frac), which a CPU node's config keeps cores free for.
+    `jobs`: asynchronous jobs, job -> (mode its sides tell the node, "" for none; staleness
+    bound): pipeline `job` is its rollout side, `job.train` its training side, and a piece of
+    one starts only once the sample buffer lets it (graph/buffer.py `buffer_edges`)."""
     state = NodeState(node, model, policy or Jigsaw(config=config), next_step=False, fallback=fallback,
                       pairs=pairs)
     for ps in pipelines:
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
-        state.register(ps.graph.pipeline, tuple(ps.devices), static=ps.graph, steps=1,
-                       slo_slowdown=(slo or {}).get(ps.graph.pipeline))
+        name = ps.graph.pipeline
+        job = name.removesuffix(TRAIN_SUFFIX) if name.removesuffix(TRAIN_SUFFIX) in jobs else ""
+        mode, bound = jobs.get(job, ("", 0))
+        state.register(name, tuple(ps.devices), static=ps.graph, steps=1, slo_slowdown=(slo or {}).get(name),
+                       job=job, mode=mode, staleness=bound)
     footprints = {(ps.graph.pipeline, s.id): s.mem_bytes for ps in pipelines for s in ps.graph.substages}
     run = _Run(state, model, config.balance, continuous, fallback, footprints, pairs, computes)
+    run.waits = _buffer_waits({ps.graph.pipeline: ps.graph for ps in pipelines}, jobs)
     while not run.done():
         if len(run.plans) >= max_plans:
             raise run.failed(f"no completion after {max_plans} plans")
@@ -123,6 +134,17 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
                      intervals=tuple(sorted(run.intervals, key=lambda iv: (iv.start_s, iv.substage))),
                      plans=tuple(run.plans), fallbacks=tuple(run.fallbacks),
                      steps=tuple((name, p.step_outcomes()) for name, p in state.pipelines.items()))
+
+
+def _buffer_waits(graphs: Mapping[str, SubStageGraph], jobs: Mapping[str, tuple[str, int]]) -> dict:
+    """(pipeline, id) -> the (pipeline, id) of the other side it waits for through the buffer."""
+    waits: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for job, (_, bound) in jobs.items():
+        if job not in graphs or train_side(job) not in graphs:
+            raise ValueError(f"job {job!r} needs pipelines {job!r} and {train_side(job)!r}")
+        for a, b in buffer_edges(graphs[job], graphs[train_side(job)], bound):
+            waits.setdefault((b.partition("/")[0], b), []).append((a.partition("/")[0], a))
+    return waits
 
 
 class _Run:
@@ -146,6 +168,8 @@ class _Run:
         self.intervals: list[Interval] = []
         self.open: dict[tuple[str, str], Interval] = {}
         self.finish_s: dict[str, float] = {}
+        self.waits: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        """What a piece of an asynchronous job's side waits for on the other (`_buffer_waits`)."""
 
     def done(self) -> bool:
         return all(len(p.finished) >= len(p.static) for p in self.state.pipelines.values())
@@ -215,10 +239,15 @@ class _Run:
             g = p.static
             for s in g.frontier(p.finished, ()):
                 key = (p.name, s.id)
-                if key not in self.asked:
+                if key not in self.asked and self._buffered(key):
                     self.asked.add(key)
                     self.state.request(p.name, s.kind, s.dp_rank, s.step, self.t, sid=s.id,
                                        urgent=self._continues(p, s), computes=key in self.computes)
+
+    def _buffered(self, key: tuple[str, str]) -> bool:
+        """The sample buffer lets the piece start: what it waits for on the other side is done."""
+        pipes = self.state.pipelines
+        return all(sid in pipes[name].finished for name, sid in self.waits.get(key, ()))
 
     def _continues(self, p: LivePipeline, s) -> bool:
         """A rollout piece right after its worker's previous piece (or tool wait) ended."""

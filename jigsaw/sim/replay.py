@@ -356,7 +356,10 @@ class _Replaying:
         if e.event == "pipeline" and e.pipeline not in self.state.pipelines:
             self.inbox.register(pr.Register(pipeline=e.pipeline, pid=1, devices=tuple(e.data["devices"]),
                                             steps=e.data.get("steps", 0), max_tokens=e.data.get("max_tokens", 0),
-                                            slo_slowdown=e.data.get("slo_slowdown", 0.0)))
+                                            slo_slowdown=e.data.get("slo_slowdown", 0.0),
+                                            job=e.data.get("job", "")))
+        elif e.event == "job" and e.pipeline in self.state.pipelines:  # the coupling its side's client said
+            self.state.couple(e.pipeline, e.data["mode"], int(e.data["staleness"]))
         elif e.event == "migrate":
             m = inputs.message(e.event, e.data)
             self.ordered = self.state.migrate(m.pipeline, m.source_rank, m.target_rank, e.t_s)

@@ -71,7 +71,8 @@ class Clients:
     def register(self, run: PipelineRun) -> None:
         msg = pr.Register(pipeline=run.name, pid=1, devices=run.devices, steps=run.steps_total,
                           max_tokens=run.spec.lengths.max_tokens, slo_slowdown=run.slo_slowdown or 0.0,
-                          job=run.job)
+                          job=run.job, **({"mode": run.spec.mode, "staleness": run.spec.staleness_bound}
+                                          if run.job else {}))
         if self.record is not None:
             self.record.append(Sent(0.0, run.name, msg))
         self.inbox.register(msg)

@@ -148,3 +148,21 @@ def test_an_admit_sent_to_a_daemon_that_died_returns_once_a_new_one_answers(tmp_
         a.close()
         b.close()
         node.stop()
+
+
+def test_a_jobs_coupling_said_by_a_later_client_reaches_the_node(tmp_path):
+    """`jigsaw run` registers the rollout side without a mode; the job's own client says it
+    when it joins, and the scheduler's node state links the sides from then on."""
+    node = ThreadNode(tmp_path, devices=2)
+    try:
+        node.client("J")
+        late = Client("J", endpoint(node.dir), job="J", mode="one-step-off", staleness=1)
+        node.clients["J-late"] = late
+        assert late.connected
+        p = node.daemon.state.pipelines["J"]
+        assert (p.mode, p.staleness) == ("one-step-off", 1)
+        said = wait_until(lambda: [e["data"] for e in node.events() if e["event"] == "job"] or None, HANG_S,
+                          "the coupling in the trace")
+        assert said == [{"job": "J", "mode": "one-step-off", "staleness": 1}]
+    finally:
+        node.close()

@@ -97,6 +97,26 @@ def test_fully_async_resumes_interrupted_requests_with_what_they_generated(tmp_p
     _check_ledger(roll.coupling, steps=4, samples=roll.spec.samples, bound=2)
 
 
+def test_the_look_ahead_sees_the_buffer_between_a_simulated_jobs_sides(tmp_path):
+    (path,) = write_workloads([_fields(mode="one-step-off")], tmp_path)
+    runs, node, grid, pol = build(SimConfig(workload=(path,), policy="jigsaw", steps=3))
+    views = []
+    plan = pol.plan
+
+    def seen(view):
+        views.append(view)
+        return plan(view)
+
+    pol.plan = seen
+    NodeSim(runs, node, grid, pol).run()
+    job = runs[0].name
+    waits = [(ps.graph.pipeline, a, b) for v in views for ps in v.pipelines + v.waiting for a, b in ps.waits_for]
+    assert any(p == f"{job}.train" and a.startswith(f"{job}/") for p, a, _ in waits), "training never waited on a batch"
+    assert any(p == job and a.startswith(f"{job}.train/") for p, a, _ in waits), "a round never waited on weights"
+    assert any(ps.graph.pipeline == f"{job}.train" for v in views for ps in v.waiting), \
+        "the training side was never counted on while it waited for its batch"
+
+
 def _check_ledger(coupling, *, steps: int, samples: int, bound: int) -> None:
     uids = [t.uid for t in coupling.buffer.ledger]
     assert sorted(uids) == list(range(steps * samples)), "a sample was lost or trained twice"
