@@ -9,6 +9,7 @@ Exit code 0 when the demo ran, whether or not its comparison is reliable (the ve
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -28,6 +29,8 @@ class Args:
     run's trace and timeline."""
 
     demo: Annotated[DemoConfig, tyro.conf.OmitArgPrefixes] = DemoConfig()
+    async_pair: Annotated[bool, tyro.conf.arg(name="async")] = False
+    """Shorthand for --workload async: a one-step off-policy pipeline beside a synchronous one."""
 
 
 def run(args: Args) -> int:
@@ -40,7 +43,7 @@ def run(args: Args) -> int:
     require("cpu", "jigsaw demo")
 
     console = Console(width=None if Console().is_terminal else 110)  # logs get the whole table
-    cfg = args.demo
+    cfg = dataclasses.replace(args.demo, workload="async") if args.async_pair else args.demo
     console.print(f"jigsaw demo: {len(cfg.modes)} modes × {cfg.repeats} repeats, {cfg.steps} steps each "
                   f"({cfg.warmup_steps} warm-up not measured); logs in {cfg.out_dir / 'logs'}")
     runs = run_demo(cfg, say=console.print)

@@ -182,7 +182,7 @@ def test_the_async_workload_runs_a_one_step_off_pipeline_beside_a_sync_one(tmp_p
     cmds = [demo._pipeline_cmd(DemoConfig(workload="async"), seed, tmp_path / "r.json") for seed in (1, 2)]
     assert [cmd[cmd.index("--mode") + 1] if "--mode" in cmd else None for cmd in cmds] == ["one-step-off", None]
     monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--workload", "async", "--steps", "3", "--prompts", "2", "--group", "2",
+    assert main(["demo", "--async", "--steps", "3", "--prompts", "2", "--group", "2",
                  "--max-new-tokens", "24", "--repeats", "1", "--modes", "jigsaw", "--out-dir", "demo"]) == 0
     one, other = (json.loads((tmp_path / "demo" / f"jigsaw-seed{s}.json").read_text()) for s in (1, 2))
     assert one["mode"] == "one-step-off" and "mode" not in other

@@ -63,8 +63,8 @@ NOT_RUN = {
         "tests/integration/test_recipe_async.py runs the recipe one-step-off under a daemon beside a sync one",
     "python -m jigsaw.recipes.grpo --mode fully-async --steps 4":
         "tests/integration/test_recipe_async.py runs the recipe fully-async and kills its daemon mid-run",
-    "jigsaw demo --workload async": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py::test_the_async_"
-                                    "workload_runs_a_one_step_off_pipeline_beside_a_sync_one runs it small",
+    "jigsaw demo --async": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py::test_the_async_"
+                           "workload_runs_a_one_step_off_pipeline_beside_a_sync_one runs it small",
     "python bench/cpu_demo.py --workload async --modes serial naive-fair static jigsaw":
         "a benchmark (minutes); the README shows its table",
     "jigsaw demo --workload agentic": "4 modes × 3 repeats take minutes; tests/integration/test_demo.py checks the "
