@@ -1,8 +1,8 @@
 """An asynchronous job's two sides on one node, and the sample buffer between them in the view.
 
     LivePipeline × K  (job, mode, staleness: as each side's client said them)
-      └─ couplings(): job ─► (rollout side, training side, bound) where both sides are here
-         and one of them said its mode (the larger bound when they differ: the looser one)
+      ├─ couplings(): job ─► (rollout side, training side, bound) where both sides are here
+      │  and one of them said its mode (the larger bound when they differ: the looser one)
       ├─ idle_sides(): a coupled side that asks for nothing while the other side is live
       └─ planned_together(): pipelines joined by devices and jobs (the node's groups)
     PipelineState × K ─► with_buffers(): each side's `waits_for` gains the buffer's edges
