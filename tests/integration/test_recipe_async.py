@@ -17,6 +17,9 @@ import pytest
 from nodes import ROOT, Node
 from waiting import HANG_S, wait_until
 
+from jigsaw.sim.replay import replay_decisions
+from jigsaw.trace import Trace
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(300)
@@ -71,6 +74,12 @@ def test_a_one_step_off_recipe_runs_beside_a_sync_one_under_the_daemon(tmp_path)
     assert said == {side: {"job": "job", "mode": "one-step-off", "staleness": 1} for side in ("job", "job.train")}
     granted = {e["pipeline"] for e in events if e["event"] == "grant"}
     assert {"sync", "job", "job.train"} <= granted  # each side's sub-stages went through the daemon
+    plans = [e["data"] for e in events if e["event"] == "plan"]
+    assert plans and not [(p["fallback"], p["notes"]) for p in plans if p["fallback"] or p["notes"]]
+    trace = Trace.read(node.trace)  # the daemon planned the sides linked through their buffer:
+    assert replay_decisions(trace).mismatches == ()  # a replay that links them too makes every plan again
+    blind = replay_decisions(Trace([e for e in trace.events if e.event != "job"]))
+    assert blind.differ, "the plans did not depend on the coupling the clients said"
 
 
 def test_the_bound_holds_when_the_daemon_is_killed_mid_run(tmp_path):
