@@ -90,6 +90,11 @@ def with_step(sid: str, step: int) -> str:
     return f"{name}/{step}/{rest}"
 
 
+def pipeline_of(sid: str) -> str:
+    """The pipeline an id names, for any id that starts pipeline/."""
+    return sid.partition(SEP)[0]
+
+
 def position_of(sid: str) -> str:
     """The id without pipeline and step, for any id that starts pipeline/step/."""
     return sid.split(SEP, 2)[2]

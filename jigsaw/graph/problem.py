@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from graphlib import CycleError, TopologicalSorter
 from typing import NamedTuple
 
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.ids import pipeline_of
 from jigsaw.graph.merge import DecodeFit
 from jigsaw.graph.plan import NodeSpec
 from jigsaw.graph.substage import SubStageKind
@@ -252,32 +254,18 @@ def _link(P: Problem, links: Sequence[tuple[str, str]]) -> None:
 
 
 def _task_of(P: Problem, index: dict[str, int], sid: str) -> int | None:
-    p = index.get(sid.partition("/")[0])
+    p = index.get(pipeline_of(sid))
     return None if p is None else P.task_of[p].get(sid)
 
 
-def _successors_first(subset: set[int], tasks: Sequence[Task]) -> list[int]:
+def _successors_first(subset: set[int], tasks: Sequence[Task]) -> tuple[int, ...]:
     """`subset` ordered so that each task comes after its successors in it; ValueError on a
     cycle (links that make one pipeline wait on itself)."""
-    order, state = [], dict.fromkeys(subset, 0)  # 0 new, 1 on the path, 2 placed
-    for root in sorted(subset):
-        if state[root]:
-            continue
-        stack = [(root, iter(tasks[root].succs))]
-        state[root] = 1
-        while stack:
-            i, it = stack[-1]
-            j = next((j for j in it if j in state and state[j] != 2), None)
-            if j is None:
-                stack.pop()
-                state[i] = 2
-                order.append(i)
-            elif state[j] == 1:
-                raise ValueError(f"links between pipelines make a cycle through {tasks[j].ids[0]}")
-            else:
-                state[j] = 1
-                stack.append((j, iter(tasks[j].succs)))
-    return order
+    after = TopologicalSorter({i: [j for j in tasks[i].succs if j in subset] for i in subset})
+    try:
+        return tuple(after.static_order())
+    except CycleError as exc:
+        raise ValueError(f"links between pipelines make a cycle through {tasks[exc.args[1][0]].ids[0]}") from None
 
 
 def _dominant(t: Task, tasks: Sequence[Task], start: int, chain: dict[int, dict[str, float]]) -> str:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from jigsaw.graph.buffer import buffer_edges, train_side
+from jigsaw.graph.ids import pipeline_of
 from jigsaw.graph.plan import PipelineState
 from jigsaw.node.ledger import LivePipeline
 
@@ -70,21 +71,22 @@ def with_buffers(states: list[PipelineState], pipelines: Sequence[LivePipeline],
     sides) with each coupled side waiting on the other: (the live ones, the idle ones whose
     every first piece waits on a piece of the other side still to end; no other may be
     counted on, since nothing of it asked)."""
+    held = []
     for c in couplings(pipelines):
         edges = buffer_edges(states[c.rollout].graph, states[c.train].graph, c.staleness)
-        for i in (c.rollout, c.train):
-            p, name = pipelines[i], pipelines[i].name
-            mine = tuple((a, b) for a, b in edges
-                         if b.partition("/")[0] == name and b not in p.waiting and b not in p.running)
-            if mine:
-                states[i] = replace(states[i], waits_for=states[i].waits_for + mine)
-    return states[:live], [s for s in states[live:] if _held(s, states)]
+        for mine, other in ((c.rollout, c.train), (c.train, c.rollout)):
+            p = pipelines[mine]
+            waits = tuple((a, b) for a, b in edges
+                          if pipeline_of(b) == p.name and b not in p.waiting and b not in p.running)
+            if waits:
+                states[mine] = replace(states[mine], waits_for=states[mine].waits_for + waits)
+            if mine >= live and _held(states[mine], states[other]):
+                held.append(mine)
+    return states[:live], [states[i] for i in sorted(held)]
 
 
-def _held(idle: PipelineState, states: Sequence[PipelineState]) -> bool:
-    graphs = {s.graph.pipeline: s for s in states}
-    pending = {b for a, b in idle.waits_for
-               if (o := graphs.get(a.partition("/")[0])) is not None and a in o.graph and a not in o.done}
+def _held(idle: PipelineState, other: PipelineState) -> bool:
+    pending = {b for a, b in idle.waits_for if a in other.graph and a not in other.done}
     first = idle.graph.frontier(idle.done)
     return bool(first) and all(s.id in pending for s in first)
 

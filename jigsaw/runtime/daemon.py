@@ -195,8 +195,6 @@ class Daemon:
         self.owners: dict[str, str] = {}
         """Pipeline name -> the owner token it was registered with."""
         self.step_start: dict[str, float] = {}
-        self.job_modes: dict[str, tuple[str, int]] = {}
-        """Each asynchronous side's coupling and staleness bound, as its clients said them."""
         self.requested: Counter[str] = Counter()
         self.granted: Counter[str] = Counter()
         """Sub-stages asked for and admitted, per pipeline (in status replies)."""
@@ -421,7 +419,9 @@ class Daemon:
         name = msg.pipeline
         pid = self.listener.peer_pid(conn) if self.listener is not None else None  # the kernel's word
         owner = owners.owner_of(msg.owner, msg.pid if pid is None else pid)
-        if name in self.state.pipelines:
+        p = self.state.pipelines.get(name)
+        said = None if p is None else (p.mode, p.staleness)
+        if p is not None:
             owners.check(self.owners, name, owner)
         else:
             self.inbox.register(msg)
@@ -432,8 +432,7 @@ class Daemon:
                                                 **({"job": msg.job} if msg.job else {}),
                                                 "device": self.grid.device.sku,
                                                 "peak_flops": self.grid.device.peak_flops})
-        if msg.mode and self.job_modes.get(name) != (msg.mode, msg.staleness):
-            self.job_modes[name] = (msg.mode, msg.staleness)  # whichever client says it: `jigsaw run` does not
+        if msg.mode and said != (msg.mode, msg.staleness):  # whichever client says it: `jigsaw run` does not
             self.state.couple(name, msg.mode, msg.staleness)
             self._event("job", name, data={"job": msg.job or name, "mode": msg.mode, "staleness": msg.staleness})
         token = secrets.token_hex(8)

@@ -28,6 +28,7 @@ from types import MappingProxyType
 
 from jigsaw.graph.buffer import TRAIN_SUFFIX, buffer_edges, train_side
 from jigsaw.graph.graph import SubStageGraph
+from jigsaw.graph.ids import pipeline_of
 from jigsaw.graph.plan import NodeSpec, PipelineState, Plan, SchedulerConfig
 from jigsaw.graph.policy import Jigsaw, Policy
 from jigsaw.graph.slo import StepOutcome
@@ -117,7 +118,8 @@ def execute(pipelines: Sequence[PipelineState], node: NodeSpec, model,
         if ps.done or ps.running:
             raise ValueError(f"execute() starts pipelines from scratch; {ps.graph.pipeline} has work done")
         name = ps.graph.pipeline
-        job = name.removesuffix(TRAIN_SUFFIX) if name.removesuffix(TRAIN_SUFFIX) in jobs else ""
+        job = name.removesuffix(TRAIN_SUFFIX)
+        job = job if job in jobs else ""
         mode, bound = jobs.get(job, ("", 0))
         state.register(name, tuple(ps.devices), static=ps.graph, steps=1, slo_slowdown=(slo or {}).get(name),
                        job=job, mode=mode, staleness=bound)
@@ -143,7 +145,7 @@ def _buffer_waits(graphs: Mapping[str, SubStageGraph], jobs: Mapping[str, tuple[
         if job not in graphs or train_side(job) not in graphs:
             raise ValueError(f"job {job!r} needs pipelines {job!r} and {train_side(job)!r}")
         for a, b in buffer_edges(graphs[job], graphs[train_side(job)], bound):
-            waits.setdefault((b.partition("/")[0], b), []).append((a.partition("/")[0], a))
+            waits.setdefault((pipeline_of(b), b), []).append((pipeline_of(a), a))
     return waits
 
 
