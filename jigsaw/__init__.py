@@ -15,6 +15,7 @@ Names are imported on first use, so `import jigsaw` costs nothing until you need
     mux/           the device side: slowdown models, profiling, partitions and binding, telemetry
     runtime/       the node daemon and the pipeline-side client (a Unix socket)
     sim/           simulators fed the daemon's requests: a node, and graphs at sub-stage level
+    cluster/       pipelines placed on the nodes of a cluster of GPU kinds (`jigsaw sim --nodes`)
     engines/       CPU engines of real pipelines (torch, transformers)
     recipes/       pipelines built from them, and `jigsaw demo`
     integrations/  verl and SGLang, unmodified

@@ -26,6 +26,7 @@ from typing import Annotated
 
 import tyro
 
+from jigsaw.cluster.simulate import ClusterConfig
 from jigsaw.sim.run import SimConfig
 
 
@@ -35,6 +36,8 @@ class Args:
 
     sim: Annotated[SimConfig, tyro.conf.arg(name="")] = SimConfig()
     """What to simulate."""
+    cluster: Annotated[ClusterConfig, tyro.conf.arg(name="")] = ClusterConfig()
+    """A cluster of nodes to place the pipelines on (--nodes), else one node."""
     out: Path = Path("jigsaw-sim-trace.jsonl")
     """Trace of the jigsaw run (or of the only policy) for `jigsaw timeline`."""
     bound: bool = True
@@ -74,6 +77,8 @@ def run(args: Args) -> int:
         for name in sorted(wl.shipped()):
             console.print(f"{name:36s} {wl.get(name).description}")
         return 0
+    if args.cluster.nodes:
+        return _cluster(args, console)
     policies = _policies(args.sim.policy, asynchronous=_asynchronous(args.sim))
     from jigsaw.sim.cost import check_price
 
@@ -121,6 +126,47 @@ def run(args: Args) -> int:
             title = f"where {keep.config.policy}'s device time went"
             console.print(table(breakdown(keep.trace, node.num_devices), title))
     return 1 if violated else 0
+
+
+def _cluster(args: Args, console) -> int:
+    """Each placement policy's placement of the pipelines on the cluster, every group run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from jigsaw.cluster.simulate import simulate_cluster
+    from jigsaw.sim.run import expand
+
+    log = Console(stderr=True, highlight=False)
+    results, refused = [], {}
+    for name in args.cluster.cluster_policy:
+        try:
+            with console.status(f"placing and simulating under {name} ..."):
+                results.append(simulate_cluster(args.sim, args.cluster, name,
+                                                say=lambda line: log.print(line, style="dim")))
+        except ValueError as exc:  # one placement that cannot hold the pipelines is a line, not the end
+            refused[name] = str(exc)
+            log.print(f"{name}: cannot place: {exc}", style="dim")
+    if not results:
+        raise ValueError("no placement policy can place these pipelines:\n" +
+                         "\n".join(f"  {p}: {why}" for p, why in refused.items()))
+    names = expand(args.sim.workload)
+    base = results[-1]
+    t = Table(title=f"{len(names)} pipelines on {args.cluster.nodes}, {args.sim.steps} steps")
+    for col in ("placement", "trial s", "makespan s", "tokens/s", f"x {base.policy}", "GPU-hours", "trials",
+                "decide s"):
+        t.add_column(col, justify="left" if col == "placement" else "right")
+    for r in results:
+        t.add_row(r.policy, f"{r.placement.makespan_s:,.1f}", f"{r.makespan_s:,.1f}", f"{r.tokens_per_s:,.0f}",
+                  f"{r.tokens_per_s / base.tokens_per_s:.2f}", f"{r.gpu_hours:,.2f}", str(r.placement.estimates),
+                  f"{r.decide_s:.1f}")
+    t.caption = "\n".join([f"{r.policy}: {r.placement.describe(names)}" for r in results] + [
+        f"{p}: cannot place: {why}" for p, why in refused.items()] + [
+        f"trial s: the slowest group's trial ({args.cluster.cluster_trial_steps} steps on other samples); "
+        "makespan: the slowest group's run; GPU-hours: every GPU of the cluster for the makespan; the network "
+        "between nodes is not priced"])
+    console.print(t)
+    return 1 if _violations({f"{r.policy} group {k}": run for r in results for k, run in enumerate(r.runs)},
+                            log) else 0
 
 
 def _violations(results: dict, log) -> bool:

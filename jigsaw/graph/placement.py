@@ -12,12 +12,13 @@ A placement is one (rollout devices, training devices) pair per pipeline, device
 order.  Each shape is a pure function of (k, n); one that cannot hold k pipelines on n devices
 raises ValueError saying why.  A baseline's shape is part of what it is; jigsaw runs on any
 (`Jigsaw.shapes`), and the simulator tries each for a few steps to choose (sim/placement.py).
-Live pipelines bring their own placement.
+Live pipelines bring their own placement.  `groupings` cuts pipelines into groups that share
+(of a node: `jigsaw advise`; of a group of nodes: the cluster layer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 Placement = tuple[tuple[int, ...], tuple[int, ...]]
 """(rollout devices, training devices) of one pipeline."""
@@ -102,3 +103,25 @@ def distinct(names: tuple[str, ...], k: int, devices: int) -> dict[str, list[Pla
         if got not in out.values():
             out[name] = got
     return out
+
+
+def groupings(count: int, max_group: int) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Every way to cut pipelines 0..count-1 into groups of at most `max_group` (1 or 2), each
+    once, groups in order of their first pipeline: which pipelines share a node (sim/advise.py)
+    or a group of nodes (cluster/placement.py)."""
+    if max_group not in (1, 2):
+        raise ValueError(f"groups of 1 or 2 pipelines are placed, not {max_group}")
+
+    def cut(left: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], ...]]:
+        if not left:
+            yield ()
+            return
+        head, rest = left[0], left[1:]
+        for tail in cut(rest):
+            yield ((head,), *tail)
+        if max_group == 2:
+            for k, other in enumerate(rest):
+                for tail in cut(rest[:k] + rest[k + 1:]):
+                    yield ((head, other), *tail)
+
+    yield from cut(tuple(range(count)))

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from jigsaw.graph.placement import groupings
 from jigsaw.graph.plan import PipelineState, SchedulerConfig
 from jigsaw.graph.policies import make
 from jigsaw.sim.cost import Cost, cost_of
@@ -215,21 +217,14 @@ def best_pairing(names: Sequence[str], alone_node_s: dict[str, float],
     if len(names) > MAX_JOBS:
         raise ValueError(f"{len(names)} jobs: advise pairs at most {MAX_JOBS} (every pairing is tried)")
 
-    def best(left: tuple[str, ...]) -> tuple[float, tuple[tuple[str, ...], ...]]:
-        if not left:
-            return 0.0, ()
-        head, rest = left[0], left[1:]
-        cost, groups = best(rest)
-        found = (alone_node_s[head] + cost, ((head,), *groups))
-        for k, other in enumerate(rest):
-            got = pair_node_s.get(frozenset((head, other)))
-            if got is not None:
-                cost, groups = best(rest[:k] + rest[k + 1:])
-                if got + cost < found[0]:
-                    found = (got + cost, ((head, other), *groups))
-        return found
+    def node_s_of(group: tuple[int, ...]) -> float:
+        if len(group) == 1:
+            return alone_node_s[names[group[0]]]
+        return pair_node_s.get(frozenset(names[i] for i in group), math.inf)
 
-    node_s, groups = best(tuple(names))
+    node_s, best = min(((sum(node_s_of(g) for g in grouping), grouping) for grouping in groupings(len(names), 2)),
+                       key=lambda found: found[0])
+    groups = tuple(tuple(names[i] for i in g) for g in best)
     return Pairing(groups=groups, node_s=node_s, alone_node_s=sum(alone_node_s[n] for n in names))
 
 

@@ -57,6 +57,9 @@ class SimConfig:
     or 'all'), the same policies `jigsaw daemon --policy` runs live."""
     gpus: int | None = None
     """GPUs of the node; if unset, the largest of the workloads'."""
+    device: str = ""
+    """GPU kind of the node (h100 | a100); empty: the workloads' own, which must agree.  A
+    workload on another kind is priced by that kind's analytic prior for its model."""
     rollout_tp: tuple[int, ...] = ()
     """Rollout TP of each pipeline, in --workload order; empty: each workload's.  TPs must
     divide each other (a scheduling device is one group of the largest)."""
@@ -74,6 +77,10 @@ class SimConfig:
     """RL steps per pipeline."""
     seed: int = 0
     """Seed of every pipeline's sample generator (pipeline i uses seed*1000 + i)."""
+    sample_streams: tuple[int, ...] = ()
+    """Sample stream of each pipeline, in --workload order: its generator's seed is
+    seed*1000 + stream; empty: its place in the canonical order.  A pipeline placed beside other
+    partners (jigsaw/cluster) keeps its stream, so it trains the same samples."""
     tailbatch: bool = False
     """RollPacker tail batching inside every pipeline (combines with any policy)."""
     sched: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -215,21 +222,46 @@ def expand(names: tuple[str, ...]) -> list[str]:
 def pipelines(config: SimConfig) -> list[tuple[workload.WorkloadSpec, int, int | None, str | None]]:
     """(spec, rollout_tp, fsdp_degree or None, offload or None) of every pipeline, flags over
     workload fields, in a canonical order: the result never depends on the listing order."""
+    listed = _listed(config)
+    return [listed[j] for j in _canonical(listed)]
+
+
+def sample_seed(config: SimConfig, i: int) -> int:
+    """Sample seed of the i-th pipeline in `pipelines` order."""
+    if not config.sample_streams:
+        return config.seed * 1000 + i
+    stream = config.sample_streams[_canonical(_listed(config))[i]]
+    if not 0 <= stream < 1000:
+        raise ValueError(f"--sample-streams must be in [0, 1000), got {stream}")
+    return config.seed * 1000 + stream
+
+
+def _canonical(listed: list) -> list[int]:
+    return sorted(range(len(listed)), key=lambda j: (listed[j][0].name, listed[j][1], listed[j][2] or 0, listed[j][3]))
+
+
+def _listed(config: SimConfig) -> list[tuple[workload.WorkloadSpec, int, int | None, str | None]]:
     specs = [workload.get(w) for w in expand(config.workload)]
     for name, values in (("rollout_tp", config.rollout_tp), ("fsdp_degree", config.fsdp_degree),
-                         ("offload", config.offload), ("mode", config.mode)):
+                         ("offload", config.offload), ("mode", config.mode), ("sample_streams", config.sample_streams)):
         if values and len(values) != len(specs):
             raise ValueError(f"--{name.replace('_', '-')} gives {len(values)} values for {len(specs)} pipelines")
     if config.mode:
         specs = [s if m == s.mode else replace(s, mode=m, provenance={**s.provenance, "mode": "the run's --mode"})
                  for s, m in zip(specs, config.mode)]
+    if config.device:
+        if config.device not in DEVICES:
+            raise ValueError(f"--device {config.device!r} unknown; known: {', '.join(sorted(DEVICES))}")
+        specs = [s if s.device == config.device else
+                 replace(s, device=config.device, provenance={**s.provenance, "device": "the run's --device"})
+                 for s in specs]
     out = []
     for i, s in enumerate(specs):
         tp = config.rollout_tp[i] if config.rollout_tp else s.rollout_tp
         fsdp = config.fsdp_degree[i] if config.fsdp_degree else (s.fsdp_degree or None)
         off = config.offload[i] if config.offload else s.offload
         out.append((s, tp, fsdp, off))
-    return sorted(out, key=lambda p: (p[0].name, p[1], p[2] or 0, p[3]))
+    return out
 
 
 def build(config: SimConfig, only: int | None = None, placed_as: str | None = None,
@@ -271,7 +303,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
         except ValueError as exc:  # this policy's placement gives its training too few GPUs
             raise Infeasible(f"{pol.name}: {spec.name} on {len(train)} of {gpus // per_device} devices: {exc}; "
                              "more GPUs per pipeline, a larger fsdp_degree or offload would fit") from exc
-        kw = dict(steps=config.steps, seed=config.seed * 1000 + i, cost=cost, tailbatch=config.tailbatch,
+        kw = dict(steps=config.steps, seed=sample_seed(config, i), cost=cost, tailbatch=config.tailbatch,
                   slo_slowdown=config.slo_of(i))
         runs += _runs(len(runs), spec, f"p{i}-{spec.name}", roll, train, kw)
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)

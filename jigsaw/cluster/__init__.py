@@ -1,0 +1,11 @@
+"""The cluster layer: pipelines placed on the nodes of a cluster of GPU kinds.
+
+    spec.py       `--nodes 4xh100,2xa100:4` ─► (NodeKind, ...): nodes of each GPU kind
+    placement.py  which pipelines share which nodes, each group's kind and node count: a pure
+                  search over groupings and node counts, priced by an estimate the caller owns
+    simulate.py   the simulator's estimate (each group's first steps, jigsaw or alone) and the
+                  cluster run: every group simulated on its kind (`jigsaw sim --nodes`)
+
+One node's scheduling stays the node's (jigsaw/node, the daemon): the cluster decides only
+where pipelines run.
+"""

@@ -1,0 +1,130 @@
+"""Which pipelines share which nodes, and how many nodes of which kind each group gets.
+
+    K pipelines, the cluster's (NodeKind, ...), estimate(Group) ─► seconds (inf: cannot run)
+      ─► groupings(K, max_group) (graph/placement.py): every way to cut the pipelines into groups (singles, and
+         pairs where max_group is 2: the sub-stages of a pair share its nodes' GPUs)
+      ─► per grouping, each group a kind and a node count, no node given twice (every
+         assignment tried; an estimate is made once per distinct group)
+      ─► Placement: the one whose slowest group ends first (the cluster's makespan for every
+         pipeline's steps); among equal ones, the fewest GPU-seconds held
+
+A pure decision over `estimate`, which the caller owns: the simulator prices a group by
+simulating its first steps on its kind's grid with the scheduler that will run it
+(cluster/simulate.py), so placement has no cost model of its own.  A group's DP degree per
+stage is what its nodes give it: every GPU of the group's nodes, shaped on the node by the
+node's own placement (sim/placement.py).  HetRL-style placement is this search with groups of
+one (each pipeline on nodes of its own, the count and kind chosen); jigsaw's adds the pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jigsaw.cluster.spec import NodeKind
+from jigsaw.graph.placement import groupings
+
+_TIE = 1e-9  # relative: makespans closer than this are equal, and GPU-seconds decide
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Group:
+    """Pipelines that share some nodes of one kind."""
+
+    pipelines: tuple[int, ...]
+    """Indices of the pipelines, in the caller's order."""
+    kind: str
+    """GPU kind of the group's nodes."""
+    gpus_per_node: int
+    nodes: int
+    """How many nodes of that kind."""
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Every pipeline in one group, with what the estimate predicted for each group."""
+
+    groups: tuple[Group, ...]
+    predicted_s: tuple[float, ...]
+    """Each group's estimated makespan, in `groups` order."""
+    estimates: int
+    """Distinct groups estimated to decide it (each one a trial run, where the simulator prices)."""
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.predicted_s)
+
+    @property
+    def gpu_s(self) -> float:
+        """GPU-seconds the groups hold until each of them ends."""
+        return sum(g.gpus * t for g, t in zip(self.groups, self.predicted_s))
+
+    def describe(self, names: list[str]) -> str:
+        return "; ".join(f"{' + '.join(names[i] for i in g.pipelines)} on {g.nodes}x{g.kind}:{g.gpus_per_node}"
+                         for g in self.groups)
+
+
+def place(count: int, cluster: tuple[NodeKind, ...], estimate: Callable[[Group], float],
+          max_group: int = 2) -> Placement:
+    """The placement of `count` pipelines on `cluster` whose slowest group ends first."""
+    if count < 1:
+        raise ValueError("placement needs at least one pipeline")
+    memo: dict[Group, float] = {}
+
+    def priced(g: Group) -> float:
+        if g not in memo:
+            memo[g] = estimate(g)
+        return memo[g]
+
+    best: list = [(math.inf, math.inf), None]
+    for grouping in groupings(count, max_group):
+        if len(grouping) <= sum(n.count for n in cluster):
+            _assign(grouping, cluster, [n.count for n in cluster], [], priced, best)
+    if best[1] is None:
+        raise ValueError(_unplaceable(count, cluster, max_group, memo))
+    groups, times = best[1]
+    return Placement(groups=groups, predicted_s=times, estimates=len(memo))
+
+
+def _assign(grouping, cluster, left: list[int], chosen: list[tuple[Group, float]], priced, best) -> None:
+    """Each way to give the groups still to place nodes from `left`, the best kept in `best`."""
+    if len(chosen) == len(grouping):
+        key = (max(t for _, t in chosen), sum(g.gpus * t for g, t in chosen))
+        if _better(key, best[0]):
+            best[0], best[1] = key, (tuple(g for g, _ in chosen), tuple(t for _, t in chosen))
+        return
+    pipes, still = grouping[len(chosen)], len(grouping) - len(chosen) - 1
+    for k, node in enumerate(cluster):
+        # leave at least one node for each group after this one
+        for n in range(1, min(left[k], sum(left) - still) + 1):
+            g = Group(pipelines=pipes, kind=node.kind, gpus_per_node=node.gpus, nodes=n)
+            t = priced(g)
+            if math.isinf(t) or t > best[0][0] * (1 + _TIE):
+                continue
+            left[k] -= n
+            chosen.append((g, t))
+            _assign(grouping, cluster, left, chosen, priced, best)
+            chosen.pop()
+            left[k] += n
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    tol = _TIE * max(1.0, b[0]) if math.isfinite(b[0]) else 0.0
+    return a[0] < b[0] - tol or (abs(a[0] - b[0]) <= tol and a[1] < b[1])
+
+
+def _unplaceable(count: int, cluster, max_group: int, memo: dict[Group, float]) -> str:
+    where, nodes = ", ".join(str(n) for n in cluster), sum(n.count for n in cluster)
+    if -(-count // max_group) > nodes:
+        alone = "each on nodes of its own" if max_group == 1 else f"in groups of at most {max_group}"
+        return f"{count} pipelines {alone} need more nodes than the {nodes} of {where}"
+    alone = {g.pipelines[0] for g, t in memo.items() if math.isfinite(t) and len(g.pipelines) == 1}
+    missing = [i for i in range(count) if i not in alone]
+    if missing:
+        return f"pipeline(s) {missing} fit no node count of any kind on {where}"
+    return f"no placement of {count} pipelines in groups of at most {max_group} fits {where}"
