@@ -68,6 +68,17 @@ def main() -> None:
                   f"{time.time() - t0:.0f} s")
 
 
+def _random_estimate(rng: random.Random):
+    table: dict[Group, float] = {}
+
+    def estimate(g: Group) -> float:
+        if g not in table:
+            table[g] = rng.uniform(10, 100) / g.nodes ** rng.uniform(0.3, 1.0)
+        return table[g]
+
+    return estimate
+
+
 def search_table(instances: int = 50) -> Table:
     """Wall time of place() with estimates already known (a table lookup each)."""
     cluster = parse_nodes("4xh100,4xa100")
@@ -77,13 +88,7 @@ def search_table(instances: int = 50) -> Table:
     for count in (2, 4, 6):
         times, estimates = [], 0
         for seed in range(instances):
-            rng, table = random.Random(seed), {}
-
-            def estimate(g: Group) -> float:
-                if g not in table:
-                    table[g] = rng.uniform(10, 100) / g.nodes ** rng.uniform(0.3, 1.0)
-                return table[g]
-
+            estimate = _random_estimate(random.Random(seed))
             place(count, cluster, estimate)  # fills the table: what trials would have priced
             t0 = time.perf_counter()
             got = place(count, cluster, estimate)

@@ -6,6 +6,7 @@
     pip install 'jigsaw[timeline]'  + `jigsaw timeline` as PNG or HTML
     pip install 'jigsaw[verl]'      + the verl integration
     pip install 'jigsaw[logs]'      + parquet logs for `jigsaw sim --lengths-from`
+    pip install 'jigsaw[cluster]'   + the cluster controller on Ray (jigsaw/cluster/controller.py)
 
     require("cpu", "jigsaw demo") ─► None, or MissingExtra("jigsaw demo needs torch, psutil, which are not
                                       installed: pip install 'jigsaw[cpu]'")
@@ -25,6 +26,7 @@ MODULES = {
     "timeline": ("matplotlib",),
     "verl": ("verl", "torch", "transformers", "psutil"),
     "logs": ("pyarrow",),
+    "cluster": ("ray",),
 }
 """Extra -> the modules jigsaw imports from it."""
 DISTRIBUTIONS = {"reasoning_gym": "reasoning-gym", "cuda.bindings": "cuda-python", "pynvml": "nvidia-ml-py"}

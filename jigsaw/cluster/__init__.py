@@ -5,6 +5,9 @@
                   search over groupings and node counts, priced by an estimate the caller owns
     simulate.py   the simulator's estimate (each group's first steps, jigsaw or alone) and the
                   cluster run: every group simulated on its kind (`jigsaw sim --nodes`)
+    gangs.py      gangs that span nodes admitted whole or not at all, in any arrival order (pure)
+    controller.py the controller as a detached Ray actor: nodes join, leave (heartbeats), are
+                  placed on; gangs gated; NodeLink, a node's calls with deadlines (lost: decide alone)
 
 One node's scheduling stays the node's (jigsaw/node, the daemon): the cluster decides only
 where pipelines run.

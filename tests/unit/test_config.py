@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 
+from jigsaw.cluster.simulate import ClusterConfig
 from jigsaw.engines.model import ModelConfig
 from jigsaw.engines.rollout import RolloutConfig
 from jigsaw.engines.sandbox import SandboxConfig
@@ -27,7 +28,7 @@ from jigsaw.sim.run import SimConfig
 
 CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
            RecipeConfig, GpuRecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig,
-           PluginConfig, SandboxConfig, LearnConfig]
+           PluginConfig, SandboxConfig, LearnConfig, ClusterConfig]
 
 
 def _field_docstrings(cls) -> set[str]:

@@ -1,0 +1,151 @@
+"""Gangs across nodes admitted whole or not at all, whatever the order nodes ask in
+(jigsaw/cluster/gangs.py), and the controller's node book and placement on concrete nodes
+(jigsaw/cluster/controller.py) without Ray: the actor's body is plain Python."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from jigsaw.cluster.controller import Controller, NodeInfo
+from jigsaw.cluster.gangs import Gates
+from jigsaw.cluster.placement import place
+from jigsaw.cluster.simulate import PLACERS, ClusterConfig, estimator
+from jigsaw.cluster.spec import NodeKind
+from jigsaw.sim.run import SimConfig
+
+CROSSED = {"g1": frozenset("AB"), "g2": frozenset("BC"), "g3": frozenset("CA"), "g4": frozenset("AB")}
+"""Four gangs over three nodes, each pair of nodes shared by two of them: where a node that
+waited holding its devices for the first gang it saw would deadlock with the others."""
+
+
+def _run(gangs: dict[str, frozenset], order: list[tuple[str, str]], rng: random.Random) -> list[str]:
+    """Nodes that ask for their gangs in `order`, run one gang at a time, finish it, and ask
+    again for the rest; the order in which gangs were admitted (each checked whole)."""
+    gates, busy, admitted = Gates(), {}, []
+    wants = {n: [g for g, members in gangs.items() if n in members] for n in "ABC"}
+    for gang, node in order:
+        gates.ready(gang, node, gangs[gang])
+    for _ in range(50):  # a deadline in rounds: every gang must be through long before
+        for gang in gates.admit():
+            assert all(node not in busy for node in gangs[gang]), "a node started two gangs at once"
+            busy.update({node: gang for node in gangs[gang]})
+            admitted.append(gang)
+        for node in "ABC":
+            told = gates.take(node)
+            assert all(why == "" for _, why in told)
+            assert {g for g, _ in told} <= {busy.get(node)}
+        if not busy and len(admitted) == len(gangs):
+            return admitted
+        finished = rng.choice(sorted(set(busy.values()))) if busy else None
+        if finished:
+            gates.done(finished)
+            for node in gangs[finished]:
+                del busy[node]
+                wants[node].remove(finished)
+                for g in wants[node]:  # idle again: it could start any of its other gangs now
+                    if g not in gates.running:
+                        gates.ready(g, node, gangs[g])
+    raise AssertionError(f"deadlock: admitted {admitted}, waiting {sorted(gates.waiting)}")
+
+
+def test_crossed_gangs_all_run_whole_in_every_arrival_order():
+    asks = [(g, n) for g, members in CROSSED.items() for n in sorted(members)]
+    rng = random.Random(0)
+    for k, order in enumerate(itertools.permutations(asks)):
+        if k % 97:  # 8! orders: every 97th, about 400 of them
+            continue
+        assert sorted(_run(CROSSED, list(order), rng)) == sorted(CROSSED)
+
+
+def test_a_gang_waits_for_every_member_and_starts_on_all_at_once():
+    gates = Gates()
+    gates.ready("g", "A", frozenset("AB"))
+    assert gates.admit() == [] and gates.take("A") == []  # half the gang: nothing starts
+    gates.ready("g", "B", frozenset("AB"))
+    assert gates.admit() == ["g"]
+    assert gates.take("A") == [("g", "")] and gates.take("B") == [("g", "")]
+    assert gates.take("A") == []  # told once
+    with pytest.raises(ValueError, match="already running"):
+        gates.ready("g", "A", frozenset("AB"))
+
+
+def test_a_lost_member_refuses_its_waiting_gangs_to_the_others_and_a_rejoin_clears_it():
+    gates = Gates()
+    gates.ready("g", "A", frozenset("AB"))
+    gates.ready("h", "A", frozenset("AC"))
+    assert gates.leave("B") == ["g"]
+    assert gates.take("A") == [("g", "node 'B' left the cluster")]  # A runs that piece alone
+    gates.ready("g2", "A", frozenset("AB"))  # asked after the loss: refused at once
+    assert gates.take("A") == [("g2", "node(s) ['B'] left the cluster")]
+    gates.rejoin("B")
+    gates.ready("g3", "A", frozenset("AB"))
+    gates.ready("g3", "B", frozenset("AB"))
+    assert gates.admit() == ["g3"] and "h" in gates.waiting  # the gang with C still waits for C
+
+
+def test_requests_that_do_not_add_up_are_refused_with_the_reason():
+    gates = Gates()
+    with pytest.raises(ValueError, match="not a member"):
+        gates.ready("g", "C", frozenset("AB"))
+    gates.ready("g", "A", frozenset("AB"))
+    with pytest.raises(ValueError, match="another said"):
+        gates.ready("g", "B", frozenset("ABC"))
+    gates.withdraw("g", "A")  # it started other work: a later B alone admits nothing
+    gates.ready("g", "B", frozenset("AB"))
+    assert gates.admit() == []
+    assert gates.take("stranger") == []
+
+
+class Clock:
+    """Time for the controller's node timeout, moved by the test (a clock, not hardware)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_silent_node_leaves_and_its_waiting_gang_is_refused():
+    clock = Clock()
+    c = Controller(node_timeout_s=5.0, clock=clock)
+    for n in "AB":
+        c.join(NodeInfo(node_id=n, kind="h100", gpus=1))
+    c.ready("g", "A", ("A", "B"))
+    clock.t = 4.0
+    assert c.heartbeat("A")
+    clock.t = 7.0  # B last heard at 0
+    assert [n.node_id for n in c.nodes()] == ["A"]
+    assert c.take("A") == [("g", "node 'B' left the cluster")]
+    assert not c.heartbeat("B")  # forgotten: it must join again
+    c.join(NodeInfo(node_id="B", kind="h100", gpus=1))
+    assert sorted(n.node_id for n in c.nodes()) == ["A", "B"]
+
+
+def test_the_controller_places_on_concrete_nodes_what_the_search_predicts():
+    c = Controller()
+    for n, kind in (("n1", "h100"), ("n2", "a100"), ("n3", "h100")):
+        c.join(NodeInfo(node_id=n, kind=kind, gpus=1))
+    c.submit("math", "qwen3-0.6b-math")
+    c.submit("gsm8k", "qwen3-0.6b-gsm8k")
+    with pytest.raises(ValueError, match="already submitted"):
+        c.submit("math", "qwen3-0.6b-math")
+    got = c.place(steps=2, trial_steps=1, policy="hetrl")
+    # the same search over the same cluster, outside the actor
+    sim = SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-math"), steps=2, trace=False)
+    want = place(2, (NodeKind(kind="h100", count=2, gpus=1), NodeKind(kind="a100", count=1, gpus=1)),
+                 estimator(sim, ClusterConfig(cluster_trial_steps=1), PLACERS["hetrl"].node_policy), 1)
+    assert got.groups == want.groups and got.predicted_s == pytest.approx(want.predicted_s)
+    kinds = {"n1": "h100", "n2": "a100", "n3": "h100"}
+    names = ["gsm8k", "math"]
+    for g in got.groups:
+        for i in g.pipelines:
+            assert len(got.nodes[names[i]]) == g.nodes
+            assert all(kinds[n] == g.kind for n in got.nodes[names[i]])
+    every = [n for g in got.groups for n in got.nodes[names[g.pipelines[0]]]]
+    assert len(every) == len(set(every))  # no node given twice
+    assert math.isfinite(max(got.predicted_s))
