@@ -28,6 +28,7 @@ from jigsaw.extras import require
 
 NAME = "jigsaw-cluster"
 NAMESPACE = "jigsaw"
+_LOST = object()  # NodeLink: the controller did not answer
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,33 +163,25 @@ class NodeLink:
         self.info, self.deadline_s = info, deadline_s
         self.handle = handle
 
-    def _call(self, method: str, *args):
+    def _answer(self, method: str, *args):
+        """The controller's answer, or _LOST where it is gone or silent past the deadline."""
         try:
             handle = self.handle or self.ray.get_actor(NAME, namespace=NAMESPACE)
-            return getattr(handle, method).remote(*args), handle
         except ValueError:  # no such actor: the controller is gone
-            return None, None
+            return _LOST
+        try:  # a request the controller refuses (RayTaskError) is the node's bug: it propagates
+            return self.ray.get(getattr(handle, method).remote(*args), timeout=self.deadline_s)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
+            return _LOST
 
     def call(self, method: str, *args):
         """The controller's answer, or None where it is lost (the node falls open)."""
-        ref, handle = self._call(method, *args)
-        if ref is None:
-            return None
-        try:
-            return self.ray.get(ref, timeout=self.deadline_s)
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
-            return None
+        got = self._answer(method, *args)
+        return None if got is _LOST else got
 
     def join(self) -> bool:
         """Whether the controller heard (False: lost)."""
-        ref, _ = self._call("join", self.info)
-        if ref is None:
-            return False
-        try:
-            self.ray.get(ref, timeout=self.deadline_s)
-            return True
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
-            return False
+        return self._answer("join", self.info) is not _LOST
 
     def heartbeat(self) -> bool:
         """Whether the controller knows this node now (it joins again if it was forgotten)."""
@@ -208,14 +201,7 @@ class NodeLink:
 
     def ready(self, gang: str, members: tuple[str, ...]) -> bool:
         """Whether the controller took the request (False: lost; the node decides alone)."""
-        ref, _ = self._call("ready", gang, self.info.node_id, members)
-        if ref is None:
-            return False
-        try:
-            self.ray.get(ref, timeout=self.deadline_s)
-            return True
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
-            return False
+        return self._answer("ready", gang, self.info.node_id, members) is not _LOST
 
     def take(self) -> list[tuple[str, str]] | None:
         """(gang, "") admitted, (gang, why) refused; None: the controller is lost."""

@@ -83,6 +83,8 @@ def test_nodes_join_a_cross_node_gang_starts_whole_and_pipelines_are_placed_on_n
         assert ray.get(b.call.remote("ready", "train-7", members), timeout=30)
         told = ray.get([a.call.remote("take"), b.call.remote("take")], timeout=30)
         assert [[tuple(t) for t in node] for node in told] == [[("train-7", "")]] * 2  # both at once
+        with pytest.raises(ray.exceptions.RayTaskError, match="not a member"):  # refused, not "lost"
+            ray.get(a.call.remote("ready", "train-8", (ids[1], ids[2])), timeout=30)
         ray.get(ctrl.submit.remote("math", "qwen3-0.6b-math"), timeout=30)
         ray.get(ctrl.submit.remote("gsm8k", "qwen3-0.6b-gsm8k"), timeout=30)
         got = ray.get(ctrl.place.remote(steps=2, trial_steps=1, policy="hetrl"), timeout=240)
