@@ -226,14 +226,14 @@ def pipelines(config: SimConfig) -> list[tuple[workload.WorkloadSpec, int, int |
     return [listed[j] for j in _canonical(listed)]
 
 
-def sample_seed(config: SimConfig, i: int) -> int:
-    """Sample seed of the i-th pipeline in `pipelines` order."""
+def sample_seeds(config: SimConfig) -> list[int]:
+    """Sample seed of each pipeline, in `pipelines` order."""
     if not config.sample_streams:
-        return config.seed * 1000 + i
-    stream = config.sample_streams[_canonical(_listed(config))[i]]
-    if not 0 <= stream < 1000:
-        raise ValueError(f"--sample-streams must be in [0, 1000), got {stream}")
-    return config.seed * 1000 + stream
+        return [config.seed * 1000 + i for i in range(len(expand(config.workload)))]
+    streams = [config.sample_streams[j] for j in _canonical(_listed(config))]
+    if not all(0 <= s < 1000 for s in streams):
+        raise ValueError(f"--sample-streams must be in [0, 1000), got {config.sample_streams}")
+    return [config.seed * 1000 + s for s in streams]
 
 
 def _canonical(listed: list) -> list[int]:
@@ -287,7 +287,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
         raise Infeasible(str(exc)) from exc
     device_name = items[0][0].device
     device = DEVICES[device_name]
-    runs, deployments = [], []
+    runs, deployments, seeds = [], [], sample_seeds(config)
     for i, (roll, train) in zip(chosen, places):
         spec, tp, fsdp, offload = items[i]
         roll, train = sides(spec, roll, train)
@@ -303,7 +303,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
         except ValueError as exc:  # this policy's placement gives its training too few GPUs
             raise Infeasible(f"{pol.name}: {spec.name} on {len(train)} of {gpus // per_device} devices: {exc}; "
                              "more GPUs per pipeline, a larger fsdp_degree or offload would fit") from exc
-        kw = dict(steps=config.steps, seed=sample_seed(config, i), cost=cost, tailbatch=config.tailbatch,
+        kw = dict(steps=config.steps, seed=seeds[i], cost=cost, tailbatch=config.tailbatch,
                   slo_slowdown=config.slo_of(i))
         runs += _runs(len(runs), spec, f"p{i}-{spec.name}", roll, train, kw)
     node = NodeSpec(num_devices=gpus // per_device, mem_bytes=device.mem_bytes)
