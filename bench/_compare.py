@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from rich.table import Table
 
 from jigsaw.sim import workload
-from jigsaw.sim.breakdown import Breakdown, breakdown
-from jigsaw.sim.run import LowerBound, SimConfig, lower_bound, simulate
+from jigsaw.sim.breakdown import Breakdown, breakdown, combined
+from jigsaw.sim.run import LowerBound, SimConfig, lower_bound, pipelines, simulate
 
 BASELINES = ("serial", "split", "static", "rollmux", "muxserve", "hrrs", "greedy")
 
@@ -34,7 +34,10 @@ class Row:
 
 
 def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed: int,
-            policies: tuple[str, ...] = BASELINES + ("jigsaw",)) -> Row:
+            policies: tuple[str, ...] = BASELINES + ("jigsaw",), nodes: str = "") -> Row:
+    """Every policy on the mix, on one node of `gpus` GPUs; with `nodes` (COUNTxKIND, as many
+    GPUs), jigsaw and HetRL-style placement also place the pipelines on those nodes (see
+    _place): the row's "jigsaw" is then the placed run, its flat run "jigsaw flat"."""
     cfg = SimConfig(workload=workloads, gpus=gpus, steps=steps, seed=seed, trace=False)
     res, infeasible = {}, {}
     for p in policies:
@@ -45,7 +48,7 @@ def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed:
     bound = lower_bound(replace(cfg, policy="serial"))
     first = workload.get(workloads[0])
     where = breakdown(res["jigsaw"].trace, gpus // first.rollout_tp) if "jigsaw" in res else None
-    return Row(label=label, tokens_per_s={p: r.tokens_per_s for p, r in res.items()},
+    row = Row(label=label, tokens_per_s={p: r.tokens_per_s for p, r in res.items()},
                latency_x={p: statistics.fmean(x.mean_step_latency_s / (a / steps)
                                               for x, a in zip(r.pipelines, bound.alone_s))
                           for p, r in res.items()},
@@ -54,6 +57,41 @@ def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed:
                placed=_placed(res["jigsaw"].placement) if "jigsaw" in res and res["jigsaw"].placement else "",
                violations={p: f"{len(r.violations)}, first: {r.violations[0]}" for p, r in res.items()
                            if r.violations} or None)
+    if nodes and "jigsaw" in policies:
+        _place(row, cfg, nodes)
+    return row
+
+
+PLACED = ("jigsaw", "hetrl")
+"""Placement policies of cluster/simulate.py a placed row adds (hetrl: HetRL's placement)."""
+
+
+def _place(row: Row, cfg: SimConfig, nodes: str) -> None:
+    """jigsaw and HetRL-style placement of the row's pipelines on `nodes` (the same code as
+    `jigsaw sim --nodes`): the row's jigsaw becomes the placed run, its flat one "jigsaw flat"."""
+    from jigsaw.cluster.simulate import ClusterConfig, simulate_cluster
+
+    for key in ("tokens_per_s", "latency_x", "makespan_s"):
+        values = getattr(row, key)
+        if "jigsaw" in values:
+            values["jigsaw flat"] = values.pop("jigsaw")
+    names = [spec.name for spec, *_ in pipelines(cfg)]  # the bound's order
+    alone = {n: a for n, a in zip(names, row.bound.alone_s)}
+    for policy in PLACED:
+        try:
+            got = simulate_cluster(replace(cfg, trace=policy == "jigsaw"), ClusterConfig(nodes=nodes), policy)
+        except ValueError as exc:  # e.g. more pipelines than nodes for groups of one
+            row.infeasible = {**(row.infeasible or {}), policy: str(exc)}
+            continue
+        row.tokens_per_s[policy] = got.tokens_per_s
+        row.makespan_s[policy] = got.makespan_s
+        row.latency_x[policy] = statistics.fmean(x.mean_step_latency_s / (alone[x.workload] / cfg.steps)
+                                                 for r in got.runs for x in r.pipelines)
+        if policy == "jigsaw":
+            row.placed = "; ".join(f"{'+'.join(f'P{i}' for i in g.pipelines)} on {g.nodes}x{g.kind}"
+                                   for g in got.placement.groups)
+            row.where = combined([breakdown(r.trace, r.config.gpus // workload.get(r.config.workload[0]).rollout_tp)
+                                  for r in got.runs])
 
 
 def _placed(choice) -> str:
@@ -65,6 +103,7 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     t = Table(title=title)
     t.add_column("workload", no_wrap=True)
     others = [p for p in policies if p != "jigsaw"]
+    baselines = [p for p in others if p != "jigsaw flat"]  # jigsaw unplaced is not a baseline
     for p in others:
         t.add_column(f"jigsaw / {p}", justify="right")
     t.add_column("× best baseline", justify="right")
@@ -76,7 +115,7 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
         t.add_column(col, justify="right")
     notes = []
     for r in rows:
-        t.add_row(r.label, *[_ratio(r, p) for p in others], _best(r, others), r.placed,
+        t.add_row(r.label, *[_ratio(r, p) for p in others], _best(r, baselines), r.placed,
                   f"{r.tokens_per_s['jigsaw']:,.0f}", f"{r.makespan_s['jigsaw'] / r.bound.makespan_s - 1:+.0%}",
                   f"{r.latency_x['jigsaw']:.2f}", *_where(r.where))
         notes += [f"n/a: {p} on {r.label}: {why}" for p, why in (r.infeasible or {}).items()]
@@ -84,7 +123,7 @@ def table(title: str, rows: list[Row], policies: tuple[str, ...]) -> Table:
     ratios = {p: [r.tokens_per_s["jigsaw"] / r.tokens_per_s[p] for r in rows if p in r.tokens_per_s] for p in others}
     t.caption = "\n".join(notes) or None
     t.add_section()
-    best = [b[1] for r in rows if (b := _best_baseline(r, others)) is not None]
+    best = [b[1] for r in rows if (b := _best_baseline(r, baselines)) is not None]
     t.add_row("average", *[f"{statistics.fmean(v):.2f}" for v in ratios.values()], f"{statistics.fmean(best):.2f}", "",
               "", f"{statistics.fmean(r.makespan_s['jigsaw'] / r.bound.makespan_s - 1 for r in rows):+.0%}",
               f"{statistics.fmean(r.latency_x['jigsaw'] for r in rows):.2f}")

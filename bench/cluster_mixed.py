@@ -2,6 +2,7 @@
 (not a test: prints a table).
 
     python bench/cluster_mixed.py [--nodes 2xh100,2xa100] [--steps 6] [--seeds 0 1] [--workload ...]
+                                  [--search-only | --pruning]
 
     1. the search alone: place() over random estimate tables (K pipelines on 4xh100,4xa100),
        wall time per decision, median and p99: the controller's own cost once trials are known
@@ -11,6 +12,8 @@
     ─► every group simulated for all steps on its kind's grid ─► per seed: makespan, tokens/s,
        jigsaw / hetrl (the same samples: a pipeline keeps its sample stream wherever placed),
        the placements, and each policy's decision time (its trials)
+    3. (--pruning) jigsaw's placement decided with trials stopped at the best makespan found so
+       far and with every trial run to its end, side by side: wall time, and the same placement
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jigsaw.cluster.placement import Group, place
-from jigsaw.cluster.simulate import ClusterConfig, simulate_cluster
+from jigsaw.cluster.simulate import PLACERS, ClusterConfig, estimator, simulate_cluster
 from jigsaw.cluster.spec import parse_nodes
 from jigsaw.sim.run import SimConfig
 
@@ -40,8 +43,13 @@ def main() -> None:
     ap.add_argument("--trial-steps", type=int, default=3)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--search-only", action="store_true", help="only part 1 (no simulation)")
+    ap.add_argument("--pruning", action="store_true", help="only part 3: jigsaw's placement with and without "
+                                                           "stopping trials at the best makespan so far")
     args = ap.parse_args()
     console = Console(width=200)
+    if args.pruning:
+        console.print(pruning_table(args))
+        return
     console.print(search_table())
     if args.search_only:
         return
@@ -71,7 +79,7 @@ def main() -> None:
 def _random_estimate(rng: random.Random):
     table: dict[Group, float] = {}
 
-    def estimate(g: Group) -> float:
+    def estimate(g: Group, until_s: float | None = None) -> float:
         if g not in table:
             table[g] = rng.uniform(10, 100) / g.nodes ** rng.uniform(0.3, 1.0)
         return table[g]
@@ -97,6 +105,28 @@ def search_table(instances: int = 50) -> Table:
         p99 = statistics.quantiles(times, n=100, method="inclusive")[98]
         t.add_row(str(count), str(math.ceil(count / 2)) + f"-{count}", str(estimates),
                   f"{statistics.median(times) * 1e3:.1f}", f"{p99 * 1e3:.1f}")
+    return t
+
+
+def pruning_table(args) -> Table:
+    """Part 3: jigsaw's placement decided twice per seed, side by side: trials stopped once they
+    pass the best makespan found so far (place()'s bound), and every trial run to its end."""
+    cluster = parse_nodes(args.nodes)
+    cfg = ClusterConfig(nodes=args.nodes, cluster_trial_steps=args.trial_steps)
+    t = Table(title=f"trial pruning: jigsaw's placement of {len(args.workload)} pipelines on {args.nodes}")
+    for col in ("seed", "trials", "bounded s", "unbounded s", "bounded / unbounded", "same placement"):
+        t.add_column(col, justify="right")
+    for seed in args.seeds:
+        sim = SimConfig(workload=tuple(args.workload), steps=args.steps, seed=seed, trace=False)
+        estimate = estimator(sim, cfg, PLACERS["jigsaw"].node_policy)
+        runs = {}
+        for bounded in (True, False):
+            how = estimate if bounded else (lambda g, until_s=None, full=estimate: full(g, None))
+            t0 = time.perf_counter()
+            runs[bounded] = (place(len(args.workload), cluster, how), time.perf_counter() - t0)
+        (a, a_s), (b, b_s) = runs[True], runs[False]
+        t.add_row(str(seed), str(a.estimates), f"{a_s:.1f}", f"{b_s:.1f}", f"{a_s / b_s:.2f}",
+                  "yes" if a.groups == b.groups else f"no: {a.describe(list(args.workload))}")
     return t
 
 

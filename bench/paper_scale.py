@@ -1,9 +1,17 @@
 """JigsawRL Fig. 13 in the simulator: two co-located pipelines on 8 to 64 A100.
 
-    python bench/paper_scale.py [--steps 10] [--gpus 8 16 32 64] [--quick]
+    python bench/paper_scale.py [--steps 10] [--gpus 8 16 32 64] [--quick] [--flat]
 
 Larger models (DeepSeek-R1-Distill-Qwen-14B and Qwen3-32B on MATH, Qwen3-4B on GSM8K) at
 growing DP degree.  Paper: up to 1.75× (1.47× on average) over verl, 1.31× over RollMux.
+
+Every baseline is placed the way its paper places it: verl (serial) runs each job on every
+GPU in turn, split gives each its half, static and MuxServe share every GPU, RollMux its
+rollout and training pools (sim/policies).  The GPUs are nodes of 8 (GPUS/8 x the workload's
+kind): jigsaw places the pair on them as `jigsaw sim --nodes` does (cluster/placement.py:
+both on every node, or each on nodes of its own, priced by jigsaw's own trials), and so does
+HetRL-style placement (each on nodes of its own, run alone).  "jigsaw flat" is jigsaw with
+both pipelines on every GPU, as before placement (--flat: only that).
 """
 
 from __future__ import annotations
@@ -18,8 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _compare import run_mix, table  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from jigsaw.sim import workload  # noqa: E402
+
 FIG13 = ("qwen3-4b-gsm8k-a100", "deepseek-r1-distill-qwen-14b-math", "qwen3-32b-math")
 POLICIES = ("serial", "split", "static", "rollmux", "muxserve", "jigsaw")
+PLACED = ("jigsaw flat", "hetrl")
+GPUS_PER_NODE = 8
 
 
 def main() -> None:
@@ -28,7 +40,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--quick", action="store_true", help="8 and 16 GPUs, 4 steps")
+    ap.add_argument("--flat", action="store_true", help="jigsaw on every GPU, no placement on nodes")
     args = ap.parse_args()
+    if any(g % GPUS_PER_NODE for g in args.gpus):
+        ap.error(f"--gpus: whole nodes of {GPUS_PER_NODE}")
     gpus, steps = ([8, 16], 4) if args.quick else (args.gpus, args.steps)
     console = Console(width=240)
     t0 = time.time()
@@ -37,10 +52,14 @@ def main() -> None:
         for g in gpus:
             with console.status(f"{w} on {g} A100 ..."):
                 try:
-                    rows.append(run_mix(f"{w} @{g}", (w, w), g, steps, args.seed, POLICIES))
+                    nodes = "" if args.flat else f"{g // GPUS_PER_NODE}x{workload.get(w).device}"
+                    rows.append(run_mix(f"{w} @{g}", (w, w), g, steps, args.seed, POLICIES, nodes=nodes))
                 except ValueError as exc:  # the deployment itself does not fit (even serial)
                     skipped.append(f"{w} @{g}: {exc}")
-    console.print(table(f"Fig. 13: 2 pipelines on 8-64 A100, {steps} steps (ratios of tokens/s)", rows, POLICIES))
+    shown = POLICIES[:-1] + ("jigsaw",) if args.flat else POLICIES[:-1] + PLACED + ("jigsaw",)
+    how = "flat" if args.flat else f"placed on nodes of {GPUS_PER_NODE}"
+    console.print(table(f"Fig. 13: 2 pipelines on 8-64 A100, {steps} steps, jigsaw {how} (ratios of tokens/s)",
+                        rows, shown))
     for line in skipped:
         console.print(f"skipped {line}")
     console.print(f"simulated in {time.time() - t0:.0f} s")

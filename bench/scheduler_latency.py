@@ -9,7 +9,9 @@
     (the time is the policy's decision alone: the node's view building is not in it), with the
     load average while measuring
 
-Usage:  python bench/scheduler_latency.py [--seeds 3] [--steps 2] [--windows 1 3] [--repeat 3]
+Usage:  python bench/scheduler_latency.py [--seeds 3] [--steps 2] [--windows 1 3] [--repeat 3] [--group]
+The group setups time one scheduler deciding a group of 4 nodes × 8 GPUs × 4 pipelines whose
+ranks span nodes (issue 35; --group: only those).
 Goal (issues 14, 32): steady p99 ≤ 2 ms at 2 pipelines × 8 DP and ≤ 20 ms at 4 × 64 DP with the
 default settings, a cold first decision ≤ 20 ms (bench/scheduler_quality.py puts these times
 next to the decisions' quality).  The p99 of 19–20 ms issue 32 saw at 2 × 8 DP were cold
@@ -62,6 +64,17 @@ def setups() -> list[Setup]:
         Setup("4×8 DP, 8 GPUs", 8, (eight,) * 4),
         Setup("4×32 DP, 64 GPUs, 2/GPU", 64, stagger),
         Setup("4×64 DP, 64 GPUs, 4/GPU", 64, (tuple(range(64)),) * 4),
+    ] + group_setups()
+
+
+def group_setups() -> list[Setup]:
+    """A group of 4 nodes × 8 GPUs decided by one scheduler (issue 35: the node's policy over
+    the group's devices): pipelines that span nodes, two a node, and every pipeline on every
+    node."""
+    span = tuple(tuple((8 * start + i) % 32 for i in range(16)) for start in range(4))
+    return [
+        Setup("group: 4 nodes × 8, 4×16 DP over 2 nodes", 32, span),
+        Setup("group: 4 nodes × 8, 4×32 DP over 4 nodes", 32, (tuple(range(32)),) * 4),
     ]
 
 
@@ -128,7 +141,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="random graph sets per setup")
     ap.add_argument("--steps", type=int, default=2, help="RL steps chained per pipeline")
     ap.add_argument("--windows", type=int, nargs="+", default=[1, 3], help="look-ahead depths to time")
-    ap.add_argument("--quick", action="store_true", help="skip the 4 x 64 DP setup")
+    ap.add_argument("--quick", action="store_true", help="skip the 4 x 64 DP and the group setups")
+    ap.add_argument("--group", action="store_true", help="only the group of 4 nodes x 8 GPUs")
     ap.add_argument("--repeat", type=int, default=1,
                     help="make each run this many times and keep each call's least time (same plans, so the "
                          "same calls: a side-by-side comparison on a noisy machine)")
@@ -142,7 +156,7 @@ def main() -> None:
                 "run s", "load"):
         table.add_column(col, justify="left" if col == "setup" else "right")
     console = Console(width=120)
-    for setup in setups()[:3] if args.quick else setups():
+    for setup in group_setups() if args.group else setups()[:3] if args.quick else setups():
         for w in args.windows:
             with console.status(f"{setup.label}, W={w}"):
                 r = measure(setup, SchedulerConfig(window=w), args.seeds, args.steps, grid, args.repeat)

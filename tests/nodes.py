@@ -4,6 +4,9 @@
     ThreadNode  the daemon serving its socket from a thread of the test, on clocks the test
                 may script; its state can be read while it serves (a parked heartbeat, a
                 pipeline's running sub-stages)
+    InProcessLink  a daemon's line to the cluster controller's real body (cluster/controller.py)
+                called in this process instead of over Ray (tests/integration/test_cluster_ray.py
+                tests the Ray one), so several ThreadNodes form a cluster
 
 Every wait is `waiting.wait_until` on what the daemon says (a status reply, a trace event).
 """
@@ -132,26 +135,65 @@ class Node:
             self.daemon.wait(10)
 
 
+class InProcessLink:
+    """runtime/spanning.py's Link onto one shared `Controller` body, under one lock (daemons
+    serve from threads).  Each news() is the node's heartbeat too; `lost`: the controller does
+    not answer (news() is None, offers go nowhere)."""
+
+    def __init__(self, body, node_id: str, lock: threading.Lock):
+        self.body, self.node_id, self.lock, self.lost = body, node_id, lock, False
+        with lock:
+            body.join(self.info())
+
+    def ready(self, gang: str, members: tuple[str, ...]) -> None:
+        with self.lock:
+            if not self.lost:
+                self.body.ready(gang, self.node_id, members)
+
+    def withdraw(self, gang: str) -> None:
+        with self.lock:
+            if not self.lost:
+                self.body.withdraw(gang, self.node_id)
+
+    def done(self, gang: str) -> None:
+        with self.lock:
+            if not self.lost:
+                self.body.done(gang)
+
+    def news(self):
+        with self.lock:
+            if self.lost:
+                return None
+            if not self.body.heartbeat(self.node_id):
+                self.body.join(self.info())
+            return self.body.take(self.node_id)
+
+    def info(self):
+        from jigsaw.cluster.controller import NodeInfo
+
+        return NodeInfo(node_id=self.node_id, kind="h100", gpus=1)
+
+
 class ThreadNode:
     """A real daemon serving its socket from a thread of this process.  `clock` is what its
     scheduler reads as the time; `wall` times arrivals, leases and parked heartbeats (a wall
     that stands still: no lease expires and a parked heartbeat is answered only when a change
     for it falls due)."""
 
-    def __init__(self, tmp: Path, clock=time.monotonic, wall=time.monotonic, **config):
+    def __init__(self, tmp: Path, clock=time.monotonic, wall=time.monotonic, link=None, **config):
         self.dir = tmp / "rt"
         self.dir.mkdir(mode=0o700, parents=True)
         self.trace = tmp / "trace.jsonl"
-        self.daemon = Daemon(DaemonConfig(trace=self.trace, **config), self.dir, clock=clock, wall=wall)
+        self.daemon = Daemon(DaemonConfig(trace=self.trace, **config), self.dir, clock=clock, wall=wall, link=link)
         self.thread = threading.Thread(target=self.daemon.serve, daemon=True)
         self.thread.start()
         self.clients: dict[str, Client] = {}
 
-    def client(self, name: str) -> Client:
+    def client(self, name: str, **kw) -> Client:
         """A client of pipeline `name`, registered (the daemon's thread may still be starting)."""
 
         def registered():
-            c = Client(name, endpoint(self.dir))
+            c = Client(name, endpoint(self.dir), **kw)
             if c.connected:
                 return c
             c.close()

@@ -150,20 +150,21 @@ def _cluster(args: Args, console) -> int:
         raise ValueError("no placement policy can place these pipelines:\n" +
                          "\n".join(f"  {p}: {why}" for p, why in refused.items()))
     names = expand(args.sim.workload)
-    base = results[-1]
+    ref = next((r for r in results if r.policy == "jigsaw"), results[0])
     t = Table(title=f"{len(names)} pipelines on {args.cluster.nodes}, {args.sim.steps} steps")
-    for col in ("placement", "trial s", "makespan s", "tokens/s", f"x {base.policy}", "GPU-hours", "trials",
-                "decide s"):
+    for col in ("placement", "trial s", "makespan s", "tokens/s", f"{ref.policy} / it", "GPU-hours",
+                "GPU-hours held", "trials", "decide s"):
         t.add_column(col, justify="left" if col == "placement" else "right")
     for r in results:
         t.add_row(r.policy, f"{r.placement.makespan_s:,.1f}", f"{r.makespan_s:,.1f}", f"{r.tokens_per_s:,.0f}",
-                  f"{r.tokens_per_s / base.tokens_per_s:.2f}", f"{r.gpu_hours:,.2f}", str(r.placement.estimates),
-                  f"{r.decide_s:.1f}")
+                  f"{ref.tokens_per_s / r.tokens_per_s:.2f}", f"{r.gpu_hours:,.2f}", f"{r.held_gpu_hours:,.2f}",
+                  str(r.placement.estimates), f"{r.decide_s:.1f}")
     t.caption = "\n".join([f"{r.policy}: {r.placement.describe(names)}" for r in results] + [
         f"{p}: cannot place: {why}" for p, why in refused.items()] + [
         f"trial s: the slowest group's trial ({args.cluster.cluster_trial_steps} steps on other samples); "
-        "makespan: the slowest group's run; GPU-hours: every GPU of the cluster for the makespan; the network "
-        "between nodes is not priced"])
+        "makespan: the slowest group's run; GPU-hours: every GPU of the cluster for the makespan; held: each "
+        "group's GPUs until it ends (nodes no group uses are free for other jobs); the network between nodes is "
+        "priced only where a pipeline's FSDP group is larger than a node"])
     console.print(t)
     return 1 if _violations({f"{r.policy} group {k}": run for r in results for k, run in enumerate(r.runs)},
                             log) else 0

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 
 from jigsaw.cluster.gangs import Gates
-from jigsaw.cluster.placement import Group, place
-from jigsaw.cluster.simulate import PLACERS, ClusterConfig, estimator
+from jigsaw.cluster.placement import Group, Placement
+from jigsaw.cluster.simulate import ClusterConfig, decide
 from jigsaw.cluster.spec import NodeKind
 from jigsaw.extras import require
 
@@ -50,6 +50,38 @@ class Assigned:
     """Per pipeline name: the node ids its group runs on."""
     groups: tuple[Group, ...]
     predicted_s: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Asking:
+    """A placement question: the pipelines, and the live nodes by (kind, GPUs)."""
+
+    names: tuple[str, ...]
+    workloads: tuple[str, ...]
+    by_kind: dict[tuple[str, int], tuple[str, ...]]
+    steps: int
+    trial_steps: int
+    seed: int
+    policy: str
+
+    def search(self) -> Placement:
+        """The placement (placement.place, each group priced by a simulator trial): seconds to
+        minutes of trials, so the actor runs it off its event loop."""
+        from jigsaw.sim.run import SimConfig
+
+        cluster = tuple(NodeKind(kind=k, count=len(ids), gpus=g) for (k, g), ids in self.by_kind.items())
+        sim = SimConfig(workload=self.workloads, steps=self.steps, seed=self.seed, trace=False)
+        return decide(sim, ClusterConfig(cluster_trial_steps=self.trial_steps), self.policy, cluster)
+
+    def assign(self, placed: Placement) -> Assigned:
+        """Concrete nodes for each group, in the order the nodes joined."""
+        free = {key: list(ids) for key, ids in self.by_kind.items()}
+        nodes = {}
+        for g in placed.groups:
+            pool = free[(g.kind, g.gpus_per_node)]
+            taken, free[(g.kind, g.gpus_per_node)] = tuple(pool[:g.nodes]), pool[g.nodes:]
+            nodes.update({self.names[i]: taken for i in g.pipelines})
+        return Assigned(nodes=nodes, groups=placed.groups, predicted_s=placed.predicted_s)
 
 
 class Controller:
@@ -98,9 +130,12 @@ class Controller:
 
     def place(self, steps: int = 8, trial_steps: int = 3, seed: int = 0, policy: str = "jigsaw") -> Assigned:
         """Every submitted pipeline placed on the live nodes (the simulator prices each group)."""
-        from jigsaw.sim.run import SimConfig
+        ask = self.asking(steps, trial_steps, seed, policy)
+        return ask.assign(ask.search())
 
-        names = sorted(self.workloads)
+    def asking(self, steps: int = 8, trial_steps: int = 3, seed: int = 0, policy: str = "jigsaw") -> Asking:
+        """What a placement decides over, as the book stands now (the search needs nothing else)."""
+        names = tuple(sorted(self.workloads))
         if not names:
             raise ValueError("no pipeline submitted")
         by_kind: dict[tuple[str, int], list[str]] = {}
@@ -108,18 +143,9 @@ class Controller:
             by_kind.setdefault((info.kind, info.gpus), []).append(info.node_id)
         if not by_kind:
             raise ValueError("no node has joined the cluster")
-        cluster = tuple(NodeKind(kind=k, count=len(ids), gpus=g) for (k, g), ids in by_kind.items())
-        sim = SimConfig(workload=tuple(self.workloads[n] for n in names), steps=steps, seed=seed, trace=False)
-        cfg = ClusterConfig(cluster_trial_steps=trial_steps)
-        placed = place(len(names), cluster, estimator(sim, cfg, PLACERS[policy].node_policy),
-                       PLACERS[policy].max_group)
-        free = {key: list(ids) for key, ids in by_kind.items()}
-        nodes = {}
-        for g in placed.groups:
-            pool = free[(g.kind, g.gpus_per_node)]
-            taken, free[(g.kind, g.gpus_per_node)] = tuple(pool[:g.nodes]), pool[g.nodes:]
-            nodes.update({names[i]: taken for i in g.pipelines})
-        return Assigned(nodes=nodes, groups=placed.groups, predicted_s=placed.predicted_s)
+        return Asking(names=names, workloads=tuple(self.workloads[n] for n in names),
+                      by_kind={k: tuple(v) for k, v in by_kind.items()}, steps=steps, trial_steps=trial_steps,
+                      seed=seed, policy=policy)
 
     # ------------------------------------------------------------ gangs across nodes
     def ready(self, gang: str, node_id: str, members: tuple[str, ...]) -> None:
@@ -140,12 +166,80 @@ class Controller:
         return self.gates.take(node_id)
 
 
+class _Actor:
+    """The controller as Ray runs it (an async actor: one event loop, so the body's calls never
+    interleave): the body's calls, each waking the nodes' long polls, and `wait`, a node's long
+    poll for what it is told; a placement's trials run off the loop."""
+
+    def __init__(self, node_timeout_s: float):
+        import asyncio
+
+        self.body = Controller(node_timeout_s=node_timeout_s)
+        self.changed = asyncio.Condition()
+
+    async def _did(self, method: str, *args):
+        got = getattr(self.body, method)(*args)
+        async with self.changed:
+            self.changed.notify_all()
+        return got
+
+    async def join(self, info: NodeInfo) -> None:
+        return await self._did("join", info)
+
+    async def heartbeat(self, node_id: str) -> bool:
+        return await self._did("heartbeat", node_id)
+
+    async def leave(self, node_id: str) -> list[str]:
+        return await self._did("leave", node_id)
+
+    async def nodes(self) -> list[NodeInfo]:
+        return self.body.nodes()
+
+    async def submit(self, name: str, workload: str) -> None:
+        return self.body.submit(name, workload)
+
+    async def ready(self, gang: str, node_id: str, members: tuple[str, ...]) -> None:
+        return await self._did("ready", gang, node_id, members)
+
+    async def withdraw(self, gang: str, node_id: str) -> None:
+        return await self._did("withdraw", gang, node_id)
+
+    async def done(self, gang: str) -> None:
+        return await self._did("done", gang)
+
+    async def take(self, node_id: str) -> list[tuple[str, str]]:
+        return self.body.take(node_id)
+
+    async def place(self, steps: int = 8, trial_steps: int = 3, seed: int = 0, policy: str = "jigsaw") -> Assigned:
+        import asyncio
+
+        ask = self.body.asking(steps, trial_steps, seed, policy)
+        return ask.assign(await asyncio.to_thread(ask.search))
+
+    async def wait(self, node_id: str, timeout_s: float) -> list[tuple[str, str]]:
+        """What `node_id` is told, as soon as there is any, or [] after `timeout_s`."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        async with self.changed:
+            while True:
+                got = self.body.take(node_id)  # also expires silent nodes, refusing their gangs
+                left = end - loop.time()
+                if got or left <= 0:
+                    return got
+                try:  # woken by any change; at least every 0.25 s, as silent nodes expire by the clock
+                    await asyncio.wait_for(self.changed.wait(), min(left, 0.25))
+                except TimeoutError:
+                    pass
+
+
 def get_or_start(node_timeout_s: float = 10.0):
     """The cluster's controller actor: the running one, or a new detached one."""
     require("cluster", "the cluster controller")
     import ray
 
-    actor = ray.remote(num_cpus=0, max_concurrency=1)(Controller)
+    actor = ray.remote(num_cpus=0, max_concurrency=64)(_Actor)
     # on the head node: it lives as long as the cluster does, where a worker node may go
     return actor.options(name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                          resources={"node:__internal_head__": 0.001}).remote(node_timeout_s=node_timeout_s)
@@ -163,16 +257,36 @@ class NodeLink:
         self.info, self.deadline_s = info, deadline_s
         self.handle = handle
 
-    def _answer(self, method: str, *args):
-        """The controller's answer, or _LOST where it is gone or silent past the deadline."""
+    def _handle(self):
+        """The controller's actor handle, or None where there is none (it is gone)."""
         try:
-            handle = self.handle or self.ray.get_actor(NAME, namespace=NAMESPACE)
-        except ValueError:  # no such actor: the controller is gone
+            return self.handle or self.ray.get_actor(NAME, namespace=NAMESPACE)
+        except ValueError:  # no such actor
+            return None
+
+    def _answer(self, method: str, *args, wait_s: float = 0.0):
+        """The controller's answer, or _LOST where it is gone or silent past the deadline
+        (`wait_s` more for a call that waits by design: a long poll)."""
+        handle = self._handle()
+        if handle is None:
             return _LOST
         try:  # a request the controller refuses (RayTaskError) is the node's bug: it propagates
-            return self.ray.get(getattr(handle, method).remote(*args), timeout=self.deadline_s)
+            return self.ray.get(getattr(handle, method).remote(*args), timeout=self.deadline_s + wait_s)
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
             return _LOST
+
+    def post(self, method: str, *args) -> bool:
+        """Send without waiting for the answer (False: there is no controller to send to)."""
+        handle = self._handle()
+        if handle is not None:
+            getattr(handle, method).remote(*args)
+        return handle is not None
+
+    def wait(self, timeout_s: float) -> list[tuple[str, str]] | None:
+        """What this node is told, as soon as it is told (a long poll of up to `timeout_s`);
+        None: the controller is lost."""
+        got = self._answer("wait", self.info.node_id, timeout_s, wait_s=timeout_s)
+        return None if got is _LOST else got
 
     def call(self, method: str, *args):
         """The controller's answer, or None where it is lost (the node falls open)."""
@@ -208,4 +322,64 @@ class NodeLink:
         return self.call("take", self.info.node_id)
 
 
-__all__ = ["NAME", "NAMESPACE", "Assigned", "Controller", "NodeInfo", "NodeLink", "get_or_start"]
+class RayLink:
+    """A node daemon's line to the controller (runtime/spanning.py's Link) over Ray: offers go
+    out as they come and are never waited on; one long poll at a time brings the answers back,
+    so a gang's path crosses the network once each way.  Heartbeats from their own thread."""
+
+    def __init__(self, link: NodeLink, poll_s: float = 1.0, beat_s: float = 1.0):
+        self.link, self.node_id, self.poll_s = link, link.info.node_id, poll_s
+        self._news: list[tuple[str, str]] = []
+        self._lost = not link.join()
+        self._lock = threading.Lock()
+        self._stop = link.beat(beat_s)
+        threading.Thread(target=self._listen, name="jigsaw-cluster-news", daemon=True).start()
+
+    @classmethod
+    def connect(cls, address: str, kind: str, gpus: int) -> RayLink:
+        """Join the cluster at `address` (auto: this node's) as this node, starting its
+        controller if it has none."""
+        require("cluster", "a daemon in a cluster (--cluster)")
+        import ray
+
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+            get_or_start()
+            me = ray.get_runtime_context().get_node_id()
+        except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing; the daemon says why it stops
+            raise RuntimeError(f"--cluster {address}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "
+                               "is `ray start` running on this node?") from exc
+        return cls(NodeLink(NodeInfo(node_id=me, kind=kind, gpus=gpus)))
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            got = self.link.wait(self.poll_s)
+            with self._lock:
+                self._lost = got is None
+                self._news += got or []
+            if got is None:
+                self._stop.wait(self.poll_s)  # lost: ask again later, the node meanwhile decides alone
+
+    def ready(self, gang: str, members: tuple[str, ...]) -> None:
+        self.link.post("ready", gang, self.node_id, members)
+
+    def withdraw(self, gang: str) -> None:
+        self.link.post("withdraw", gang, self.node_id)
+
+    def done(self, gang: str) -> None:
+        self.link.post("done", gang)
+
+    def news(self) -> list[tuple[str, str]] | None:
+        with self._lock:
+            if self._lost:
+                return None
+            out, self._news = self._news, []
+            return out
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+__all__ = ["NAME", "NAMESPACE", "Asking", "Assigned", "Controller", "NodeInfo", "NodeLink", "RayLink",
+           "get_or_start"]

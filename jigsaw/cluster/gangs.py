@@ -43,8 +43,8 @@ class Gates:
         """`node` could start its part of `gang` (over `members`) now."""
         if node not in members:
             raise ValueError(f"node {node!r} is not a member of gang {gang!r} ({sorted(members)})")
-        if gang in self.running:
-            raise ValueError(f"gang {gang!r} is already running")
+        if gang in self.running:  # its admission crossed this offer on the way: told already
+            return
         g = self.waiting.get(gang)
         if g is None:
             g = self.waiting[gang] = _Gang(members=members, seq=self._seq)

@@ -1,6 +1,7 @@
 """Which pipelines share which nodes, and how many nodes of which kind each group gets.
 
-    K pipelines, the cluster's (NodeKind, ...), estimate(Group) ─► seconds (inf: cannot run)
+    K pipelines, the cluster's (NodeKind, ...), estimate(Group, until_s) ─► seconds (inf: cannot
+         run, or passed until_s: the best placement so far already ends by then)
       ─► groupings(K, max_group) (graph/placement.py): every way to cut the pipelines into groups (singles, and
          pairs where max_group is 2: the sub-stages of a pair share its nodes' GPUs)
       ─► per grouping, each group a kind and a node count, no node given twice (every
@@ -8,12 +9,19 @@
       ─► Placement: the one whose slowest group ends first (the cluster's makespan for every
          pipeline's steps); among equal ones, the fewest GPU-seconds held
 
+A group is priced with the best makespan found so far as its `until_s`: a trial past it can
+stop there, because that group could only be part of a slower placement, and the best only
+gets better (so a group cut once is never wanted later).  Groupings are tried pairs first and
+node counts largest first, so a good bound comes early.
+
 A pure decision over `estimate`, which the caller owns: the simulator prices a group by
 simulating its first steps on its kind's grid with the scheduler that will run it
 (cluster/simulate.py), so placement has no cost model of its own.  A group's DP degree per
 stage is what its nodes give it: every GPU of the group's nodes, shaped on the node by the
 node's own placement (sim/placement.py).  HetRL-style placement is this search with groups of
 one (each pipeline on nodes of its own, the count and kind chosen); jigsaw's adds the pairs.
+`admit` is RollMux's online admission, the other baseline: greedy, in arrival order, under an
+SLO, on as few nodes as it can.
 """
 
 from __future__ import annotations
@@ -69,26 +77,95 @@ class Placement:
                          for g in self.groups)
 
 
-def place(count: int, cluster: tuple[NodeKind, ...], estimate: Callable[[Group], float],
-          max_group: int = 2) -> Placement:
+Estimate = Callable[[Group, "float | None"], float]
+"""A group's makespan in seconds; inf where it cannot run or where it would pass `until_s`
+(None: no bound yet, price it to the end)."""
+
+
+def place(count: int, cluster: tuple[NodeKind, ...], estimate: Estimate, max_group: int = 2) -> Placement:
     """The placement of `count` pipelines on `cluster` whose slowest group ends first."""
     if count < 1:
         raise ValueError("placement needs at least one pipeline")
     memo: dict[Group, float] = {}
+    best: list = [(math.inf, math.inf), None]
 
     def priced(g: Group) -> float:
         if g not in memo:
-            memo[g] = estimate(g)
+            bound = best[0][0]
+            memo[g] = estimate(g, bound * (1 + _TIE) if math.isfinite(bound) else None)
         return memo[g]
 
-    best: list = [(math.inf, math.inf), None]
-    for grouping in groupings(count, max_group):
+    for grouping in sorted(groupings(count, max_group), key=len):
         if len(grouping) <= sum(n.count for n in cluster):
             _assign(grouping, cluster, [n.count for n in cluster], [], priced, best)
     if best[1] is None:
         raise ValueError(_unplaceable(count, cluster, max_group, memo))
     groups, times = best[1]
     return Placement(groups=groups, predicted_s=times, estimates=len(memo))
+
+
+RESIDENCY = 5
+"""Most pipelines a RollMux group holds (its evaluation's default: host memory caches 2-5 jobs
+a node)."""
+
+
+def admit(count: int, cluster: tuple[NodeKind, ...], estimate: Estimate, slo: float = 2.0) -> Placement:
+    """RollMux §4's admission (Alg. 1) on whole nodes, the baseline to jigsaw's search: the
+    pipelines arrive in order, and each is
+      packed into the group that ends soonest with it (Direct Packing: no new node) where that
+        group, with it, ends within `slo` × each member's time alone on the group's nodes
+        (conservative: the group's end stands for every member's), at most RESIDENCY a group;
+      else given nodes of its own (Isolated Provisioning): per kind the fewest it runs on, of
+        the kind where it costs the fewest GPU-seconds alone;
+      else, with no node free, packed where the group ends soonest with it (RollMux queues it).
+    Nodes no pipeline needed stay idle: RollMux minimises what is held, not the makespan.  Not
+    modelled: Rollout Scaling (a group's rollout pool grown by nodes) and worst-case
+    (max-token) trial lengths."""
+    if count < 1:
+        raise ValueError("placement needs at least one pipeline")
+    memo: dict[Group, float] = {}
+
+    def priced(g: Group) -> float:
+        if g not in memo:
+            memo[g] = estimate(g, None)
+        return memo[g]
+
+    left = {n.kind: n.count for n in cluster}
+    groups: list[Group] = []
+    for j in range(count):
+        packed = [(priced(g2), k, g2) for k, g in enumerate(groups) if len(g.pipelines) < RESIDENCY
+                  for g2 in [Group(pipelines=(*g.pipelines, j), kind=g.kind, gpus_per_node=g.gpus_per_node,
+                                   nodes=g.nodes)]]
+        fits = [(t, k, g2) for t, k, g2 in packed if math.isfinite(t)
+                and all(t <= slo * priced(_alone(g2, i)) for i in g2.pipelines)]
+        alone = [(t * g.gpus, g) for g in _isolated(j, cluster, left, priced) if math.isfinite(t := priced(g))]
+        if fits:
+            _, k, groups[k] = min(fits)
+        elif alone:
+            g = min(alone, key=lambda tg: (tg[0], tg[1].nodes))[1]
+            left[g.kind] -= g.nodes
+            groups.append(g)
+        elif finite := [x for x in packed if math.isfinite(x[0])]:
+            _, k, groups[k] = min(finite)
+        else:
+            raise ValueError(f"pipeline {j} fits no node of {', '.join(str(n) for n in cluster)}, alone or packed")
+    return Placement(groups=tuple(groups), predicted_s=tuple(priced(g) for g in groups), estimates=len(memo))
+
+
+def _isolated(j: int, cluster: tuple[NodeKind, ...], left: dict[str, int], priced) -> list[Group]:
+    """Pipeline j on nodes of its own: per kind, the fewest free nodes it runs on at all."""
+    out = []
+    for node in cluster:
+        for n in range(1, left[node.kind] + 1):
+            g = Group(pipelines=(j,), kind=node.kind, gpus_per_node=node.gpus, nodes=n)
+            if math.isfinite(priced(g)):
+                out.append(g)
+                break
+    return out
+
+
+def _alone(g: Group, i: int) -> Group:
+    return Group(pipelines=(i,), kind=g.kind, gpus_per_node=g.gpus_per_node, nodes=g.nodes)
 
 
 def _assign(grouping, cluster, left: list[int], chosen: list[tuple[Group, float]], priced, best) -> None:
@@ -101,7 +178,7 @@ def _assign(grouping, cluster, left: list[int], chosen: list[tuple[Group, float]
     pipes, still = grouping[len(chosen)], len(grouping) - len(chosen) - 1
     for k, node in enumerate(cluster):
         # leave at least one node for each group after this one
-        for n in range(1, min(left[k], sum(left) - still) + 1):
+        for n in range(min(left[k], sum(left) - still), 0, -1):
             g = Group(pipelines=pipes, kind=node.kind, gpus_per_node=node.gpus, nodes=n)
             t = priced(g)
             if math.isinf(t) or t > best[0][0] * (1 + _TIE):

@@ -1,10 +1,12 @@
 """A cluster simulated: pipelines placed on nodes of kinds, each group of nodes simulated.
 
     ClusterConfig (nodes, placement policies, trial steps) + SimConfig (workloads, steps, seed)
-      ─► per placement policy (PLACERS):
+      ─► per placement policy (PLACERS), decide():
            jigsaw  groups of one or two, a group priced by jigsaw running its first steps
            hetrl   groups of one: each pipeline on nodes of its own, their kind and count
                    searched (HetRL's setting: one RL job per GPU set, time-shared inside)
+           rollmux RollMux's admission: in arrival order, each packed into a group within its
+                   SLO, else on a node of its own; groups run RollMux's phase round robin
          place() (cluster/placement.py), each estimate a trial: the group's first
          `cluster_trial_steps` steps on trial samples, on its kind's grid and GPUs
       ─► each group simulated for every step (sim/run.simulate, the same call as the trial:
@@ -12,8 +14,10 @@
       ─► ClusterResult: makespan (the slowest group), tokens, the cluster's GPU-hours, each
          group's predicted and simulated makespan
 
-Groups do not interact: a pipeline spans the nodes of its group only, and the network between
-nodes is not priced (FSDP and rollout DP across nodes cost as within one node).
+Groups do not interact: a pipeline spans the nodes of its group only.  The network between
+nodes is priced only where a pipeline's FSDP group is larger than its kind's node in the cost
+model (mux/model/roofline.py: its collectives then run at the inter-node bandwidth); DP
+replicas and rollout workers across nodes cost as within one node.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from jigsaw.cluster.placement import Group, Placement, place
+from jigsaw.cluster.placement import RESIDENCY, Estimate, Group, Placement, admit, place
 from jigsaw.cluster.spec import NodeKind, parse_nodes
-from jigsaw.sim.node import Infeasible
+from jigsaw.sim.node import Cut, Infeasible
 from jigsaw.sim.placement import TRIAL_SEED
 from jigsaw.sim.run import SimConfig, SimResult, expand, simulate
 
@@ -38,9 +42,10 @@ class ClusterConfig:
     """The cluster as COUNTxKIND[:GPUS], comma-separated (4xh100,4xa100; 8 GPUs a node unless
     :GPUS): the pipelines are placed on its nodes by each --cluster-policy and every group of
     nodes is simulated.  Empty: one node, as without it."""
-    cluster_policy: tuple[str, ...] = ("jigsaw", "hetrl")
-    """Placement policies to compare: jigsaw (singles and pairs, priced by jigsaw's own runs)
-    and hetrl (each pipeline on nodes of its own, priced alone)."""
+    cluster_policy: tuple[str, ...] = ("jigsaw", "hetrl", "rollmux")
+    """Placement policies to compare: jigsaw (singles and pairs, priced by jigsaw's own runs),
+    hetrl (each pipeline on nodes of its own, priced alone) and rollmux (RollMux's admission: each
+    pipeline in turn packed into a group within a 2x SLO, else on one node of its own)."""
     cluster_trial_steps: int = 3
     """RL steps of the trial that prices one group for placement (on samples no run uses)."""
 
@@ -57,12 +62,15 @@ class ClusterConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Placer:
     max_group: int
-    """1: every pipeline alone on its nodes; 2: pairs share theirs."""
+    """1: every pipeline alone on its nodes; 2: pairs share theirs (the search's groups)."""
     node_policy: str
     """The policy that runs a group's node(s)."""
+    admission: bool = False
+    """RollMux's online admission (placement.admit) instead of the search."""
 
 
-PLACERS = {"jigsaw": Placer(max_group=2, node_policy="jigsaw"), "hetrl": Placer(max_group=1, node_policy="serial")}
+PLACERS = {"jigsaw": Placer(max_group=2, node_policy="jigsaw"), "hetrl": Placer(max_group=1, node_policy="serial"),
+           "rollmux": Placer(max_group=RESIDENCY, node_policy="rollmux", admission=True)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,6 +100,11 @@ class ClusterResult:
         """The whole cluster's GPUs for the makespan."""
         return self.cluster_gpus * self.makespan_s / 3600.0
 
+    @property
+    def held_gpu_hours(self) -> float:
+        """Each group's GPUs until the group ends: what the placement holds (RollMux's cost)."""
+        return sum(g.gpus * r.makespan_s for g, r in zip(self.placement.groups, self.runs)) / 3600.0
+
 
 def group_config(sim: SimConfig, group: Group, policy: str) -> SimConfig:
     """The one-node (or one group of nodes) run of `group`: its pipelines with their own flags
@@ -107,19 +120,33 @@ def group_config(sim: SimConfig, group: Group, policy: str) -> SimConfig:
                    offload=sub(sim.offload), mode=sub(sim.mode), slo=sub(sim.slo))
 
 
-def estimator(sim: SimConfig, config: ClusterConfig, policy: str) -> Callable[[Group], float]:
-    """A group's makespan for its first steps on trial samples (inf where it cannot run)."""
+def estimator(sim: SimConfig, config: ClusterConfig, policy: str) -> Estimate:
+    """A group's makespan for its first steps on trial samples (inf where it cannot run, or
+    once the trial passes `until_s`: it is stopped there)."""
     steps = min(sim.steps, config.cluster_trial_steps)
 
-    def estimate(group: Group) -> float:
+    def estimate(group: Group, until_s: float | None = None) -> float:
         trial = replace(group_config(sim, group, policy), steps=steps, seed=TRIAL_SEED + sim.seed, trace=False,
                         placement_trial_steps=min(steps, sim.placement_trial_steps))
         try:
-            return simulate(trial, measure_slo=False).makespan_s
+            return simulate(trial, until_s=until_s, measure_slo=False).makespan_s
+        except Cut:
+            return math.inf
         except (Infeasible, ValueError):  # too few GPUs for its training, TP not dividing, ...
             return math.inf
 
     return estimate
+
+
+def decide(sim: SimConfig, config: ClusterConfig, policy: str, cluster: tuple[NodeKind, ...]) -> Placement:
+    """Where `policy` (PLACERS) places `sim`'s pipelines on `cluster`: the simulator's and the
+    live controller's one decision."""
+    placer = PLACERS[policy]
+    estimate = estimator(sim, config, placer.node_policy)
+    count = len(expand(sim.workload))
+    if placer.admission:
+        return admit(count, cluster, estimate)
+    return place(count, cluster, estimate, placer.max_group)
 
 
 def simulate_cluster(sim: SimConfig, config: ClusterConfig, policy: str,
@@ -129,7 +156,7 @@ def simulate_cluster(sim: SimConfig, config: ClusterConfig, policy: str,
     placer = PLACERS[policy]
     names = expand(sim.workload)
     t0 = time.perf_counter()
-    placed = place(len(names), cluster, estimator(sim, config, placer.node_policy), placer.max_group)
+    placed = decide(sim, config, policy, cluster)
     decide_s = time.perf_counter() - t0
     say(f"{policy}: {placed.describe(names)} ({placed.estimates} trials, {decide_s:.1f} s)")
     runs = tuple(simulate(group_config(sim, g, placer.node_policy)) for g in placed.groups)

@@ -8,6 +8,8 @@
                owners.py    who a pipeline belongs to (its job's token, or the process that made it)
                housekeeping.py  lock, socket, traces, idle exit, status replies
                plumbing.py  the lock file, the listener, Prometheus metrics
+               spanning.py  gangs of pipelines that span nodes, held until the cluster
+                            controller (jigsaw/cluster/) admits them on every node at once
     paths.py     runtime directory, endpoint and environment names, the kept owner tokens
     node_info.py what the node's devices are (`jigsaw run`, `jigsaw doctor`)
 """

@@ -99,15 +99,17 @@ class Client:
     def __init__(self, pipeline: str, endpoint: str | None, devices: tuple[int, ...] = (),
                  connect_timeout_s: float = 1.0, dead_after_s: float = 2 * pr.LEASE_S, owner: str = "",
                  steps: int = 0, max_tokens: int = 0, slo_slowdown: float = 0.0, job: str = "", mode: str = "",
-                 staleness: int = 0):
+                 staleness: int = 0, nodes: Sequence[str] = ()):
         """`steps`: RL steps the pipeline runs in all, `max_tokens`: its response cap (0: not
         said), `slo_slowdown`: its steps may take at most this × their exclusive time (0: no
         SLO; the registration that creates the pipeline sets it), `job`: the asynchronous job
         it is one side of (graph/buffer.py), with its `mode` and `staleness` bound, told at
-        registration."""
+        registration; `nodes`: every node of a cluster the pipeline's ranks run on (this
+        daemon's among them), where they are more than one: its gangs then start on all at once."""
         self.pipeline, self.endpoint, self.devices = pr.check_name(pipeline), endpoint, tuple(devices)
         self.owner, self.steps, self.max_tokens = owner, steps, max_tokens
         self.slo_slowdown, self.job, self.mode, self.staleness = slo_slowdown, job, mode, staleness
+        self.nodes = tuple(nodes)
         self.refusal: pr.Error | None = None
         """Why the daemon refused to register this pipeline (None: it did not)."""
         self.dead_after_s, self.connect_timeout_s = dead_after_s, connect_timeout_s
@@ -463,7 +465,8 @@ class Client:
                 return  # another job holds the name: asking again would not change that
             msg = pr.Register(pipeline=self.pipeline, pid=os.getpid(), devices=self.devices, owner=self.owner,
                               steps=self.steps, max_tokens=self.max_tokens, slo_slowdown=self.slo_slowdown,
-                              job=self.job, mode=self.mode, staleness=self.staleness, req=self._next_req())
+                              job=self.job, mode=self.mode, staleness=self.staleness, nodes=self.nodes,
+                              req=self._next_req())
             reply = self._call(sock, msg, timeout_s)
             if isinstance(reply, pr.Registered):
                 self.refusal = None

@@ -21,6 +21,9 @@
     trace (jigsaw/trace.py; stops on a write error, the daemon serves on) · Prometheus metrics
     housekeeping.py: the lock and the socket (removed on exit while still its own), a fresh
       trace under traces/ when none is named, exit after idle_exit_s with no pipeline, Stop
+    in a cluster (--cluster): a training or reference Admit of a pipeline spanning nodes is held
+      (spanning.py) until the controller admits its gang on every node, then taken urgent; a
+      refused gang or a lost controller: taken as it came, decided here alone
 
 A failing policy falls back to admitting requests alone by turn (a pipeline never fails
 because the daemon did).  The trace holds every request the node state took
@@ -42,6 +45,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+import msgspec
+
 from jigsaw import protocol as pr
 from jigsaw.graph.plan import NodeSpec, SchedulerConfig
 from jigsaw.graph.policies import NAMES, make
@@ -55,6 +60,7 @@ from jigsaw.node.state import NodeState
 from jigsaw.runtime import grants, housekeeping, owners, plumbing
 from jigsaw.runtime.paths import runtime_dir
 from jigsaw.runtime.session import Session
+from jigsaw.runtime.spanning import Held, Link, Spanning
 from jigsaw.trace import TraceEvent, TraceWriter
 
 log = logging.getLogger("jigsaw.daemon")
@@ -118,6 +124,10 @@ class DaemonConfig:
     trainings and references alone (probes, node/learning.py): its rate alone is what its
     co-located grants are measured against.  Off unless asked: a replay of the trace does not
     learn yet."""
+    cluster: str = ""
+    """Join this Ray cluster's controller (an address, or auto: the cluster of this node's raylet):
+    a pipeline whose ranks span nodes (Register.nodes) starts its training and reference gangs only
+    when every node does (runtime/spanning.py).  Needs the [cluster] extra.  "": no cluster."""
     watch_grid: bool = False
     """Measure the grid's error on every finished grant as --learn-grid does (probes, the trace's
     `learned`, the file) but never move an entry: the scheduler plans with the profile's grid.
@@ -173,10 +183,11 @@ DECIDE_AFTER = (*pr.FACTS, pr.Unregister, Release)
 class Daemon:
     def __init__(self, config: DaemonConfig, directory: Path | None = None, partitioner=None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.monotonic,
-                 auto_trace: bool = False):
+                 auto_trace: bool = False, link: Link | None = None):
         """`clock` times the scheduler's facts, `wall` arrivals, leases and the loop's stalls:
         a test that scripts them gets decisions that do not depend on machine load.
-        `auto_trace`: without `config.trace`, `serve` writes a fresh trace under traces/."""
+        `auto_trace`: without `config.trace`, `serve` writes a fresh trace under traces/.
+        `link`: the line to the cluster controller (else `serve` opens one with `config.cluster`)."""
         self.clock, self.wall, self.auto_trace = clock, wall, auto_trace
         self.dir = directory or runtime_dir()
         self.grid = node_grid(config.profile)
@@ -190,6 +201,7 @@ class Daemon:
         self.state = NodeState(node, self.grid, make(config.policy, config.sched), next_step=config.sched.next_step,
                                max_wait_s=config.max_wait_s, liveness=True, learner=self.learner)
         self.inbox = inputs.Inbox(self.state)
+        self.spanning = Spanning(link)
         self.t0 = clock()
         self.sessions: dict[str, Session] = {}
         self.owners: dict[str, str] = {}
@@ -268,6 +280,10 @@ class Daemon:
             self.listener = home.listen(self.dir, self._refusal, self._too_large, self.wall)
             if self.trace_writer is None and self.auto_trace:
                 self._open_trace(housekeeping.fresh_trace(self.dir))
+            if self.config.cluster and self.spanning.link is None:
+                from jigsaw.cluster.controller import RayLink
+
+                self.spanning.link = RayLink.connect(self.config.cluster, self.grid.device.sku, self.config.devices)
             telemetry = housekeeping.start_telemetry(self.config.telemetry_s, self.trace_writer, self.now)
             log.info("%s", housekeeping.hello(self))
             while not self.stopping:
@@ -277,6 +293,8 @@ class Daemon:
         finally:
             if telemetry is not None:
                 telemetry.stop()
+            if self.spanning.link is not None and hasattr(self.spanning.link, "close"):
+                self.spanning.link.close()
             if self.trace_writer is not None:
                 self.trace_writer.close()
             self.save_learned()
@@ -340,6 +358,7 @@ class Daemon:
         mono = self.wall()
         if mono - self._tick_s > STALL_S:  # the loop itself stood still: silence proved nothing
             self._awake_s = mono
+        self._spanned()
         if self._dirty or self.state.due(self.now()):
             self._dirty = False
             self._decide()
@@ -424,7 +443,12 @@ class Daemon:
         if p is not None:
             owners.check(self.owners, name, owner)
         else:
-            self.inbox.register(msg)
+            self.spanning.span(name, msg.nodes, len(msg.devices) or 1)  # refused before anything changed
+            try:
+                self.inbox.register(msg)
+            except ValueError:
+                self.spanning.forget(set(), name)
+                raise
             self.owners[name], self.step_start[name] = owner, self.now()
             self._event("pipeline", name, data={"devices": list(self.state.pipeline(name).devices), "pid": msg.pid,
                                                 "steps": msg.steps, "max_tokens": msg.max_tokens,
@@ -446,24 +470,50 @@ class Daemon:
         Admit is answered by its Grant, when admitted."""
         name, now = session.pipeline, self.now()
         if isinstance(msg, pr.Admit):
-            w = self.inbox.take(name, msg, now, owner=Owner(msg.session, conn, msg.req))
-            self.requested[name] += 1
-            self._event("request", name, w.sid, data={**inputs.record(msg),
-                                                      "queued_ms": 1e3 * (self.wall() - arrived_s)})
+            if not self.spanning.hold(name, Held(msg, msg.session, conn, arrived_s)):
+                self._request(name, msg, conn, arrived_s)
             return None
         if isinstance(msg, pr.Done):
             return self._done(msg, session, now)
         got = self.inbox.take(name, msg, now)
         self._event(inputs.EVENTS[type(msg)], name, getattr(msg, "substage", ""), data=inputs.record(msg))
-        if isinstance(msg, pr.Opened) and got:
-            self._withdrawn(name, got, "ran-open")
+        if isinstance(msg, pr.Opened):
+            self.spanning.ran_open(name, msg.dp_rank, msg.step, msg.kind)
+            if got:
+                self._withdrawn(name, got, "ran-open")
         return pr.Ok(req=msg.req)
+
+    def _request(self, name: str, msg: pr.Admit, conn: int, arrived_s: float):
+        """An Admit taken by the node state (the Waiting it became)."""
+        w = self.inbox.take(name, msg, self.now(), owner=Owner(msg.session, conn, msg.req))
+        self.requested[name] += 1
+        self._event("request", name, w.sid, data={**inputs.record(msg), "queued_ms": 1e3 * (self.wall() - arrived_s)})
+        return w
+
+    def _spanned(self) -> None:
+        """Admits held for gangs that span nodes, taken now that the cluster said (or is lost):
+        an admitted gang's urgent, so this node starts it at once as every other member does."""
+        for gang, held, admitted in self.spanning.released():
+            session = self.sessions.get(held.session)
+            if session is None:  # its client went meanwhile
+                continue
+            msg = msgspec.structs.replace(held.msg, urgent=True) if admitted else held.msg
+            try:
+                w = self._request(session.pipeline, msg, held.conn, held.arrived_s)
+            except ValueError as exc:  # its step is over meanwhile, ...: the worker runs it alone
+                self.errors += 1
+                self._send(held.conn, pr.Error(code=getattr(exc, "code", "out-of-order"), message=str(exc),
+                                               req=msg.req))
+                continue
+            self.spanning.started(gang, session.pipeline, w.sid)
+            self._dirty = True
 
     def _withdrawn(self, name: str, facts: list, reason: str, removed: bool = False) -> None:
         """Requests and grants gone without their requester's Done (`removed`: the pipeline
         with them): traced, their devices free, their sessions no longer holding them."""
         self._event("drop", name, data={"reason": reason, "withdrawn": [f.sid for f in facts], "removed": removed})
         for f in facts:
+            self.spanning.finished(name, f.sid)
             if getattr(f, "on_device", False):
                 self._event("release", name, f.sid, device=f.device, data={"reclaimed": reason})
             if f.owner is not None and (s := self.sessions.get(f.owner.session)) is not None:
@@ -482,6 +532,7 @@ class Daemon:
         handed = session.holds.get(msg.substage)
         session.ended(msg.substage)
         ended = self.inbox.take(name, msg, now) if report else self.inbox.release(name, msg.substage, now)
+        self.spanning.finished(name, msg.substage)
         if ended is None:  # a migration already ended it, or it never started
             return pr.Ok(req=msg.req)
         r, piece = ended
@@ -572,10 +623,11 @@ class Daemon:
             tokens |= {t for t, s in self.sessions.items() if s.pipeline == name}
             for t in tokens:
                 self.sessions.pop(t, None)
+        removed = whole or not any(s.pipeline == name for s in self.sessions.values())
+        self.spanning.forget(tokens, name if removed else None)
         if name not in self.state.pipelines:
             return
         gone = self.state.drop(name, lambda owner: owner.session in tokens)
-        removed = whole or not any(s.pipeline == name for s in self.sessions.values())
         if removed:
             self.state.remove(name)
             self.inbox.forget(name)

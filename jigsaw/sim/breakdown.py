@@ -63,6 +63,18 @@ def breakdown(trace: Trace, num_devices: int) -> Breakdown:
     return Breakdown(device_s=num_devices * (last - t0), by_occupancy_s=dict(occ), work_s=dict(work))
 
 
+def combined(parts: list[Breakdown]) -> Breakdown:
+    """Several runs' device time as one: groups of nodes placed apart (cluster/simulate.py)."""
+    occ: dict[str, float] = defaultdict(float)
+    work: dict[str, float] = defaultdict(float)
+    for bd in parts:
+        for label, sec in bd.by_occupancy_s.items():
+            occ[label] += sec
+        for label, sec in bd.work_s.items():
+            work[label] += sec
+    return Breakdown(device_s=sum(bd.device_s for bd in parts), by_occupancy_s=dict(occ), work_s=dict(work))
+
+
 def _tool_waits(events, devices: dict[str, list[int]]) -> dict[int, tuple[list[float], list[float]]]:
     """Per device, the union of the intervals in which a worker placed there waited on a
     tool, as sorted (starts, ends) of disjoint intervals."""

@@ -3,7 +3,8 @@
 the controller through NodeLink, as a node's daemon would.
 
 Checked: nodes join with their kinds; a gang across two nodes starts on both at once, only
-once both asked; the controller places submitted pipelines on concrete nodes of the right kind;
+once both asked, also through a daemon's RayLink (offers posted, the admission back by long
+poll); the controller places submitted pipelines on concrete nodes of the right kind;
 a raylet removed mid-wait leaves, and the gang waiting for it is refused to its partner; the
 controller killed, a node's calls end within their deadline as lost and the node goes on."""
 
@@ -51,6 +52,14 @@ def _start(kinds: list[str]):
         def call(self, method: str, *args):
             return getattr(self.link, method)(*args)
 
+        def linked(self, method: str, *args):
+            """A call of this node's RayLink, the line a daemon in a cluster holds (spanning.py)."""
+            from jigsaw.cluster.controller import RayLink
+
+            if getattr(self, "ray_link", None) is None:
+                self.ray_link = RayLink(self.link, poll_s=0.5, beat_s=0.3)
+            return getattr(self.ray_link, method)(*args)
+
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     ids = [r.node_id for r in raylets]
@@ -83,6 +92,16 @@ def test_nodes_join_a_cross_node_gang_starts_whole_and_pipelines_are_placed_on_n
         assert ray.get(b.call.remote("ready", "train-7", members), timeout=30)
         told = ray.get([a.call.remote("take"), b.call.remote("take")], timeout=30)
         assert [[tuple(t) for t in node] for node in told] == [[("train-7", "")]] * 2  # both at once
+        # A daemon's RayLink: offers sent without waiting, the admission back by its long poll.
+        assert ray.get([x.linked.remote("news") for x in (a, b)], timeout=60) == [[], []]
+        for x in (a, b):
+            ray.get(x.linked.remote("ready", "train-9", members), timeout=30)
+        news: dict[int, list] = {0: [], 1: []}
+        deadline = time.monotonic() + 60
+        while not all(news.values()) and time.monotonic() < deadline:
+            for k, x in enumerate((a, b)):
+                news[k] += [tuple(t) for t in ray.get(x.linked.remote("news"), timeout=30)]
+        assert news == {0: [("train-9", "")], 1: [("train-9", "")]}
         with pytest.raises(ray.exceptions.RayTaskError, match="not a member"):  # refused, not "lost"
             ray.get(a.call.remote("ready", "train-8", (ids[1], ids[2])), timeout=30)
         ray.get(ctrl.submit.remote("math", "qwen3-0.6b-math"), timeout=30)
@@ -118,5 +137,93 @@ def test_a_lost_raylet_refuses_its_gang_and_a_lost_controller_leaves_nodes_decid
         assert ray.get(head.call.remote("ready", "ref-4", (ids[0],)), timeout=60) is False
         assert time.monotonic() - t0 < 30
         assert ray.get(head.node.remote(), timeout=30) == ids[0]  # the node itself goes on
+    finally:
+        _stop(cluster)
+
+
+def _daemons(ids: list[str], tmp_path):
+    """A real node daemon on each raylet (`DaemonConfig.cluster`: it joins the controller from its
+    own node through a RayLink), serving a socket under tmp_path that this process's clients use."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0, max_concurrency=4)
+    class NodeDaemon:
+        def __init__(self, directory: str):
+            import threading
+            from pathlib import Path
+
+            from jigsaw.runtime.daemon import Daemon, DaemonConfig
+
+            config = DaemonConfig(devices=1, policy="serial", max_wait_s=None, cluster="auto",
+                                  trace=Path(directory) / "trace.jsonl")
+            self.d = Daemon(config, Path(directory))
+            threading.Thread(target=self.d.serve, daemon=True).start()
+
+        def book(self) -> dict:
+            s = self.d.spanning
+            return {"node": getattr(s.link, "node_id", None), "admitted": s.admitted, "refused": s.refused,
+                    "granted": dict(self.d.granted), "held": sorted(s.held)}
+
+    daemons, dirs = [], []
+    for k, node in enumerate(ids):
+        d = tmp_path / f"node{k}"
+        d.mkdir(mode=0o700)
+        dirs.append(d)
+        daemons.append(NodeDaemon.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                       .remote(str(d)))
+    return daemons, dirs
+
+
+def test_real_daemons_in_a_ray_cluster_start_crossed_spanning_gangs_whole_and_survive_a_lost_node(tmp_path):
+    import threading
+
+    from jigsaw.runtime.client import Client
+    from jigsaw.runtime.paths import endpoint
+
+    cluster, _, _, ids = _start(["h100", "h100"])
+    try:
+        get_or_start(node_timeout_s=2.0)
+        daemons, dirs = _daemons(ids, tmp_path)
+        deadline = time.monotonic() + 120
+        while [b["node"] for b in ray.get([d.book.remote() for d in daemons], timeout=60)] != ids:
+            assert time.monotonic() < deadline, "the daemons never joined the cluster"
+            time.sleep(0.2)
+        clients = {(p, k): Client(p, endpoint(dirs[k]), devices=(0,), nodes=tuple(ids), connect_timeout_s=10.0)
+                   for p in "XY" for k in (0, 1)}
+        barriers = {p: threading.Barrier(2, timeout=10.0) for p in "XY"}
+        log: list[tuple[str, int, str]] = []
+
+        def train(p: str, k: int) -> None:
+            with clients[(p, k)].substage("training", dp_rank=0, step=0) as h:
+                assert h.substage, "ran without the daemon"
+                try:
+                    barriers[p].wait()  # the FSDP collective across the two nodes
+                    log.append((p, k, "collective"))
+                except threading.BrokenBarrierError:
+                    log.append((p, k, "deadlocked"))
+
+        threads = []
+        for p, k in [("X", 0), ("Y", 1), ("Y", 0), ("X", 1)]:  # crossed: each node's first asker differs
+            threads.append(threading.Thread(target=train, args=(p, k), daemon=True))
+            threads[-1].start()
+            if (p, k) != ("X", 1):  # the last asker completes both gangs: nothing is held after it
+                until = time.monotonic() + 60
+                while f"{p}/0/training/0" not in ray.get(daemons[k].book.remote(), timeout=60)["held"]:
+                    assert time.monotonic() < until, f"{p}'s request never reached node {k}"
+                    time.sleep(0.01)
+        for t in threads:
+            t.join(60)
+        assert sorted(log) == [(p, k, "collective") for p in "XY" for k in (0, 1)]
+        books = ray.get([d.book.remote() for d in daemons], timeout=60)
+        assert [(b["admitted"], b["refused"], b["granted"]) for b in books] == [(2, 0, {"X": 1, "Y": 1})] * 2
+
+        # Node 1's daemon lost while node 0 waits for a gang with it: refused there, run there alone.
+        ray.kill(daemons[1])
+        with clients[("X", 0)].substage("training", dp_rank=0, step=1) as h:
+            assert h.substage  # the daemon granted it (it did not fall open)
+        book = ray.get(daemons[0].book.remote(), timeout=60)
+        assert book["refused"] == 1 and book["granted"] == {"X": 2, "Y": 1} and not book["held"]
+        for c in clients.values():
+            c.close()
     finally:
         _stop(cluster)

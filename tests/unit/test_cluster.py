@@ -14,7 +14,7 @@ import random
 import pytest
 
 from jigsaw.cli.main import main
-from jigsaw.cluster.placement import Group, place
+from jigsaw.cluster.placement import RESIDENCY, Group, admit, place
 from jigsaw.cluster.simulate import ClusterConfig, group_config, simulate_cluster
 from jigsaw.cluster.spec import NodeKind, parse_nodes
 from jigsaw.graph.placement import groupings
@@ -33,7 +33,7 @@ def test_nodes_parse_into_kinds_and_malformed_ones_say_why():
     with pytest.raises(ValueError, match="unknown"):
         ClusterConfig(nodes="2xtpu")  # a usage error before any trial runs
     with pytest.raises(ValueError, match="cluster-policy"):
-        ClusterConfig(nodes="1xh100", cluster_policy=("rollmux",))
+        ClusterConfig(nodes="1xh100", cluster_policy=("verl",))
 
 
 @pytest.mark.parametrize("count,expected", [(1, 1), (2, 2), (3, 4), (4, 10), (5, 26), (6, 76)])
@@ -73,11 +73,20 @@ def test_placement_finds_what_an_exhaustive_search_finds(seed):
     cluster = (NodeKind(kind="h100", count=rng.choice([1, 2, 3]), gpus=8),
                NodeKind(kind="a100", count=rng.choice([1, 2]), gpus=4))
     table: dict = {}
+    cut: list[Group] = []
 
-    def estimate(g: Group) -> float:
+    def estimate(g: Group, until_s: float | None = None) -> float:
         if g not in table:  # a random group cannot run (inf) one time in eight
             table[g] = math.inf if rng.random() < 0.125 else rng.uniform(10, 100) / g.nodes ** rng.uniform(0, 1)
         return table[g]
+
+    def stops(g: Group, until_s: float | None) -> float:
+        """A trial stopped at the bound it is given, as the simulator's is (node.Cut)."""
+        t = estimate(g)
+        if until_s is not None and t > until_s:
+            cut.append(g)
+            return math.inf
+        return t
 
     for max_group in (1, 2):
         want = _brute(count, cluster, estimate, max_group)
@@ -85,18 +94,35 @@ def test_placement_finds_what_an_exhaustive_search_finds(seed):
             with pytest.raises(ValueError):
                 place(count, cluster, estimate, max_group)
             continue
-        got = place(count, cluster, estimate, max_group)
-        assert (got.makespan_s, got.gpu_s) == pytest.approx(want)
-        assert sorted(i for g in got.groups for i in g.pipelines) == list(range(count))
-        for node in cluster:  # no node given twice
-            assert sum(g.nodes for g in got.groups if g.kind == node.kind) <= node.count
+        for how in (estimate, stops):
+            got = place(count, cluster, how, max_group)
+            assert (got.makespan_s, got.gpu_s) == pytest.approx(want)
+            assert sorted(i for g in got.groups for i in g.pipelines) == list(range(count))
+            for node in cluster:  # no node given twice
+                assert sum(g.nodes for g in got.groups if g.kind == node.kind) <= node.count
+    assert seed != 0 or cut  # the bound does stop trials (seed 0 has some); never one of the winners'
+
+
+def test_a_trial_is_bounded_by_the_best_placement_found_before_it():
+    cluster = (NodeKind(kind="h100", count=2),)
+    bounds: dict[Group, float | None] = {}
+
+    def estimate(g: Group, until_s: float | None = None) -> float:
+        bounds[g] = until_s
+        return {1: 30.0, 2: 20.0}[g.nodes] if len(g.pipelines) == 2 else 25.0
+
+    got = place(2, cluster, estimate, max_group=2)
+    assert [(g.pipelines, g.nodes) for g in got.groups] == [((0, 1), 2)]
+    first = next(iter(bounds))
+    assert first.pipelines == (0, 1) and first.nodes == 2 and bounds[first] is None  # pairs, most nodes first
+    assert all(b == pytest.approx(20.0) for g, b in bounds.items() if g != first)  # every later one bounded
 
 
 def test_a_pair_shares_nodes_where_its_estimate_beats_each_alone_and_kinds_go_where_they_run_fastest():
     cluster = (NodeKind(kind="h100", count=1), NodeKind(kind="a100", count=1))
     calls: list[Group] = []
 
-    def estimate(g: Group) -> float:
+    def estimate(g: Group, until_s: float | None = None) -> float:
         calls.append(g)
         speed = {"h100": 1.0, "a100": 2.0}[g.kind]
         if g.pipelines == (0, 1):
@@ -117,7 +143,7 @@ def test_each_group_is_estimated_once_and_equal_makespans_keep_the_fewest_gpus()
     cluster = (NodeKind(kind="h100", count=2),)
     calls: list[Group] = []
 
-    def estimate(g: Group) -> float:
+    def estimate(g: Group, until_s: float | None = None) -> float:
         calls.append(g)
         return 10.0  # whatever the group: two nodes buy nothing
 
@@ -129,6 +155,46 @@ def test_each_group_is_estimated_once_and_equal_makespans_keep_the_fewest_gpus()
 
 
 SIM = SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-math"), steps=2, trace=False)
+
+
+def _table(alone: dict[int, float], together: float, kinds: dict[str, float] | None = None):
+    """An estimate: pipeline i alone takes alone[i] (× its kind's factor), any group of several
+    `together` × their slowest alone; every call counted."""
+    calls: list[Group] = []
+    factor = kinds or {"h100": 1.0, "a100": 2.0}
+
+    def estimate(g: Group, until_s: float | None = None) -> float:
+        calls.append(g)
+        t = max(alone[i] for i in g.pipelines) * factor[g.kind] / g.nodes
+        return t if len(g.pipelines) == 1 else together * t
+
+    return estimate, calls
+
+
+def test_rollmux_admission_packs_within_its_slo_before_it_takes_a_node_and_never_searches():
+    cluster = (NodeKind(kind="h100", count=2), NodeKind(kind="a100", count=2))
+    estimate, calls = _table({0: 10.0, 1: 10.0, 2: 10.0}, together=1.5)  # packing: 1.5x, within a 2x SLO
+    got = admit(3, cluster, estimate)
+    assert [(g.pipelines, g.kind, g.nodes) for g in got.groups] == [((0, 1, 2), "h100", 1)]  # one node held
+    assert got.makespan_s == 15.0 and len(calls) == len(set(calls)) == got.estimates
+    estimate, _ = _table({0: 10.0, 1: 10.0, 2: 10.0}, together=2.5)  # packing breaks the SLO: a node each
+    got = admit(3, cluster, estimate)
+    assert [(g.pipelines, g.kind) for g in got.groups] == [((0,), "h100"), ((1,), "h100"), ((2,), "a100")]
+    estimate, _ = _table(dict.fromkeys(range(5), 10.0), together=2.5)  # no node left for the fifth: packed
+    got = admit(5, cluster, estimate)
+    assert sorted(len(g.pipelines) for g in got.groups) == [1, 1, 1, 2] and sum(g.nodes for g in got.groups) == 4
+    estimate, _ = _table(dict.fromkeys(range(RESIDENCY + 1), 1.0), together=1.0)
+    assert [len(g.pipelines) for g in admit(RESIDENCY + 1, cluster, estimate).groups] == [RESIDENCY, 1]
+
+
+def test_rollmux_admission_holds_fewer_gpus_where_the_search_ends_sooner():
+    # Two pipelines packed 1.5x slower than alone: within RollMux's SLO, so it packs them on one
+    # node and leaves the other free; the search, for the makespan, gives the pair both nodes.
+    cluster = (NodeKind(kind="h100", count=2),)
+    estimate, _ = _table({0: 10.0, 1: 10.0}, together=1.5)
+    rm, js = admit(2, cluster, estimate), place(2, cluster, estimate, max_group=2)
+    assert [(g.pipelines, g.nodes) for g in rm.groups] == [((0, 1), 1)] and rm.makespan_s == 15.0
+    assert [(g.pipelines, g.nodes) for g in js.groups] == [((0, 1), 2)] and js.makespan_s == 7.5
 
 
 def test_a_pipeline_trains_the_same_samples_wherever_it_is_placed():
@@ -167,6 +233,11 @@ def test_a_mixed_cluster_is_placed_and_every_group_runs_every_step():
             assert all(p.steps == SIM.steps for p in run.pipelines)
     assert got["jigsaw"].tokens == got["hetrl"].tokens  # the same samples under both placements
     assert all(len(g.pipelines) == 1 for g in got["hetrl"].placement.groups)
+    with pytest.raises(ValueError, match="fits no node"):  # its pools need two GPUs of one kind
+        simulate_cluster(SIM, cfg, "rollmux")
+    rm = simulate_cluster(SIM, ClusterConfig(nodes="2xh100:2", cluster_trial_steps=1), "rollmux")
+    assert rm.tokens == got["jigsaw"].tokens and all(run.config.policy == "rollmux" for run in rm.runs)
+    assert sum(g.nodes for g in rm.placement.groups) <= 2
 
 
 def test_jigsaw_sim_nodes_prints_each_placement_and_a_bad_cluster_is_a_usage_error(capsys):
