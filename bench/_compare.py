@@ -62,13 +62,14 @@ def run_mix(label: str, workloads: tuple[str, ...], gpus: int, steps: int, seed:
     return row
 
 
-PLACED = ("jigsaw", "hetrl")
-"""Placement policies of cluster/simulate.py a placed row adds (hetrl: HetRL's placement)."""
+PLACED = {"jigsaw": "jigsaw", "hetrl": "hetrl", "rollmux": "rollmux placed"}
+"""Placement policies of cluster/simulate.py a placed row adds, and their column (hetrl: HetRL's
+placement; rollmux: RollMux's admission, beside its pools on every GPU, "rollmux")."""
 
 
 def _place(row: Row, cfg: SimConfig, nodes: str) -> None:
-    """jigsaw and HetRL-style placement of the row's pipelines on `nodes` (the same code as
-    `jigsaw sim --nodes`): the row's jigsaw becomes the placed run, its flat one "jigsaw flat"."""
+    """jigsaw's, HetRL's and RollMux's placement of the row's pipelines on `nodes` (the same code
+    as `jigsaw sim --nodes`): the row's jigsaw becomes the placed run, its flat one "jigsaw flat"."""
     from jigsaw.cluster.simulate import ClusterConfig, simulate_cluster
 
     for key in ("tokens_per_s", "latency_x", "makespan_s"):
@@ -77,15 +78,15 @@ def _place(row: Row, cfg: SimConfig, nodes: str) -> None:
             values["jigsaw flat"] = values.pop("jigsaw")
     names = [spec.name for spec, *_ in pipelines(cfg)]  # the bound's order
     alone = {n: a for n, a in zip(names, row.bound.alone_s)}
-    for policy in PLACED:
+    for policy, column in PLACED.items():
         try:
             got = simulate_cluster(replace(cfg, trace=policy == "jigsaw"), ClusterConfig(nodes=nodes), policy)
         except ValueError as exc:  # e.g. more pipelines than nodes for groups of one
-            row.infeasible = {**(row.infeasible or {}), policy: str(exc)}
+            row.infeasible = {**(row.infeasible or {}), column: str(exc)}
             continue
-        row.tokens_per_s[policy] = got.tokens_per_s
-        row.makespan_s[policy] = got.makespan_s
-        row.latency_x[policy] = statistics.fmean(x.mean_step_latency_s / (alone[x.workload] / cfg.steps)
+        row.tokens_per_s[column] = got.tokens_per_s
+        row.makespan_s[column] = got.makespan_s
+        row.latency_x[column] = statistics.fmean(x.mean_step_latency_s / (alone[x.workload] / cfg.steps)
                                                  for r in got.runs for x in r.pipelines)
         if policy == "jigsaw":
             row.placed = "; ".join(f"{'+'.join(f'P{i}' for i in g.pipelines)} on {g.nodes}x{g.kind}"

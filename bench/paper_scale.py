@@ -9,9 +9,11 @@ Every baseline is placed the way its paper places it: verl (serial) runs each jo
 GPU in turn, split gives each its half, static and MuxServe share every GPU, RollMux its
 rollout and training pools (sim/policies).  The GPUs are nodes of 8 (GPUS/8 x the workload's
 kind): jigsaw places the pair on them as `jigsaw sim --nodes` does (cluster/placement.py:
-both on every node, or each on nodes of its own, priced by jigsaw's own trials), and so does
-HetRL-style placement (each on nodes of its own, run alone).  "jigsaw flat" is jigsaw with
-both pipelines on every GPU, as before placement (--flat: only that).
+both on every node, or each on nodes of its own, priced by jigsaw's own trials), and so do
+HetRL-style placement (each on nodes of its own, run alone) and RollMux's admission ("rollmux
+placed": packed within its SLO, else on nodes of its own; it may leave nodes idle, as it
+minimises the GPUs held).  "jigsaw flat" is jigsaw with both pipelines on every GPU, as
+before placement (--flat: only that).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from jigsaw.sim import workload  # noqa: E402
 
 FIG13 = ("qwen3-4b-gsm8k-a100", "deepseek-r1-distill-qwen-14b-math", "qwen3-32b-math")
 POLICIES = ("serial", "split", "static", "rollmux", "muxserve", "jigsaw")
-PLACED = ("jigsaw flat", "hetrl")
+PLACED = ("jigsaw flat", "hetrl", "rollmux placed")
 GPUS_PER_NODE = 8
 
 

@@ -2,13 +2,15 @@
 
     spec.py       `--nodes 4xh100,2xa100:4` ─► (NodeKind, ...): nodes of each GPU kind
     placement.py  which pipelines share which nodes, each group's kind and node count: a pure
-                  search over groupings and node counts, priced by an estimate the caller owns
+                  search over groupings and node counts, priced by an estimate the caller owns;
+                  RollMux's admission (admit), the baseline
     simulate.py   the simulator's estimate (each group's first steps, jigsaw or alone) and the
                   cluster run: every group simulated on its kind (`jigsaw sim --nodes`)
     gangs.py      gangs that span nodes admitted whole or not at all, in any arrival order (pure)
     controller.py the controller as a detached Ray actor: nodes join, leave (heartbeats), are
-                  placed on; gangs gated; NodeLink, a node's calls with deadlines (lost: decide alone)
+                  placed on; gangs gated; NodeLink, a node's calls with deadlines (lost: decide alone);
+                  RayLink, a node daemon's line (offers posted, answers by long poll: spanning.py)
 
 One node's scheduling stays the node's (jigsaw/node, the daemon): the cluster decides only
-where pipelines run.
+where pipelines run, and when a gang that spans nodes starts.
 """
