@@ -345,7 +345,7 @@ class RayLink:
         try:
             if not ray.is_initialized():
                 ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-            get_or_start()
+            ray.get(get_or_start().nodes.remote(), timeout=120)  # a new controller's start can take seconds
             me = ray.get_runtime_context().get_node_id()
         except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing; the daemon says why it stops
             raise RuntimeError(f"--cluster {address}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "

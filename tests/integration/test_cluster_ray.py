@@ -69,6 +69,14 @@ def _start(kinds: list[str]):
     return cluster, raylets, agents, ids
 
 
+def _controller(node_timeout_s: float):
+    """The controller actor, once it answers: its start (a worker process) can take seconds on a
+    loaded machine, longer than a node's call deadline, and a join it missed would be "lost"."""
+    ctrl = get_or_start(node_timeout_s=node_timeout_s)
+    ray.get(ctrl.nodes.remote(), timeout=120)
+    return ctrl
+
+
 def _stop(cluster) -> None:
     try:
         ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
@@ -81,7 +89,7 @@ def _stop(cluster) -> None:
 def test_nodes_join_a_cross_node_gang_starts_whole_and_pipelines_are_placed_on_nodes():
     cluster, _, agents, ids = _start(["h100", "h100", "a100"])
     try:
-        ctrl = get_or_start(node_timeout_s=30.0)
+        ctrl = _controller(node_timeout_s=30.0)
         assert all(ray.get([a.join.remote() for a in agents], timeout=60))
         assert sorted((n.node_id, n.kind) for n in ray.get(ctrl.nodes.remote(), timeout=30)) == \
             sorted(zip(ids, ["h100", "h100", "a100"]))
@@ -120,7 +128,7 @@ def test_nodes_join_a_cross_node_gang_starts_whole_and_pipelines_are_placed_on_n
 def test_a_lost_raylet_refuses_its_gang_and_a_lost_controller_leaves_nodes_deciding_alone():
     cluster, raylets, agents, ids = _start(["h100", "a100"])
     try:
-        ctrl = get_or_start(node_timeout_s=2.0)
+        ctrl = _controller(node_timeout_s=2.0)
         assert all(ray.get([a.join.remote() for a in agents], timeout=60))
         head = agents[0]
         assert ray.get(head.call.remote("ready", "ref-3", (ids[0], ids[1])), timeout=30)
@@ -182,7 +190,7 @@ def test_real_daemons_in_a_ray_cluster_start_crossed_spanning_gangs_whole_and_su
 
     cluster, _, _, ids = _start(["h100", "h100"])
     try:
-        get_or_start(node_timeout_s=2.0)
+        _controller(node_timeout_s=2.0)
         daemons, dirs = _daemons(ids, tmp_path)
         deadline = time.monotonic() + 120
         while [b["node"] for b in ray.get([d.book.remote() for d in daemons], timeout=60)] != ids:
