@@ -122,12 +122,16 @@ def group_config(sim: SimConfig, group: Group, policy: str) -> SimConfig:
 
 def estimator(sim: SimConfig, config: ClusterConfig, policy: str) -> Estimate:
     """A group's makespan for its first steps on trial samples (inf where it cannot run, or
-    once the trial passes `until_s`: it is stopped there)."""
+    once the trial passes `until_s`: it is stopped there).  Trial samples belong to what a
+    pipeline runs, not to its index (trial_streams): two pipelines of one workload are priced
+    alike, so a placement never favours one for the luck of its trial draw."""
     steps = min(sim.steps, config.cluster_trial_steps)
+    keys = _alike(sim)
 
     def estimate(group: Group, until_s: float | None = None) -> float:
         trial = replace(group_config(sim, group, policy), steps=steps, seed=TRIAL_SEED + sim.seed, trace=False,
-                        placement_trial_steps=min(steps, sim.placement_trial_steps))
+                        placement_trial_steps=min(steps, sim.placement_trial_steps),
+                        sample_streams=trial_streams(keys, group.pipelines))
         try:
             return simulate(trial, until_s=until_s, measure_slo=False).makespan_s
         except Cut:
@@ -147,6 +151,26 @@ def decide(sim: SimConfig, config: ClusterConfig, policy: str, cluster: tuple[No
     if placer.admission:
         return admit(count, cluster, estimate)
     return place(count, cluster, estimate, placer.max_group)
+
+
+def trial_streams(keys: list[tuple], pick: tuple[int, ...]) -> tuple[int, ...]:
+    """Trial sample streams of the pipelines `pick`: the first pipeline with the same key
+    (workload and flags), and for each earlier one in `pick` with that key one more stride of
+    len(keys) (so a pair of one workload still draws two streams, the same whichever two
+    pipelines they are, and no two members of a group share one)."""
+    first = {k: keys.index(k) for k in keys}
+    return tuple(first[keys[i]] + len(keys) * sum(keys[j] == keys[i] for j in pick[:n]) for n, i in enumerate(pick))
+
+
+def _alike(sim: SimConfig) -> list[tuple]:
+    """Per pipeline, what makes two pipelines run alike: the workload and its own flags."""
+    names = expand(sim.workload)
+
+    def at(values: tuple, i: int):
+        return values[i] if len(values) > 1 else (values[0] if values else None)
+
+    return [(names[i], at(sim.rollout_tp, i), at(sim.fsdp_degree, i), at(sim.offload, i), at(sim.mode, i),
+             at(sim.slo, i)) for i in range(len(names))]
 
 
 def simulate_cluster(sim: SimConfig, config: ClusterConfig, policy: str,

@@ -15,7 +15,7 @@ import pytest
 
 from jigsaw.cli.main import main
 from jigsaw.cluster.placement import RESIDENCY, Group, admit, place
-from jigsaw.cluster.simulate import ClusterConfig, group_config, simulate_cluster
+from jigsaw.cluster.simulate import ClusterConfig, estimator, group_config, simulate_cluster, trial_streams
 from jigsaw.cluster.spec import NodeKind, parse_nodes
 from jigsaw.graph.placement import groupings
 from jigsaw.sim.run import SimConfig, simulate
@@ -195,6 +195,20 @@ def test_rollmux_admission_holds_fewer_gpus_where_the_search_ends_sooner():
     rm, js = admit(2, cluster, estimate), place(2, cluster, estimate, max_group=2)
     assert [(g.pipelines, g.nodes) for g in rm.groups] == [((0, 1), 1)] and rm.makespan_s == 15.0
     assert [(g.pipelines, g.nodes) for g in js.groups] == [((0, 1), 2)] and js.makespan_s == 7.5
+
+
+def test_two_pipelines_of_one_workload_are_priced_alike_so_no_placement_favours_a_lucky_draw():
+    keys = [("A",), ("B",), ("A",)]
+    assert trial_streams(keys, (0,)) == trial_streams(keys, (2,)) == (0,)  # the same draw alone
+    assert trial_streams(keys, (0, 2)) == trial_streams(keys, (2, 0)) == (0, 3)  # a pair: two draws
+    assert len(set(trial_streams(keys, (2, 1, 0)))) == 3
+    sim = SimConfig(workload=("qwen3-0.6b-gsm8k", "qwen3-0.6b-gsm8k"), steps=2, trace=False)
+    estimate = estimator(sim, ClusterConfig(nodes="3xh100:1", cluster_trial_steps=1), "serial")
+    alone = [estimate(Group(pipelines=(i,), kind="h100", gpus_per_node=1, nodes=n)) for i in (0, 1) for n in (1, 2)]
+    assert alone[:2] == alone[2:] and alone[0] != alone[1]  # by pipeline alike; by node count not
+    # Both alike, the slower single decides: 1 + 2 nodes never beats what the pair's trials say.
+    got = simulate_cluster(sim, ClusterConfig(nodes="4xh100:1", cluster_trial_steps=1), "hetrl")
+    assert sorted(g.nodes for g in got.placement.groups) == [2, 2]
 
 
 def test_a_pipeline_trains_the_same_samples_wherever_it_is_placed():
