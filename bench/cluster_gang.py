@@ -62,7 +62,7 @@ def measure(count: int, gangs: int) -> list[float]:
     from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from jigsaw.cluster.controller import NAME, NAMESPACE, get_or_start
+    from jigsaw.cluster.controller import NAMESPACE, get_or_start, stop
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     raylets = [cluster.head_node] + [cluster.add_node(num_cpus=1) for _ in range(count - 1)]
@@ -87,10 +87,7 @@ def measure(count: int, gangs: int) -> list[float]:
                 out.append(max(told) - offered)
         return out
     finally:
-        try:
-            ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
-        except ValueError:
-            pass
+        stop()
         ray.shutdown()
         cluster.shutdown()
 

@@ -245,6 +245,18 @@ def get_or_start(node_timeout_s: float = 10.0):
                          resources={"node:__internal_head__": 0.001}).remote(node_timeout_s=node_timeout_s)
 
 
+def stop() -> bool:
+    """Kill the cluster's controller actor (it is detached: it outlives its driver); whether there was one."""
+    require("cluster", "the cluster controller")
+    import ray
+
+    try:
+        ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
+    except ValueError:  # no such actor
+        return False
+    return True
+
+
 class NodeLink:
     """A node's calls to the controller, each within `deadline_s`: a controller that does not
     answer is "lost" (None), and the node goes on deciding alone."""
@@ -382,4 +394,4 @@ class RayLink:
 
 
 __all__ = ["NAME", "NAMESPACE", "Asking", "Assigned", "Controller", "NodeInfo", "NodeLink", "RayLink",
-           "get_or_start"]
+           "get_or_start", "stop"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from jigsaw import protocol as pr
 from jigsaw.graph.ids import SubStageKind
@@ -192,10 +192,6 @@ class Spanning:
                 self.link.withdraw(gang)
             if not self.held[gang].ranks:
                 del self.held[gang]
-
-    def status(self) -> dict[str, Any]:
-        return {"held": sorted(self.held), "running": sorted(self.running), "admitted": self.admitted,
-                "refused": self.refused, "lost": self.lost}
 
     def _pop(self, gang: str, withdraw: bool = True) -> list[Held]:
         g = self.held.pop(gang)

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="the [cluster] extra (Ray) is part of [d
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from jigsaw.cluster.controller import NAME, NAMESPACE, get_or_start  # noqa: E402
+from jigsaw.cluster.controller import NAMESPACE, get_or_start, stop  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,10 +78,7 @@ def _controller(node_timeout_s: float):
 
 
 def _stop(cluster) -> None:
-    try:
-        ray.kill(ray.get_actor(NAME, namespace=NAMESPACE))
-    except ValueError:
-        pass
+    stop()
     ray.shutdown()
     cluster.shutdown()
 
