@@ -95,7 +95,7 @@ STEPS = (
     Step("smid2", step_smid2, budget_s=180, dry_budget_s=45),
     Step("green", step_green, budget_s=90, dry_budget_s=30),
     Step("profile", step_profile, budget_s=150, dry_budget_s=60),
-    Step("pipelines", step_pipelines, budget_s=240, dry_budget_s=120),  # dry: 4 CPU modes, ~20 s each under load
+    Step("pipelines", step_pipelines, budget_s=240, dry_budget_s=120),  # dry: 2 CPU modes, 20-45 s each under load
     Step("engines", step_engines, budget_s=150, dry_budget_s=60),
     Step("graphs", step_graphs, budget_s=120, dry_budget_s=30),
 )

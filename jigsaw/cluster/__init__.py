@@ -10,6 +10,8 @@
     controller.py the controller as a detached Ray actor: nodes join, leave (heartbeats), are
                   placed on; gangs gated; NodeLink, a node's calls with deadlines (lost: decide alone);
                   RayLink, a node daemon's line (offers posted, answers by long poll: spanning.py)
+    launch.py     pipelines submitted, placed, and each command run as a Ray task on its nodes
+                  (JIGSAW_NODES: runtime/across.py, a client per node)
 
 One node's scheduling stays the node's (jigsaw/node, the daemon): the cluster decides only
 where pipelines run, and when a gang that spans nodes starts.

@@ -40,6 +40,8 @@ class NodeInfo:
     kind: str
     gpus: int
     free_mem_bytes: int = 0
+    endpoint: str = ""
+    """Its daemon's endpoint on that node (ipc://PATH): where a pipeline placed there connects."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -348,9 +350,9 @@ class RayLink:
         threading.Thread(target=self._listen, name="jigsaw-cluster-news", daemon=True).start()
 
     @classmethod
-    def connect(cls, address: str, kind: str, gpus: int) -> RayLink:
-        """Join the cluster at `address` (auto: this node's) as this node, starting its
-        controller if it has none."""
+    def connect(cls, address: str, kind: str, gpus: int, endpoint: str = "") -> RayLink:
+        """Join the cluster at `address` (auto: this node's) as this node (its daemon at
+        `endpoint`), starting its controller if it has none."""
         require("cluster", "a daemon in a cluster (--cluster)")
         import ray
 
@@ -362,7 +364,7 @@ class RayLink:
         except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing; the daemon says why it stops
             raise RuntimeError(f"--cluster {address}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "
                                "is `ray start` running on this node?") from exc
-        return cls(NodeLink(NodeInfo(node_id=me, kind=kind, gpus=gpus)))
+        return cls(NodeLink(NodeInfo(node_id=me, kind=kind, gpus=gpus, endpoint=endpoint)))
 
     def _listen(self) -> None:
         while not self._stop.is_set():

@@ -134,9 +134,10 @@ def _rollout(cfg, step, client, dp, prompts, params: int, turn: int = 0, on_poll
             client.samples(step, total - len(d.pending()), total)
         for r, ro in enumerate(rollouts):
             for m in ro.grant.migrations if ro.grant is not None else ():
-                if m.source_rank == r and (m.source_rank, m.target_rank) not in moved:
-                    moved.add((m.source_rank, m.target_rank))
-                    d.migrate(m.source_rank, m.target_rank)
+                src, dst = m.source_rank + ro.rank_offset, m.target_rank + ro.rank_offset
+                if src == r and (src, dst) not in moved:
+                    moved.add((src, dst))
+                    d.migrate(src, dst)
                     ro.close()  # its requests went to the target: this worker's rollout is over
 
     try:

@@ -2,6 +2,7 @@
 
     worker process: client.py (Client: admission, binding, fail-open; heartbeats)
                     rollout.py (Rollout: a rollout worker's regimes from its forward steps)
+                    across.py (Across: a pipeline placed on several nodes, a Client per node)
         ─► wire.py (length-prefixed frames on a 0700-directory socket; peers of another uid refused)
     daemon.py  Daemon: the serve loop; requests ─► jigsaw/node/ ─► Decision ─► grants.py (Grants)
                session.py   budget changes on their way to a worker

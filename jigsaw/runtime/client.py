@@ -1,6 +1,7 @@
 """Pipeline-side client: admission of sub-stages, partitions bound, step summaries; fails open.
 
     worker ── connect() ──► Register ──► session          (JIGSAW_ENDPOINT, JIGSAW_PIPELINE)
+       │  (JIGSAW_NODES: placed on several nodes ─► across.py's Across, a Client per node)
        │  with client.substage(kind, dp_rank=, step=, pids=) as grant:   Admit ─► … ─► Grant
        │      the listed processes are bound to grant.partition (mux/partition/bind.py) before the body,
        │      and the grant is posted for each of them on the board (mux/partition/board.py): a
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from jigsaw import protocol as pr
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_PIPELINE, find_owner, socket_path
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE, find_owner, socket_path
 from jigsaw.runtime.wire import Channel
 
 log = logging.getLogger("jigsaw.client")
@@ -591,5 +592,10 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
     ep = endpoint or os.environ.get(ENV_ENDPOINT)
     name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
     owner = find_owner(ep, name) or (find_owner(ep, job) if job else "")
+    if endpoint is None and not job and (placed := os.environ.get(ENV_NODES)):
+        from jigsaw.runtime.across import Across, parse_nodes
+
+        if len(nodes := parse_nodes(placed)) > 1:  # placed across nodes by the cluster (cluster/launch.py)
+            return Across(name, nodes, steps=steps, max_tokens=max_tokens, slo_slowdown=slo_slowdown)
     return Client(name, ep, devices, owner=owner, steps=steps, max_tokens=max_tokens,
                   slo_slowdown=slo_slowdown, job=job, mode=mode, staleness=staleness)

@@ -58,7 +58,7 @@ from jigsaw.node.effects import Decision
 from jigsaw.node.slo import step_fields
 from jigsaw.node.state import NodeState
 from jigsaw.runtime import grants, housekeeping, owners, plumbing
-from jigsaw.runtime.paths import runtime_dir
+from jigsaw.runtime.paths import endpoint, runtime_dir
 from jigsaw.runtime.session import Session
 from jigsaw.runtime.spanning import Held, Link, Spanning
 from jigsaw.trace import TraceEvent, TraceWriter
@@ -128,6 +128,9 @@ class DaemonConfig:
     """Join this Ray cluster's controller (an address, or auto: the cluster of this node's raylet):
     a pipeline whose ranks span nodes (Register.nodes) starts its training and reference gangs only
     when every node does (runtime/spanning.py).  Needs the [cluster] extra.  "": no cluster."""
+    cluster_kind: str = ""
+    """The GPU kind this node joins the cluster as, what placement prices its devices by (h100,
+    a100); "": its grid's device.  A CPU node named as a GPU kind stands in for one (a test)."""
     watch_grid: bool = False
     """Measure the grid's error on every finished grant as --learn-grid does (probes, the trace's
     `learned`, the file) but never move an entry: the scheduler plans with the profile's grid.
@@ -283,7 +286,9 @@ class Daemon:
             if self.config.cluster and self.spanning.link is None:
                 from jigsaw.cluster.controller import RayLink
 
-                self.spanning.link = RayLink.connect(self.config.cluster, self.grid.device.sku, self.config.devices)
+                kind = self.config.cluster_kind or self.grid.device.sku
+                self.spanning.link = RayLink.connect(self.config.cluster, kind, self.config.devices,
+                                                     endpoint=endpoint(self.dir))
             telemetry = housekeeping.start_telemetry(self.config.telemetry_s, self.trace_writer, self.now)
             log.info("%s", housekeeping.hello(self))
             while not self.stopping:

@@ -28,6 +28,9 @@ ENV_DIR = "JIGSAW_RUNTIME_DIR"
 ENV_ENDPOINT = "JIGSAW_ENDPOINT"
 ENV_PIPELINE = "JIGSAW_PIPELINE"
 ENV_OWNER = "JIGSAW_OWNER"
+ENV_NODES = "JIGSAW_NODES"
+"""A pipeline placed on several nodes of a cluster: JSON [[node id, its daemon's endpoint, devices], ...]
+(cluster/launch.py sets it; runtime/across.py reads it)."""
 MAX_SOCKET_PATH_BYTES = 107
 """A Unix socket path fits sockaddr_un.sun_path: 108 bytes with the terminating NUL."""
 

@@ -49,6 +49,9 @@ class Rollout:
                  progress_every_s: float = PROGRESS_EVERY_S):
         """`client`: the process's runtime.client.Client."""
         self.client, self.dp_rank, self.step, self.pids, self.label = client, dp_rank, step, pids, label
+        self.rank_offset = 0
+        """Added to the ranks its migrations name for the pipeline's own (runtime/across.py: a
+        node's daemon knows only its local ranks)."""
         self.tracker = BucketTracker()
         self._recent: deque[_Step] = deque(maxlen=self.tracker._need + 1)
         """The last forward steps: those a regime change dates back to move to the new regime."""

@@ -17,10 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_readme_example_runs(monkeypatch, tmp_path):
     text = (ROOT / "README.md").read_text()
-    # The library example is the first; the other is the cluster controller's, which needs a Ray
-    # cluster: tests/integration/test_cluster_ray.py makes the same calls on one.
-    code, controller = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    # The library example is the first; the others are the cluster controller's and the launch's,
+    # which need a Ray cluster: tests/integration/test_cluster_ray.py and test_cluster_launch.py
+    # make the same calls on one.
+    code, controller, launching = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert "get_or_start" in controller and "NodeLink" in controller
+    compile(launching, "README.md", "exec")
+    import jigsaw.cluster.launch as launch
+
+    assert all(hasattr(launch, n) for n in ("LaunchConfig", "Submitted", "launch"))
     monkeypatch.chdir(tmp_path)  # a user's directory: the grid is found by name, not by a relative path
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 
+from jigsaw.cluster.launch import LaunchConfig
 from jigsaw.cluster.simulate import ClusterConfig
 from jigsaw.engines.model import ModelConfig
 from jigsaw.engines.rollout import RolloutConfig
@@ -28,7 +29,7 @@ from jigsaw.sim.run import SimConfig
 
 CONFIGS = [GraphConfig, SchedulerConfig, MergeConfig, PriorConfig, SimConfig, DaemonConfig, ProfileConfig,
            RecipeConfig, GpuRecipeConfig, DemoConfig, ModelConfig, RolloutConfig, TrainConfig, JobConfig, ServerConfig,
-           PluginConfig, SandboxConfig, LearnConfig, ClusterConfig]
+           PluginConfig, SandboxConfig, LearnConfig, ClusterConfig, LaunchConfig]
 
 
 def _field_docstrings(cls) -> set[str]:

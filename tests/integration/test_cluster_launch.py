@@ -1,0 +1,159 @@
+"""jigsaw's CPU GRPO recipe submitted to a local multi-node Ray cluster (`ray.cluster_utils.Cluster`:
+several raylets on this machine, loopback only), each raylet with a real node daemon joined to
+the controller (`DaemonConfig.cluster`; the CPU nodes join as h100 nodes, a stand-in named as
+such, because placement prices GPU kinds), placed by the controller and run where placed
+(cluster/launch.py).
+
+Checked: every pipeline ran on the nodes the controller placed it on, and only there (each
+daemon's trace); one of them spans two nodes, its training and reference a gang across both
+(admitted by the controller on both, started on both); every sub-stage exactly once and no
+sample lost; a node's daemon killed mid-run, and separately its raylet removed, the pipeline
+spanning it still ends with every sample of every step, its pieces there run without the daemon."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the [cluster] extra (Ray) is part of [dev]")
+pytest.importorskip("transformers", reason="the CPU recipe needs the [cpu] extra")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+from jigsaw.cluster.controller import NAMESPACE, get_or_start, stop  # noqa: E402
+from jigsaw.cluster.launch import LaunchConfig, Submitted, start  # noqa: E402
+from jigsaw.graph.ids import SubStageId  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+STEPS, PROMPTS, GROUP = 2, 2, 2
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class NodeDaemon:
+    """A node's `jigsaw daemon --cluster auto --cluster-kind h100`, on its own raylet."""
+
+    def __init__(self, directory: str):
+        import threading
+
+        from jigsaw.runtime.daemon import Daemon, DaemonConfig
+
+        config = DaemonConfig(devices=1, policy="jigsaw", cluster="auto", cluster_kind="h100",
+                              trace=Path(directory) / "trace.jsonl")
+        self.d = Daemon(config, Path(directory))
+        threading.Thread(target=self.d.serve, daemon=True).start()
+
+    def book(self) -> dict:
+        s = self.d.spanning
+        return {"node": getattr(s.link, "node_id", None), "admitted": s.admitted, "refused": s.refused}
+
+
+def _cluster(nodes: int, tmp_path: Path, head: bool = True):
+    """A cluster of `nodes` raylets with a daemon each (`head`: the head is one of them, else
+    one more, without a daemon: a node that may be lost must not be the head)."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    raylets = [cluster.head_node] + [cluster.add_node(num_cpus=1) for _ in range(nodes - head)]
+    raylets = raylets if head else raylets[1:]
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    cluster.wait_for_nodes()
+    ray.get(get_or_start(node_timeout_s=3.0).nodes.remote(), timeout=120)  # answering before any node joins
+    ids = [r.node_id for r in raylets]
+    daemons, dirs = [], []
+    for k, node in enumerate(ids):
+        d = tmp_path / f"n{k}"
+        d.mkdir(mode=0o700)
+        dirs.append(d)
+        daemons.append(NodeDaemon.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                       .remote(str(d)))
+    deadline = time.monotonic() + 120
+    while [b["node"] for b in ray.get([d.book.remote() for d in daemons], timeout=60)] != ids:
+        assert time.monotonic() < deadline, "the daemons never joined the cluster"
+        time.sleep(0.2)
+    return cluster, raylets, ids, daemons, dirs
+
+
+def _recipe(name: str, seed: int, tmp_path: Path) -> Submitted:
+    cmd = (sys.executable, "-m", "jigsaw.recipes.grpo", "--steps", str(STEPS), "--prompts", str(PROMPTS),
+           "--group", str(GROUP), "--max-new-tokens", "12", "--seed", str(seed), "--threads", "1",
+           "--dp", "{gpus}", "--train-ranks", "{gpus}", "--result", str(tmp_path / f"{name}.json"))
+    return Submitted(name=name, workload="qwen3-0.6b-math" if seed % 2 else "qwen3-0.6b-gsm8k", cmd=cmd)
+
+
+def _samples(tmp_path: Path, name: str) -> list[int]:
+    """Samples trained in each step of `name`'s run."""
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    return [len(s["lengths"]) for s in doc["steps"]]
+
+
+def _grants(directory: Path) -> list[SubStageId]:
+    events = [json.loads(line) for line in (directory / "trace.jsonl").read_text().splitlines() if line.strip()]
+    return [SubStageId.parse(e["substage"]) for e in events if e.get("event") == "grant"]
+
+
+def _stop(cluster) -> None:
+    stop()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_recipes_submitted_to_the_cluster_run_where_placed_a_gang_across_two_nodes_exactly_once(tmp_path):
+    cluster, _, ids, daemons, dirs = _cluster(3, tmp_path)
+    try:
+        subs = [_recipe("p0", 0, tmp_path), _recipe("p1", 1, tmp_path)]
+        placed, futures, where = start(subs, LaunchConfig(policy="hetrl", steps=2, trial_steps=1))
+        got = ray.get(futures, timeout=480)
+        assert [rc for rc, _ in got] == [0, 0], [out for _, out in got]
+        assert {p.name: tuple(placed.nodes[p.name]) for p in subs} == dict(zip(["p0", "p1"], where))
+        spanning = [p for p in subs if len(placed.nodes[p.name]) == 2]
+        assert len(spanning) == 1, f"the placement spans no two nodes: {placed.nodes}"
+        for p in subs:
+            assert _samples(tmp_path, p.name) == [PROMPTS * GROUP] * STEPS  # no sample lost or doubled
+            assert json.loads((tmp_path / f"{p.name}.json").read_text())["fell_open"] == []
+        books = ray.get([d.book.remote() for d in daemons], timeout=60)
+        for k, (node, d) in enumerate(zip(ids, dirs)):
+            here = {p.name for p in subs if node in placed.nodes[p.name]}
+            grants = _grants(d)
+            assert {g.pipeline for g in grants} == here  # each daemon granted the pipelines placed on it, only those
+            for name in here:  # every collective piece once a step on each of its nodes
+                pieces = Counter((g.step, g.kind.value) for g in grants if g.pipeline == name
+                                 and g.kind.value in ("reference", "training"))
+                assert pieces == Counter({(s, kind): 1 for s in range(STEPS) for kind in ("reference", "training")})
+            assert len(grants) == len({str(g) for g in grants})  # no sub-stage granted twice
+            span = spanning[0].name in here
+            assert books[k]["admitted"] == (2 * STEPS if span else 0) and books[k]["refused"] == 0
+    finally:
+        _stop(cluster)
+
+
+@pytest.mark.parametrize("lose", ["daemon", "raylet"])
+def test_a_node_lost_mid_run_loses_no_sample_of_the_pipeline_spanning_it(tmp_path, lose):
+    cluster, raylets, ids, daemons, dirs = _cluster(2, tmp_path, head=False)
+    try:
+        sub = _recipe("span", 0, tmp_path)
+        placed, (future,), (where,) = start([sub], LaunchConfig(policy="hetrl", steps=2, trial_steps=1))
+        assert sorted(where) == sorted(ids), f"the pipeline was not placed across both nodes: {placed.nodes}"
+        keep, gone = ids.index(where[0]), ids.index(where[1])  # its driver runs on the first
+        deadline = time.monotonic() + 240
+        while ray.get(daemons[gone].book.remote(), timeout=60)["admitted"] < 2:  # step 0's two gangs ran
+            assert time.monotonic() < deadline, "step 0's gangs never started on the node to lose"
+            time.sleep(0.1)
+        if lose == "daemon":
+            ray.kill(daemons[gone])
+        else:
+            cluster.remove_node(raylets[gone])
+        rc, out = ray.get(future, timeout=480)
+        assert rc == 0, out
+        assert _samples(tmp_path, "span") == [PROMPTS * GROUP] * STEPS
+        doc = json.loads((tmp_path / "span.json").read_text())
+        assert doc["fell_open"], "node 1's pieces after the loss ran without its daemon"
+        book = ray.get(daemons[keep].book.remote(), timeout=60)
+        assert book["refused"] >= 1  # its part of a gang with the lost node: refused, run there alone
+        trained = Counter((g.step, g.kind.value) for g in _grants(dirs[keep]) if g.kind.value == "training")
+        assert trained == Counter({(s, "training"): 1 for s in range(STEPS)})  # the node kept trained every step once
+    finally:
+        _stop(cluster)
