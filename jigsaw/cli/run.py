@@ -1,4 +1,6 @@
 """`jigsaw run [--name N] [--profile GRID] [--devices N] -- CMD ...`: run a pipeline under the node daemon.
+`jigsaw run --cluster ADDRESS --workload W -- CMD ...`: run it where the cluster places it
+(cluster/launch.py arrive: the controller books it nodes, CMD runs there as a Ray task).
 
     daemon answering? ── no ─► node_info: probe (NVML GPUs, this process's cores) ─► choose
         │                        devices, grid, partitioner (--profile/--devices override) ─► say
@@ -78,6 +80,16 @@ class Args:
     warn_unscheduled_s: float = 60.0
     """Warn once if CMD still runs after this many seconds without asking the daemon for a sub-stage
     (a verl job: at least 300 s, its start-up takes minutes).  0: never."""
+    cluster: str = ""
+    """Run CMD where the cluster's controller places it (a Ray address, or auto: this node's
+    cluster; the [cluster] extra), beside the pipelines already running there, instead of under
+    this node's daemon.  Each node runs `jigsaw daemon --cluster`; `{gpus}` in CMD becomes the
+    GPUs it is given.  Needs --workload."""
+    workload: str | None = None
+    """With --cluster: what placement prices the pipeline as (a `jigsaw sim` workload name or file)."""
+    cluster_policy: str = "jigsaw"
+    """With --cluster: jigsaw (packed beside a running pipeline where jigsaw's trial keeps both
+    within 2x their time alone, else nodes of its own) | hetrl (always nodes of its own) | rollmux."""
     cmd: Annotated[tuple[str, ...], tyro.conf.Suppress] = ()
     """The pipeline's command (given after `--`)."""
 
@@ -94,6 +106,8 @@ def run(args: Args) -> int:
     from jigsaw.protocol import check_name, safe_name
 
     name = check_name(args.name) if args.name else safe_name(f"{Path(args.cmd[0]).name}-{os.getpid()}")
+    if args.cluster:
+        return _in_cluster(args, name)
     framework = _framework(args)
     ep, why = _daemon(args)
     if ep is None:
@@ -123,6 +137,35 @@ def run(args: Args) -> int:
         rc = _wait(proc, check_s if watch else 0.0, lambda: _check_scheduled(ep, name, args, check_s))
         owner.close(pipeline_done=True)
     return 128 - rc if rc < 0 else rc
+
+
+def _in_cluster(args: Args, name: str) -> int:
+    """CMD run where the cluster's controller places it (cluster/launch.py arrive); its exit code."""
+    from jigsaw.cluster.launch import LaunchConfig, Submitted, arrive
+    from jigsaw.cluster.simulate import PLACERS
+    from jigsaw.extras import require
+    from jigsaw.sim.workload import get
+
+    if not args.workload:
+        raise ValueError("--cluster needs --workload: what placement prices the pipeline as (e.g. qwen3-4b-gsm8k)")
+    if args.cluster_policy not in PLACERS:
+        raise ValueError(f"--cluster-policy {args.cluster_policy!r} unknown; choose from {', '.join(PLACERS)}")
+    get(args.workload)  # an unknown workload is a usage error, before the cluster is asked
+    require("cluster", "jigsaw run --cluster")
+    import ray
+
+    from jigsaw.cluster.controller import NAMESPACE
+
+    try:
+        ray.init(address=args.cluster, namespace=NAMESPACE, log_to_driver=True)
+    except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing
+        raise ValueError(f"--cluster {args.cluster}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "
+                         "is `ray start` running?") from exc
+    _say(f"{name}: asking the cluster's controller where it runs (trials of {args.workload}) ...")
+    ran = arrive(Submitted(name=name, workload=args.workload, cmd=tuple(args.cmd)),
+                 LaunchConfig(policy=args.cluster_policy), say=_say)
+    _say(f"{name} ended with exit code {ran.returncode}")
+    return 128 - ran.returncode if ran.returncode < 0 else ran.returncode
 
 
 def _say(line: str) -> None:

@@ -4,6 +4,9 @@
     Controller.place() ─► placement.place over the live nodes, priced by the simulator's trials
                           (simulate.estimator: the `jigsaw sim --nodes` code) ─► Assigned: each
                           pipeline's concrete node ids, and what the trials predicted
+    a pipeline arriving while others run (`jigsaw run --cluster`): arriving() ─► Arrival.decide
+                          (placement.admit_one: packed beside a running group, or free nodes of
+                          its own) ─► arrived(): its node ids, booked until ended()
     gangs across nodes: ready / withdraw / done / take ─► Gates (gangs.py): whole or not at all
     a node silent for `node_timeout_s` (daemon or raylet lost) leaves: its waiting gangs are
     refused to their other members, who run those pieces alone; placement forgets the node
@@ -86,6 +89,55 @@ class Asking:
         return Assigned(nodes=nodes, groups=placed.groups, predicted_s=placed.predicted_s)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Arrival:
+    """A pipeline arriving while others run: where it goes, by RollMux's admission rule
+    (placement.admit_one) with each group priced by the policy's node scheduler."""
+
+    names: tuple[str, ...]
+    """The running pipelines, then the one arriving (last)."""
+    workloads: tuple[str, ...]
+    groups: tuple[Group, ...]
+    """The running groups, over indices into `names`."""
+    cluster: tuple[NodeKind, ...]
+    free: dict[str, int]
+    """Nodes no group holds, per kind."""
+    steps: int
+    trial_steps: int
+    seed: int
+    policy: str
+
+    def decide(self) -> tuple[int | None, Group]:
+        """(k: packed into groups[k], or None: nodes of its own) and its group: trials, so the
+        actor runs it off its event loop."""
+        from jigsaw.cluster.placement import RESIDENCY, admit_one
+        from jigsaw.cluster.simulate import PLACERS, estimator
+        from jigsaw.sim.run import SimConfig
+
+        placer = PLACERS[self.policy]
+        sim = SimConfig(workload=self.workloads, steps=self.steps, seed=self.seed, trace=False)
+        estimate = estimator(sim, ClusterConfig(cluster_trial_steps=self.trial_steps), placer.node_policy)
+        memo: dict[Group, float] = {}
+
+        def priced(g: Group) -> float:
+            if g not in memo:
+                memo[g] = estimate(g, None)
+            return memo[g]
+
+        return admit_one(len(self.names) - 1, list(self.groups), self.cluster, dict(self.free), priced,
+                         residency=RESIDENCY if placer.admission else placer.max_group)
+
+
+@dataclass(slots=True)
+class _Running:
+    """Pipelines started on some nodes (one group), until each ends."""
+
+    names: list[str]
+    kind: str
+    gpus_per_node: int
+    node_ids: tuple[str, ...]
+
+
 class Controller:
     """The actor's body (plain Python: a test can drive it without Ray)."""
 
@@ -95,6 +147,8 @@ class Controller:
         self.seen: dict[str, float] = {}
         self.workloads: dict[str, str] = {}
         self.gates = Gates()
+        self.running: list[_Running] = []
+        """Pipelines that arrived one at a time (`arriving` / `arrived`) and have not ended."""
 
     # ------------------------------------------------------------ nodes
     def join(self, info: NodeInfo) -> None:
@@ -149,6 +203,57 @@ class Controller:
                       by_kind={k: tuple(v) for k, v in by_kind.items()}, steps=steps, trial_steps=trial_steps,
                       seed=seed, policy=policy)
 
+    # ------------------------------------------------------------ pipelines arriving one at a time
+    def arriving(self, name: str, workload: str, steps: int = 8, trial_steps: int = 3, seed: int = 0,
+                 policy: str = "jigsaw") -> Arrival:
+        """Where `name` may go beside the running pipelines, as the book stands now."""
+        from jigsaw.cluster.simulate import PLACERS
+
+        if policy not in PLACERS:
+            raise ValueError(f"placement policy {policy!r} unknown; choose from {', '.join(PLACERS)}")
+        if name in self.workloads:
+            raise ValueError(f"pipeline {name!r} is already in the cluster (running, or submitted)")
+        held = {n for r in self.running for n in r.node_ids}
+        sizes: dict[tuple[str, int], int] = {}
+        free: dict[str, int] = {}
+        for info in self.nodes():
+            sizes[(info.kind, info.gpus)] = sizes.get((info.kind, info.gpus), 0) + 1
+            free[info.kind] = free.get(info.kind, 0) + (info.node_id not in held)
+        if not sizes:
+            raise ValueError("no node has joined the cluster")
+        names = [n for r in self.running for n in r.names]
+        index = {n: i for i, n in enumerate(names)}
+        groups = tuple(Group(pipelines=tuple(index[n] for n in r.names), kind=r.kind, gpus_per_node=r.gpus_per_node,
+                             nodes=len(r.node_ids)) for r in self.running)
+        return Arrival(names=(*names, name), workloads=(*(self.workloads[n] for n in names), workload),
+                       groups=groups, cluster=tuple(NodeKind(kind=k, count=c, gpus=g) for (k, g), c in sizes.items()),
+                       free=free, steps=steps, trial_steps=trial_steps, seed=seed, policy=policy)
+
+    def arrived(self, ask: Arrival, decision: tuple[int | None, Group]) -> tuple[str, ...]:
+        """Book `decision` for the arriving pipeline (ask.names[-1]); the node ids it runs on."""
+        k, group = decision
+        name = ask.names[-1]
+        self.workloads[name] = ask.workloads[-1]
+        if k is not None:
+            self.running[k].names.append(name)
+            return self.running[k].node_ids
+        held = {n for r in self.running for n in r.node_ids}
+        free = [i.node_id for i in self.nodes() if i.node_id not in held
+                and (i.kind, i.gpus) == (group.kind, group.gpus_per_node)]
+        if len(free) < group.nodes:
+            raise ValueError(f"{name}: {group.nodes} free {group.kind} node(s) wanted, {len(free)} left")
+        self.running.append(_Running(names=[name], kind=group.kind, gpus_per_node=group.gpus_per_node,
+                                     node_ids=tuple(free[:group.nodes])))
+        return self.running[-1].node_ids
+
+    def ended(self, name: str) -> None:
+        """`name` ended: its nodes are free once its group is empty."""
+        for r in self.running:
+            if name in r.names:
+                r.names.remove(name)
+        self.running = [r for r in self.running if r.names]
+        self.workloads.pop(name, None)
+
     # ------------------------------------------------------------ gangs across nodes
     def ready(self, gang: str, node_id: str, members: tuple[str, ...]) -> None:
         self._expire()
@@ -178,6 +283,7 @@ class _Actor:
 
         self.body = Controller(node_timeout_s=node_timeout_s)
         self.changed = asyncio.Condition()
+        self.arriving = asyncio.Lock()  # an arrival's trials run off the loop; the next waits for its booking
 
     async def _did(self, method: str, *args):
         got = getattr(self.body, method)(*args)
@@ -217,6 +323,22 @@ class _Actor:
 
         ask = self.body.asking(steps, trial_steps, seed, policy)
         return ask.assign(await asyncio.to_thread(ask.search))
+
+    async def arrive(self, name: str, workload: str, steps: int = 8, trial_steps: int = 3, seed: int = 0,
+                     policy: str = "jigsaw") -> tuple[str, ...]:
+        """Where the arriving `name` runs (its node ids), booked; one arrival at a time."""
+        import asyncio
+
+        async with self.arriving:
+            ask = self.body.arriving(name, workload, steps, trial_steps, seed, policy)
+            return self.body.arrived(ask, await asyncio.to_thread(ask.decide))
+
+    async def ended(self, name: str) -> None:
+        return self.body.ended(name)
+
+    async def arrivals(self) -> dict[str, tuple[str, ...]]:
+        """Each running arrival's node ids."""
+        return {n: r.node_ids for r in self.body.running for n in r.names}
 
     async def wait(self, node_id: str, timeout_s: float) -> list[tuple[str, str]]:
         """What `node_id` is told, as soon as there is any, or [] after `timeout_s`."""
@@ -395,5 +517,5 @@ class RayLink:
         self._stop.set()
 
 
-__all__ = ["NAME", "NAMESPACE", "Asking", "Assigned", "Controller", "NodeInfo", "NodeLink", "RayLink",
+__all__ = ["NAME", "NAMESPACE", "Arrival", "Asking", "Assigned", "Controller", "NodeInfo", "NodeLink", "RayLink",
            "get_or_start", "stop"]

@@ -1,6 +1,6 @@
 """Pipelines submitted to the cluster, placed, and each run where it was placed.
 
-    launch([Submitted(name, workload, cmd), ...], address)
+    launch([Submitted(name, workload, cmd), ...], address)   (a batch: placed together)
       ─► the controller: submit each (name, workload) ─► place() over the live nodes (the
          simulator's trials price each group: the `jigsaw sim --nodes` decision) ─► Assigned
       ─► per pipeline, its nodes' daemons (NodeInfo.endpoint, devices) ─► CMD as a Ray task
@@ -8,6 +8,10 @@
          daemon) and, placed on several nodes, JIGSAW_NODES (runtime/across.py: a client per
          node, gangs started on all at once); `{gpus}` in CMD is the GPUs its group gives it
       ─► Launched: the placement, each pipeline's nodes, exit code and output tail
+    arrive(Submitted)   (`jigsaw run --cluster`: one pipeline, arriving while others run)
+      ─► the controller books it nodes beside the running ones (Controller.arriving: RollMux's
+         admission rule, each group priced by the policy's scheduler) ─► CMD pinned there as
+         above, its output forwarded by Ray ─► its nodes given back when it ends
 
 The workload is what placement prices the pipeline as (a `jigsaw sim` workload: its model and
 lengths); the command is what runs.  The CPU engines start a pipeline's processes beside its
@@ -87,19 +91,20 @@ def command(cmd: tuple[str, ...], gpus: int) -> list[str]:
     return [word.replace("{gpus}", str(gpus)) for word in cmd]
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str]:
-    """CMD on this node (a Ray task's body): its exit code and output tail."""
+def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = True) -> tuple[int, str]:
+    """CMD on this node (a Ray task's body): its exit code and output tail (`capture`: else its
+    output is the task's, which Ray forwards to the driver)."""
     import subprocess
 
+    out, err = (subprocess.PIPE, subprocess.STDOUT) if capture else (None, None)
     try:
-        done = subprocess.run(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, env={**os.environ, **env}, stdout=out, stderr=err, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         return 124, out[-OUTPUT_TAIL_CHARS:] + f"\n(killed after {timeout_s:g} s)"
     except OSError as exc:
         return 127, f"cannot run {cmd[0]!r}: {exc}"
-    return done.returncode, done.stdout[-OUTPUT_TAIL_CHARS:]
+    return done.returncode, (done.stdout or "")[-OUTPUT_TAIL_CHARS:]
 
 
 def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), timeout_s: float = 3600.0):
@@ -107,7 +112,6 @@ def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), ti
     futures of each pipeline's run, each pipeline's nodes) without waiting for the runs."""
     require("cluster", "launching pipelines on a cluster")
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     ctrl = get_or_start()
     for p in pipelines:
@@ -115,16 +119,47 @@ def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), ti
     placed: Assigned = ray.get(ctrl.place.remote(steps=placing.steps, trial_steps=placing.trial_steps,
                                                  seed=placing.seed, policy=placing.policy))
     known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
-    remote = ray.remote(num_cpus=0, max_retries=0)(_run)  # a retry would run the pipeline's steps twice
     futures, where = [], []
     for p in pipelines:
         nodes = [known[i] for i in placed.nodes[p.name]]
         gpus = sum(n.gpus for n in nodes)
-        strategy = NodeAffinitySchedulingStrategy(nodes[0].node_id, soft=False)
-        futures.append(remote.options(scheduling_strategy=strategy)
-                       .remote(command(p.cmd, gpus), environment(p.name, nodes), timeout_s))
+        futures.append(_pinned(nodes[0].node_id).remote(command(p.cmd, gpus), environment(p.name, nodes), timeout_s))
         where.append(tuple(n.node_id for n in nodes))
     return placed, futures, where
+
+
+def _pinned(node_id: str):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # max_retries=0: a retry would run the pipeline's steps twice
+    return ray.remote(num_cpus=0, max_retries=0)(_run).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
+def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: float = 3600.0,
+           say=lambda line: None) -> Ran:
+    """One pipeline arriving while others may run (`jigsaw run --cluster`; ray.init already
+    called): the controller books it nodes (Controller.arriving), CMD runs there, its output
+    forwarded here by Ray, and the nodes are given back when it ends, however it ends."""
+    require("cluster", "jigsaw run --cluster")
+    import ray
+
+    ctrl = get_or_start()
+    ids = ray.get(ctrl.arrive.remote(sub.name, sub.workload, steps=placing.steps, trial_steps=placing.trial_steps,
+                                     seed=placing.seed, policy=placing.policy))
+    try:
+        known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
+        nodes = [known[i] for i in ids if i in known]
+        if len(nodes) < len(ids):
+            raise RuntimeError(f"{sub.name}: node(s) {sorted(set(ids) - set(known))} left the cluster meanwhile")
+        gpus = sum(n.gpus for n in nodes)
+        say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
+        rc, out = ray.get(_pinned(ids[0]).remote(command(sub.cmd, gpus), environment(sub.name, nodes), timeout_s,
+                                                 capture=False))
+    finally:
+        ray.get(ctrl.ended.remote(sub.name))
+    return Ran(name=sub.name, nodes=tuple(ids), returncode=rc, output=out)
 
 
 def launch(pipelines: list[Submitted], address: str = "auto", placing: LaunchConfig = LaunchConfig(),
@@ -141,4 +176,4 @@ def launch(pipelines: list[Submitted], address: str = "auto", placing: LaunchCon
     return Launched(placed=placed, ran=ran)
 
 
-__all__ = ["LaunchConfig", "Launched", "Ran", "Submitted", "command", "environment", "launch", "start"]
+__all__ = ["LaunchConfig", "Launched", "Ran", "Submitted", "arrive", "command", "environment", "launch", "start"]

@@ -111,16 +111,9 @@ a node)."""
 
 def admit(count: int, cluster: tuple[NodeKind, ...], estimate: Estimate, slo: float = 2.0) -> Placement:
     """RollMux §4's admission (Alg. 1) on whole nodes, the baseline to jigsaw's search: the
-    pipelines arrive in order, and each is
-      packed into the group that ends soonest with it (Direct Packing: no new node) where that
-        group, with it, ends within `slo` × each member's time alone on the group's nodes
-        (conservative: the group's end stands for every member's), at most RESIDENCY a group;
-      else given nodes of its own (Isolated Provisioning): per kind the fewest it runs on, of
-        the kind where it costs the fewest GPU-seconds alone;
-      else, with no node free, packed where the group ends soonest with it (RollMux queues it).
-    Nodes no pipeline needed stay idle: RollMux minimises what is held, not the makespan.  Not
-    modelled: Rollout Scaling (a group's rollout pool grown by nodes) and worst-case
-    (max-token) trial lengths."""
+    pipelines arrive in order, and each is admitted by `admit_one`.  Nodes no pipeline needed
+    stay idle: RollMux minimises what is held, not the makespan.  Not modelled: Rollout Scaling
+    (a group's rollout pool grown by nodes) and worst-case (max-token) trial lengths."""
     if count < 1:
         raise ValueError("placement needs at least one pipeline")
     memo: dict[Group, float] = {}
@@ -133,23 +126,42 @@ def admit(count: int, cluster: tuple[NodeKind, ...], estimate: Estimate, slo: fl
     left = {n.kind: n.count for n in cluster}
     groups: list[Group] = []
     for j in range(count):
-        packed = [(priced(g2), k, g2) for k, g in enumerate(groups) if len(g.pipelines) < RESIDENCY
-                  for g2 in [Group(pipelines=(*g.pipelines, j), kind=g.kind, gpus_per_node=g.gpus_per_node,
-                                   nodes=g.nodes)]]
-        fits = [(t, k, g2) for t, k, g2 in packed if math.isfinite(t)
-                and all(t <= slo * priced(_alone(g2, i)) for i in g2.pipelines)]
-        alone = [(t * g.gpus, g) for g in _isolated(j, cluster, left, priced) if math.isfinite(t := priced(g))]
-        if fits:
-            _, k, groups[k] = min(fits)
-        elif alone:
-            g = min(alone, key=lambda tg: (tg[0], tg[1].nodes))[1]
+        k, g = admit_one(j, groups, cluster, left, priced, slo)
+        if k is None:
             left[g.kind] -= g.nodes
             groups.append(g)
-        elif finite := [x for x in packed if math.isfinite(x[0])]:
-            _, k, groups[k] = min(finite)
         else:
-            raise ValueError(f"pipeline {j} fits no node of {', '.join(str(n) for n in cluster)}, alone or packed")
+            groups[k] = g
     return Placement(groups=tuple(groups), predicted_s=tuple(priced(g) for g in groups), estimates=len(memo))
+
+
+def admit_one(j: int, groups: list[Group], cluster: tuple[NodeKind, ...], left: dict[str, int],
+              priced: Callable[[Group], float], slo: float = 2.0,
+              residency: int = RESIDENCY) -> tuple[int | None, Group]:
+    """Where pipeline j goes as it arrives beside `groups` (with `left` nodes free per kind):
+    (k, groups[k] with j in it), or (None, a new group of free nodes).  RollMux's rule: j is
+      packed into the group that ends soonest with it (Direct Packing: no new node) where that
+        group, with it, ends within `slo` × each member's time alone on the group's nodes
+        (conservative: the group's end stands for every member's), at most `residency` a group;
+      else given nodes of its own (Isolated Provisioning): per kind the fewest it runs on, of
+        the kind where it costs the fewest GPU-seconds alone;
+      else, with no node free, packed where the group ends soonest with it (RollMux queues it).
+    ValueError where it fits nowhere."""
+    packed = [(priced(g2), k, g2) for k, g in enumerate(groups) if len(g.pipelines) < residency
+              for g2 in [Group(pipelines=(*g.pipelines, j), kind=g.kind, gpus_per_node=g.gpus_per_node,
+                               nodes=g.nodes)]]
+    fits = [(t, k, g2) for t, k, g2 in packed if math.isfinite(t)
+            and all(t <= slo * priced(_alone(g2, i)) for i in g2.pipelines)]
+    alone = [(t * g.gpus, g) for g in _isolated(j, cluster, left, priced) if math.isfinite(t := priced(g))]
+    if fits:
+        _, k, g = min(fits)
+        return k, g
+    if alone:
+        return None, min(alone, key=lambda tg: (tg[0], tg[1].nodes))[1]
+    if finite := [x for x in packed if math.isfinite(x[0])]:
+        _, k, g = min(finite)
+        return k, g
+    raise ValueError(f"pipeline {j} fits no node of {', '.join(str(n) for n in cluster)}, alone or packed")
 
 
 def _isolated(j: int, cluster: tuple[NodeKind, ...], left: dict[str, int], priced) -> list[Group]:

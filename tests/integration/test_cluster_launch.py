@@ -8,7 +8,9 @@ Checked: every pipeline ran on the nodes the controller placed it on, and only t
 daemon's trace); one of them spans two nodes, its training and reference a gang across both
 (admitted by the controller on both, started on both); every sub-stage exactly once and no
 sample lost; a node's daemon killed mid-run, and separately its raylet removed, the pipeline
-spanning it still ends with every sample of every step, its pieces there run without the daemon."""
+spanning it still ends with every sample of every step, its pieces there run without the daemon;
+`jigsaw run --cluster`: two pipelines arriving at once are booked a node each and run there,
+CMD's exit code comes back, and the nodes are given back when they end."""
 
 from __future__ import annotations
 
@@ -155,5 +157,42 @@ def test_a_node_lost_mid_run_loses_no_sample_of_the_pipeline_spanning_it(tmp_pat
         assert book["refused"] >= 1  # its part of a gang with the lost node: refused, run there alone
         trained = Counter((g.step, g.kind.value) for g in _grants(dirs[keep]) if g.kind.value == "training")
         assert trained == Counter({(s, "training"): 1 for s in range(STEPS)})  # the node kept trained every step once
+    finally:
+        _stop(cluster)
+
+
+def test_jigsaw_run_cluster_books_each_arriving_pipeline_nodes_and_runs_it_there(tmp_path):
+    import subprocess
+
+    cluster, _, ids, _, dirs = _cluster(2, tmp_path)
+    try:
+        go = tmp_path / "go"
+        show = ("import os, sys, time\n"
+                "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"  # both held at once
+                "print('ran on', os.environ['JIGSAW_ENDPOINT'], 'as', os.environ['JIGSAW_PIPELINE'], flush=True)\n"
+                "sys.exit(int(sys.argv[2]))")
+
+        def arrive(name: str, rc: int) -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "jigsaw.cli.main", "run", "--cluster", cluster.address, "--name", name,
+                 "--workload", "qwen3-0.6b-math", "--cluster-policy", "hetrl", "--",
+                 sys.executable, "-c", show, str(go), str(rc)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        runs = {"a": arrive("a", 0), "b": arrive("b", 3)}
+        ctrl = get_or_start()
+        deadline = time.monotonic() + 180
+        while len(ray.get(ctrl.arrivals.remote(), timeout=60)) < 2:
+            assert time.monotonic() < deadline, "the two arrivals were never both booked"
+            assert all(p.poll() is None for p in runs.values()), [p.communicate()[0] for p in runs.values()]
+            time.sleep(0.2)
+        go.touch()
+        outs = {n: p.communicate(timeout=180)[0] for n, p in runs.items()}
+        assert runs["a"].returncode == 0 and runs["b"].returncode == 3, outs  # CMD's exit code
+        endpoints = {f"ipc://{d}/daemon.sock" for d in dirs}
+        ran = {n: [w for w in endpoints if f"ran on {w} as {n}" in out] for n, out in outs.items()}
+        assert all(len(v) == 1 for v in ran.values()) and ran["a"] != ran["b"], outs  # a node each, its own
+        assert all("placed on 1 h100 node(s)" in out for out in outs.values()), outs
+        assert ray.get(ctrl.arrivals.remote(), timeout=60) == {}  # given back
     finally:
         _stop(cluster)

@@ -149,3 +149,40 @@ def test_the_controller_places_on_concrete_nodes_what_the_search_predicts():
     every = [n for g in got.groups for n in got.nodes[names[g.pipelines[0]]]]
     assert len(every) == len(set(every))  # no node given twice
     assert math.isfinite(max(got.predicted_s))
+
+
+def _arrive(c: Controller, name: str, workload: str, policy: str) -> tuple[str, ...]:
+    ask = c.arriving(name, workload, steps=2, trial_steps=1, policy=policy)
+    return c.arrived(ask, ask.decide())
+
+
+def test_pipelines_arriving_one_at_a_time_get_free_nodes_or_pack_beside_a_running_group_and_give_them_back():
+    c = Controller()
+    for n in ("n1", "n2", "n3"):
+        c.join(NodeInfo(node_id=n, kind="h100", gpus=1))
+    a = _arrive(c, "a", "qwen3-0.6b-math", "hetrl")
+    b = _arrive(c, "b", "qwen3-0.6b-gsm8k", "hetrl")
+    assert len(a) >= 1 and len(b) >= 1 and not set(a) & set(b)  # hetrl: nodes of its own, none held twice
+    with pytest.raises(ValueError, match="already in the cluster"):
+        c.arriving("a", "qwen3-0.6b-math")
+    with pytest.raises(ValueError, match="unknown"):
+        c.arriving("z", "qwen3-0.6b-math", policy="nope")
+    free = {"n1", "n2", "n3"} - set(a) - set(b)
+    if not free:  # every node held: hetrl packs nothing, so nothing fits
+        with pytest.raises(ValueError, match="fits no node"):
+            _arrive(c, "c", "qwen3-0.6b-math", "hetrl")
+    # jigsaw packs the next beside a running group where jigsaw's trial keeps the pair within 2x
+    # each alone, else it takes free nodes: either way the booking is what the decision said
+    ask = c.arriving("d", "qwen3-0.6b-math", steps=2, trial_steps=1, policy="jigsaw")
+    k, group = ask.decide()
+    d = c.arrived(ask, (k, group))
+    if k is None:
+        assert set(d) <= free and len(d) == group.nodes
+    else:
+        assert d == c.running[k].node_ids and "d" in c.running[k].names and len(group.pipelines) == 2
+    for name in ("a", "b", "d"):
+        c.ended(name)
+    assert c.running == [] and "a" not in c.workloads
+    # every node is free again: three pipelines on nodes of their own fit
+    got = [_arrive(c, f"e{i}", "qwen3-0.6b-math", "hetrl") for i in range(3)]
+    assert sorted(n for ids in got for n in ids) == ["n1", "n2", "n3"]
