@@ -5,6 +5,7 @@ Heavy imports happen inside `run`, so `jigsaw --help` stays light (no torch, no 
     main.py          the console script: subcommand ─► its module, imported on use
     run.py           jigsaw run -- CMD: a pipeline under the node daemon (started on demand)
     daemon.py        jigsaw daemon [serve|status|stop|migrate]
+    cluster.py       jigsaw cluster: the Ray cluster's nodes and the pipelines placed on them
     sim.py           jigsaw sim: simulated nodes, every policy, replays
     advise.py        jigsaw advise: should these jobs share a node, and at what cost
     timeline.py      jigsaw timeline: what every device did in a trace

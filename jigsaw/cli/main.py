@@ -22,6 +22,7 @@ COMMANDS = {
     "timeline": "jigsaw.cli.timeline",
     "daemon": "jigsaw.cli.daemon",
     "run": "jigsaw.cli.run",
+    "cluster": "jigsaw.cli.cluster",
     "doctor": "jigsaw.cli.doctor",
     "profile": "jigsaw.cli.profile",
     "demo": "jigsaw.cli.demo",

@@ -186,6 +186,12 @@ def test_jigsaw_run_cluster_books_each_arriving_pipeline_nodes_and_runs_it_there
             assert time.monotonic() < deadline, "the two arrivals were never both booked"
             assert all(p.poll() is None for p in runs.values()), [p.communicate()[0] for p in runs.values()]
             time.sleep(0.2)
+        shown = subprocess.run([sys.executable, "-m", "jigsaw.cli.main", "cluster", "--address", cluster.address],
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        booked = ray.get(ctrl.arrivals.remote(), timeout=60)
+        for name, (node,) in booked.items():  # `jigsaw cluster` shows each booked node with its pipeline
+            assert any(node[:12] in line and name in line for line in shown.stdout.splitlines()), shown.stdout
         go.touch()
         outs = {n: p.communicate(timeout=180)[0] for n, p in runs.items()}
         assert runs["a"].returncode == 0 and runs["b"].returncode == 3, outs  # CMD's exit code

@@ -139,7 +139,9 @@ def test_without_the_extras_the_other_commands_say_what_to_install(hidden, tmp_p
     for args, extra in ((["demo"], "cpu"), (["profile", "--device", "cpu"], "cpu"),
                         (["profile", "--device", "cuda"], "gpu"),
                         (["timeline", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "t.png")], "timeline"),
-                        (["timeline", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "t.html")], "timeline")):
+                        (["timeline", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "t.html")], "timeline"),
+                        (["cluster"], "cluster"),
+                        (["run", "--cluster", "auto", "--workload", "qwen3-0.6b-math", "--", "true"], "cluster")):
         done = jigsaw(hidden, *args)
         assert done.returncode == 2 and f"pip install 'jigsaw[{extra}]'" in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr, done.stderr

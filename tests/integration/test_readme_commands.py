@@ -60,6 +60,9 @@ NOT_RUN = {
     "jigsaw run --cluster auto --workload qwen3-4b-gsm8k --name math -- python train.py --dp {gpus}":
         "a user's job on a Ray cluster; tests/integration/test_cluster_launch.py::test_jigsaw_run_cluster_books_each_"
         "arriving_pipeline_nodes_and_runs_it_there runs `jigsaw run --cluster` on a local one",
+    "jigsaw cluster --address auto":
+        "needs a Ray cluster; tests/integration/test_cluster_launch.py::test_jigsaw_run_cluster_books_each_"
+        "arriving_pipeline_nodes_and_runs_it_there runs it on a local one",
     "python bench/learned_grid.py --live --steps 32 --repeats 3": "a benchmark (11 minutes of CPU demo runs); "
                                                                    "the README shows its table",
     "python -m jigsaw.recipes.grpo --mode one-step-off --steps 4":
