@@ -10,6 +10,8 @@
     controller.py the controller as a detached Ray actor: nodes join, leave (heartbeats), are
                   placed on; gangs gated; NodeLink, a node's calls with deadlines (lost: decide alone);
                   RayLink, a node daemon's line (offers posted, answers by long poll: spanning.py)
+    questions.py  the controller's placement questions (Asking: a batch; Arrival: one pipeline
+                  beside the running ones), each a snapshot of its book, decided off its loop
     launch.py     pipelines submitted, placed, and each command run as a Ray task on its nodes
                   (JIGSAW_NODES: runtime/across.py, a client per node)
 

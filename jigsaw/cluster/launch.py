@@ -24,7 +24,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from jigsaw.cluster.controller import NAMESPACE, Assigned, NodeInfo, get_or_start
+from jigsaw.cluster.controller import NAMESPACE, NodeInfo, get_or_start
+from jigsaw.cluster.questions import Assigned
 from jigsaw.extras import require
 from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE
 
