@@ -55,15 +55,17 @@ class NodeDaemon:
         return {"node": getattr(s.link, "node_id", None), "admitted": s.admitted, "refused": s.refused}
 
 
-def _cluster(nodes: int, tmp_path: Path, head: bool = True):
+def _cluster(nodes: int, tmp_path: Path, head: bool = True, node_timeout_s: float = 30.0):
     """A cluster of `nodes` raylets with a daemon each (`head`: the head is one of them, else
-    one more, without a daemon: a node that may be lost must not be the head)."""
+    one more, without a daemon: a node that may be lost must not be the head).  A node silent
+    for `node_timeout_s` leaves: short only where a test loses one, as a heartbeat late on a
+    loaded machine would otherwise refuse a gang."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     raylets = [cluster.head_node] + [cluster.add_node(num_cpus=1) for _ in range(nodes - head)]
     raylets = raylets if head else raylets[1:]
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     cluster.wait_for_nodes()
-    ray.get(get_or_start(node_timeout_s=3.0).nodes.remote(), timeout=120)  # answering before any node joins
+    ray.get(get_or_start(node_timeout_s=node_timeout_s).nodes.remote(), timeout=120)  # answering before any joins
     ids = [r.node_id for r in raylets]
     daemons, dirs = [], []
     for k, node in enumerate(ids):
@@ -134,7 +136,7 @@ def test_recipes_submitted_to_the_cluster_run_where_placed_a_gang_across_two_nod
 
 @pytest.mark.parametrize("lose", ["daemon", "raylet"])
 def test_a_node_lost_mid_run_loses_no_sample_of_the_pipeline_spanning_it(tmp_path, lose):
-    cluster, raylets, ids, daemons, dirs = _cluster(2, tmp_path, head=False)
+    cluster, raylets, ids, daemons, dirs = _cluster(2, tmp_path, head=False, node_timeout_s=3.0)
     try:
         sub = _recipe("span", 0, tmp_path)
         placed, (future,), (where,) = start([sub], LaunchConfig(policy="hetrl", steps=2, trial_steps=1))
