@@ -22,6 +22,7 @@ Names are imported on first use, so `import jigsaw` costs nothing until you need
     timeline/      what every device did, from a trace
     cli/           one module per `jigsaw` subcommand
     protocol.py    the requests workers send their node (the wire, and the simulator's diet)
+    env.py         the environment a pipeline's processes find their node by
     trace.py       one JSON-lines trace format for the daemon and the simulator
 """
 

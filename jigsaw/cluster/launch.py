@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from jigsaw.cluster.controller import NAMESPACE, NodeInfo, get_or_start
 from jigsaw.cluster.questions import Assigned
+from jigsaw.env import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE
 from jigsaw.extras import require
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE
 
 OUTPUT_TAIL_CHARS = 4000
 """How much of a pipeline's output (stdout and stderr) comes back to the launcher."""

@@ -23,19 +23,18 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 
-from jigsaw.runtime.client import Client
-
 
 class Across:
     """The Client of a pipeline whose ranks span nodes (the subset of Client the recipes use)."""
 
-    def __init__(self, pipeline: str, nodes: Sequence[tuple[str, str, int]], **kw):
-        """`nodes`: (node id, its daemon's endpoint, devices) of each node, in rank order."""
+    def __init__(self, pipeline: str, nodes: Sequence[tuple[str, str, int]], client: type, **kw):
+        """`nodes`: (node id, its daemon's endpoint, devices) of each node, in rank order;
+        `client`: client.py's Client (passed in: client.py's connect() makes an Across)."""
         if len(nodes) < 2:
             raise ValueError(f"a pipeline across nodes needs two or more, got {len(nodes)}")
         ids = tuple(n for n, _, _ in nodes)
         self.pipeline = pipeline
-        self.clients = [Client(pipeline, ep, tuple(range(devices)), nodes=ids, **kw) for _, ep, devices in nodes]
+        self.clients = [client(pipeline, ep, tuple(range(devices)), nodes=ids, **kw) for _, ep, devices in nodes]
         self.offsets = [sum(d for _, _, d in nodes[:k]) for k in range(len(nodes))]
         self.devices = sum(d for _, _, d in nodes)
         # the workers run beside the driver: they follow postings on the driver's node
@@ -51,7 +50,7 @@ class Across:
     def fallen_open(self) -> list[dict]:
         return [rec for c in self.clients for rec in c.fallen_open]
 
-    def where(self, rank: int) -> tuple[Client, int, int]:
+    def where(self, rank: int) -> tuple:
         """(the node's client, the local rank, the node's rank offset) of global rank `rank`."""
         k = max(i for i, off in enumerate(self.offsets) if off <= rank % self.devices)
         return self.clients[k], rank % self.devices - self.offsets[k], self.offsets[k]

@@ -596,6 +596,6 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
         from jigsaw.runtime.across import Across, parse_nodes
 
         if len(nodes := parse_nodes(placed)) > 1:  # placed across nodes by the cluster (cluster/launch.py)
-            return Across(name, nodes, steps=steps, max_tokens=max_tokens, slo_slowdown=slo_slowdown)
+            return Across(name, nodes, Client, steps=steps, max_tokens=max_tokens, slo_slowdown=slo_slowdown)
     return Client(name, ep, devices, owner=owner, steps=steps, max_tokens=max_tokens,
                   slo_slowdown=slo_slowdown, job=job, mode=mode, staleness=staleness)

@@ -24,13 +24,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ENV_DIR = "JIGSAW_RUNTIME_DIR"
-ENV_ENDPOINT = "JIGSAW_ENDPOINT"
-ENV_PIPELINE = "JIGSAW_PIPELINE"
-ENV_OWNER = "JIGSAW_OWNER"
-ENV_NODES = "JIGSAW_NODES"
-"""A pipeline placed on several nodes of a cluster: JSON [[node id, its daemon's endpoint, devices], ...]
-(cluster/launch.py sets it; runtime/across.py reads it)."""
+# the cluster's launch sets them too, so they live in a module of their own; imported from here
+# by the runtime, the CLI and the integrations
+from jigsaw.env import ENV_DIR, ENV_ENDPOINT, ENV_NODES, ENV_OWNER, ENV_PIPELINE  # noqa: F401
+
 MAX_SOCKET_PATH_BYTES = 107
 """A Unix socket path fits sockaddr_un.sun_path: 108 bytes with the terminating NUL."""
 

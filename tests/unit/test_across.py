@@ -11,14 +11,14 @@ import pytest
 from jigsaw.cluster.controller import NodeInfo
 from jigsaw.cluster.launch import command, environment
 from jigsaw.runtime.across import Across, parse_nodes
-from jigsaw.runtime.client import connect
+from jigsaw.runtime.client import Client, connect
 from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _across() -> Across:
-    return Across("p", [("node-a", "", 2), ("node-b", "", 1)])  # "": no daemon, every client falls open
+    return Across("p", [("node-a", "", 2), ("node-b", "", 1)], Client)  # "": no daemon, every client falls open
 
 
 def test_each_rank_goes_to_the_node_of_its_device_with_its_local_rank():
