@@ -147,8 +147,13 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
     import ray
 
     ctrl = get_or_start()
-    ids = ray.get(ctrl.arrive.remote(sub.name, sub.workload, steps=placing.steps, trial_steps=placing.trial_steps,
-                                     seed=placing.seed, policy=placing.policy))
+    try:
+        ids = ray.get(ctrl.arrive.remote(sub.name, sub.workload, steps=placing.steps, trial_steps=placing.trial_steps,
+                                         seed=placing.seed, policy=placing.policy))
+    except ray.exceptions.RayTaskError as exc:  # the controller refused it: its reason, not its traceback
+        if isinstance(exc.cause, ValueError):
+            raise ValueError(f"{sub.name}: {exc.cause}") from None
+        raise
     try:
         known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
         nodes = [known[i] for i in ids if i in known]

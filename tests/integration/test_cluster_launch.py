@@ -10,7 +10,8 @@ daemon's trace); one of them spans two nodes, its training and reference a gang 
 sample lost; a node's daemon killed mid-run, and separately its raylet removed, the pipeline
 spanning it still ends with every sample of every step, its pieces there run without the daemon;
 `jigsaw run --cluster`: two pipelines arriving at once are booked a node each and run there,
-CMD's exit code comes back, and the nodes are given back when they end."""
+CMD's exit code comes back, and the nodes are given back when they end; a third, with every
+node held, is refused with the controller's reason and runs nothing."""
 
 from __future__ import annotations
 
@@ -194,6 +195,10 @@ def test_jigsaw_run_cluster_books_each_arriving_pipeline_nodes_and_runs_it_there
         booked = ray.get(ctrl.arrivals.remote(), timeout=60)
         for name, (node,) in booked.items():  # `jigsaw cluster` shows each booked node with its pipeline
             assert any(node[:12] in line and name in line for line in shown.stdout.splitlines()), shown.stdout
+        third = arrive("c", 0)  # every node held, and hetrl packs nothing: refused, nothing runs
+        out = third.communicate(timeout=180)[0]
+        assert third.returncode == 2 and "c: pipeline 2 fits no node" in out and "Traceback" not in out, out
+        assert "ran on" not in out
         go.touch()
         outs = {n: p.communicate(timeout=180)[0] for n, p in runs.items()}
         assert runs["a"].returncode == 0 and runs["b"].returncode == 3, outs  # CMD's exit code
