@@ -33,13 +33,9 @@ def run(args: Args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from jigsaw.cluster.controller import NAME, NAMESPACE
+    from jigsaw.cluster.controller import NAME, NAMESPACE, join
 
-    try:
-        ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
-    except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing
-        raise ValueError(f"--address {args.address}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "
-                         "is `ray start` running?") from exc
+    join(args.address, "--address")
     try:
         ctrl = ray.get_actor(NAME, namespace=NAMESPACE)
     except ValueError:

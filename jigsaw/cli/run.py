@@ -152,15 +152,9 @@ def _in_cluster(args: Args, name: str) -> int:
         raise ValueError(f"--cluster-policy {args.cluster_policy!r} unknown; choose from {', '.join(PLACERS)}")
     get(args.workload)  # an unknown workload is a usage error, before the cluster is asked
     require("cluster", "jigsaw run --cluster")
-    import ray
+    from jigsaw.cluster.controller import join
 
-    from jigsaw.cluster.controller import NAMESPACE
-
-    try:
-        ray.init(address=args.cluster, namespace=NAMESPACE, log_to_driver=True)
-    except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing
-        raise ValueError(f"--cluster {args.cluster}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "
-                         "is `ray start` running?") from exc
+    join(args.cluster, "--cluster", log_to_driver=True)  # CMD's output comes back through Ray
     _say(f"{name}: asking the cluster's controller where it runs (trials of {args.workload}) ...")
     ran = arrive(Submitted(name=name, workload=args.workload, cmd=tuple(args.cmd)),
                  LaunchConfig(policy=args.cluster_policy), say=_say)

@@ -288,6 +288,19 @@ def get_or_start(node_timeout_s: float = 10.0):
                          resources={"node:__internal_head__": 0.001}).remote(node_timeout_s=node_timeout_s)
 
 
+def join(address: str, flag: str, log_to_driver: bool = False) -> None:
+    """This process joins the Ray cluster at `address` in jigsaw's namespace; a ValueError that
+    names `flag` and says why where it cannot (a usage error of the command)."""
+    require("cluster", f"{flag} (a Ray cluster)")
+    import ray
+
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver)
+    except Exception as exc:  # noqa: BLE001 - Ray's errors vary by what is missing
+        raise ValueError(f"{flag} {address}: cannot join the Ray cluster ({type(exc).__name__}: {exc}); "
+                         "is `ray start` running?") from exc
+
+
 def stop() -> bool:
     """Kill the cluster's controller actor (it is detached: it outlives its driver); whether there was one."""
     require("cluster", "the cluster controller")
@@ -436,5 +449,5 @@ class RayLink:
         self._stop.set()
 
 
-__all__ = ["NAME", "NAMESPACE", "Controller", "NodeInfo", "NodeLink", "RayLink",
+__all__ = ["NAME", "NAMESPACE", "Controller", "join", "NodeInfo", "NodeLink", "RayLink",
            "get_or_start", "stop"]
