@@ -135,6 +135,16 @@ class Node:
             self.daemon.wait(10)
 
 
+class Clock:
+    """Time for the controller's node timeout and gang wait, moved by the test (a clock, not hardware)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class InProcessLink:
     """runtime/spanning.py's Link onto one shared `Controller` body, under one lock (daemons
     serve from threads).  Each news() is the node's heartbeat too; `lost`: the controller does

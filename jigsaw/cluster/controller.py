@@ -10,6 +10,8 @@
     gangs across nodes: ready / withdraw / done / take ─► Gates (gangs.py): whole or not at all
     a node silent for `node_timeout_s` (daemon or raylet lost) leaves: its waiting gangs are
     refused to their other members, who run those pieces alone; placement forgets the node
+    a live node that never asks for its part of a gang, while free for `gang_wait_s` (its worker
+    runs without its daemon): the gang is refused too, and each member runs its part alone
     the controller lost: every NodeLink call ends within its deadline as "lost", and each node
     keeps deciding its own pipelines (nothing waits on the controller)
 
@@ -32,6 +34,11 @@ from jigsaw.extras import require
 NAME = "jigsaw-cluster"
 NAMESPACE = "jigsaw"
 _LOST = object()  # NodeLink: the controller did not answer
+GANG_WAIT_S = 60.0
+"""How long a gang's parts wait for a live member node that is free and never asks for its own
+(its worker runs without its daemon) before each member runs its part alone (cluster/gangs.py).
+The parts of a gang are asked for together (one trainer asks for every rank), so only a part
+that will not come waits this long."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,8 +67,8 @@ class _Running:
 class Controller:
     """The actor's body (plain Python: a test can drive it without Ray)."""
 
-    def __init__(self, node_timeout_s: float = 10.0, clock=time.monotonic):
-        self.node_timeout_s, self.clock = node_timeout_s, clock
+    def __init__(self, node_timeout_s: float = 10.0, clock=time.monotonic, gang_wait_s: float = GANG_WAIT_S):
+        self.node_timeout_s, self.gang_wait_s, self.clock = node_timeout_s, gang_wait_s, clock
         self.members: dict[str, NodeInfo] = {}
         self.seen: dict[str, float] = {}
         self.workloads: dict[str, str] = {}
@@ -96,6 +103,7 @@ class Controller:
         now = self.clock()
         for node_id in [n for n, t in self.seen.items() if now - t > self.node_timeout_s]:
             self.leave(node_id)
+        self.gates.overdue(now, self.gang_wait_s)
 
     # ------------------------------------------------------------ pipelines and placement
     def submit(self, name: str, workload: str) -> None:
@@ -176,14 +184,14 @@ class Controller:
     # ------------------------------------------------------------ gangs across nodes
     def ready(self, gang: str, node_id: str, members: tuple[str, ...]) -> None:
         self._expire()
-        self.gates.ready(gang, node_id, frozenset(members))
+        self.gates.ready(gang, node_id, frozenset(members), now_s=self.clock())
         self.gates.admit()
 
     def withdraw(self, gang: str, node_id: str) -> None:
         self.gates.withdraw(gang, node_id)
 
     def done(self, gang: str) -> None:
-        self.gates.done(gang)
+        self.gates.done(gang, now_s=self.clock())
 
     def take(self, node_id: str) -> list[tuple[str, str]]:
         """What `node_id` has yet to be told: (gang, "") admitted, (gang, why) refused."""
@@ -197,10 +205,10 @@ class _Actor:
     interleave): the body's calls, each waking the nodes' long polls, and `wait`, a node's long
     poll for what it is told; a placement's trials run off the loop."""
 
-    def __init__(self, node_timeout_s: float):
+    def __init__(self, node_timeout_s: float, gang_wait_s: float = GANG_WAIT_S):
         import asyncio
 
-        self.body = Controller(node_timeout_s=node_timeout_s)
+        self.body = Controller(node_timeout_s=node_timeout_s, gang_wait_s=gang_wait_s)
         self.changed = asyncio.Condition()
         self.arriving = asyncio.Lock()  # an arrival's trials run off the loop; the next waits for its booking
 
@@ -277,7 +285,7 @@ class _Actor:
                     pass
 
 
-def get_or_start(node_timeout_s: float = 10.0):
+def get_or_start(node_timeout_s: float = 10.0, gang_wait_s: float = GANG_WAIT_S):
     """The cluster's controller actor: the running one, or a new detached one."""
     require("cluster", "the cluster controller")
     import ray
@@ -285,7 +293,8 @@ def get_or_start(node_timeout_s: float = 10.0):
     actor = ray.remote(num_cpus=0, max_concurrency=64)(_Actor)
     # on the head node: it lives as long as the cluster does, where a worker node may go
     return actor.options(name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                         resources={"node:__internal_head__": 0.001}).remote(node_timeout_s=node_timeout_s)
+                         resources={"node:__internal_head__": 0.001}).remote(node_timeout_s=node_timeout_s,
+                                                                                gang_wait_s=gang_wait_s)
 
 
 def join(address: str, flag: str, log_to_driver: bool = False) -> None:

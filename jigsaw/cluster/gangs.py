@@ -4,10 +4,17 @@
                 ─ withdraw(gang, node) ───────►│  (it holds nothing while it waits)
                 ─ done(gang) ─────────────────►│
     controller  ─ leave(node) ────────────────►│  a node lost: its gangs are refused
+                ─ overdue(now, wait_s) ───────►│  a live member that never asks, while free
                                                ▼
     Gates.admit() ─► every gang whose members are all ready, oldest first, each member's
                      readiness for its other gangs consumed: that node's part starts now
     Gates.take(node) ─► (admitted gangs, refused gangs with the reason) for that node, once
+
+A member alive but silent about a gang (its part runs without its daemon: the worker there
+fell open, or cannot reach it) would hold the others' parts forever: once every missing member
+has been free (in no admitted gang) for `wait_s` since the gang was first asked for, the gang
+is refused, to every member (one that has yet to ask remembers it: runtime/spanning.py).  A
+refused part is decided by its own node alone; the collective itself still meets its other ranks.
 
 Why no deadlock, whatever the order requests arrive in: a node asks for a gang without holding
 anything for it, so no node ever waits holding what another gang needs; a gang starts on all of
@@ -24,6 +31,8 @@ from dataclasses import dataclass, field
 class _Gang:
     members: frozenset[str]
     seq: int
+    since_s: float
+    """When its first member asked."""
     ready: set[str] = field(default_factory=set)
 
 
@@ -37,9 +46,11 @@ class Gates:
     told: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """Per node: (gang, "" if admitted else why refused), not yet taken."""
     lost: set[str] = field(default_factory=set)
+    free_since_s: dict[str, float] = field(default_factory=dict)
+    """Per node: when its last admitted gang ended (it was busy until then)."""
     _seq: int = 0
 
-    def ready(self, gang: str, node: str, members: frozenset[str]) -> None:
+    def ready(self, gang: str, node: str, members: frozenset[str], now_s: float = 0.0) -> None:
         """`node` could start its part of `gang` (over `members`) now."""
         if node not in members:
             raise ValueError(f"node {node!r} is not a member of gang {gang!r} ({sorted(members)})")
@@ -47,7 +58,7 @@ class Gates:
             return
         g = self.waiting.get(gang)
         if g is None:
-            g = self.waiting[gang] = _Gang(members=members, seq=self._seq)
+            g = self.waiting[gang] = _Gang(members=members, seq=self._seq, since_s=now_s)
             self._seq += 1
         elif g.members != members:
             raise ValueError(f"gang {gang!r}: {node} says members {sorted(members)}, another said "
@@ -79,8 +90,24 @@ class Gates:
             out.append(gang)
         return out
 
-    def done(self, gang: str) -> None:
-        self.running.pop(gang, None)
+    def done(self, gang: str, now_s: float = 0.0) -> None:
+        for node in self.running.pop(gang, ()):
+            self.free_since_s[node] = now_s
+
+    def overdue(self, now_s: float, wait_s: float) -> list[str]:
+        """Refuse every gang some member has asked for whose missing members have all been free
+        for `wait_s` since it was first asked for: they are alive (else they would have left)
+        and not about to ask (see the module docstring)."""
+        busy = {n for members in self.running.values() for n in members}
+        late = []
+        for gang, g in self.waiting.items():
+            missing = g.members - g.ready
+            if g.ready and missing and not missing & busy and all(
+                    now_s - max(g.since_s, self.free_since_s.get(n, g.since_s)) >= wait_s for n in missing):
+                late.append((gang, missing))
+        for gang, missing in late:
+            self._refuse(gang, f"node(s) {sorted(missing)} did not ask for their part within {wait_s:g} s")
+        return [gang for gang, _ in late]
 
     def leave(self, node: str) -> list[str]:
         """A node left (its daemon or raylet lost): every waiting gang with it is refused to

@@ -9,7 +9,8 @@
     released(), every turn of the daemon's loop, from what the link heard (link.news()):
       admitted ─► each held Admit, urgent: this node starts it at once (the policy picks its
          budget), as every other member node does
-      refused (a member node left) ─► each held Admit as it came: this node decides it alone
+      refused (a member node left, or one never asked for its part while free) ─► each held
+         Admit as it came, and any of that gang's ranks that ask later: this node decides it alone
       the controller lost (news() is None) ─► everything held, as it came; nothing is held
          until it answers again (each node keeps deciding its own pipelines)
     started(gang, sid) / finished(sid): the gang's local part ─► when all of it ended,
@@ -36,6 +37,7 @@ from jigsaw.graph.ids import SubStageKind
 
 log = logging.getLogger("jigsaw.daemon")
 _KINDS = {k.value: k for k in SubStageKind}
+ALONE_KEPT = 1024
 
 
 class Link(Protocol):
@@ -86,6 +88,8 @@ class Spanning:
         """Admitted gangs here: the ids of their local sub-stages not yet ended."""
         self._sid_gang: dict[tuple[str, str], str] = {}
         self._counts: Counter[tuple[str, int, str, int]] = Counter()
+        self.alone: dict[str, None] = {}
+        """Gangs the cluster refused (the newest ALONE_KEPT): their ranks are decided here."""
         self.lost = False
         self.admitted = self.refused = 0
 
@@ -113,6 +117,8 @@ class Spanning:
             key = (pipeline, msg.step, msg.kind, msg.dp_rank)
             k, self._counts[key] = self._counts[key], self._counts[key] + 1
         gang = f"{pipeline}/{msg.step}/{msg.kind}/{k}"
+        if gang in self.alone:  # refused before this rank asked (its other nodes' parts ran alone)
+            return False
         g = self.held.setdefault(gang, _Gang(pipeline=pipeline))
         if msg.dp_rank in g.ranks:
             raise pr.ProtocolError("bad-request", f"{gang}: rank {msg.dp_rank} asked twice")
@@ -135,6 +141,10 @@ class Spanning:
             self.lost = False
         out = []
         for gang, why in news:
+            if why:
+                self.alone[gang] = None
+                if len(self.alone) > ALONE_KEPT:
+                    del self.alone[next(iter(self.alone))]
             if gang not in self.held:
                 continue  # withdrawn meanwhile
             if why:
@@ -181,6 +191,8 @@ class Spanning:
             self.ranks.pop(pipeline_gone, None)
             for key in [k for k in self._counts if k[0] == pipeline_gone]:
                 del self._counts[key]
+            for gang in [g for g in self.alone if g.startswith(f"{pipeline_gone}/")]:
+                del self.alone[gang]
 
     def ran_open(self, pipeline: str, rank: int, step: int, kind: str) -> None:
         """A worker says it ran `kind` without the daemon: its held Admit is no longer asked for."""

@@ -7,7 +7,8 @@ daemons keep each pipeline's order (policy serial, no max-wait), so a node that 
 first asker's training beside the other node starting the other's deadlocks both pipelines:
 checked to happen without the cluster (a rank gives up in its collective), and never with it,
 in the crossed arrival order.
-A node lost mid-wait: its partner's gang is refused and run there alone, nothing lost."""
+A node lost mid-wait: its partner's gang is refused and run there alone, nothing lost; so is
+a gang whose other node is alive but never asks for its part (its rank runs without its daemon)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import threading
 import time
 
 import pytest
-from nodes import InProcessLink, ThreadNode
+from nodes import Clock, InProcessLink, ThreadNode
 from waiting import HANG_S, wait_until
 
 from jigsaw.cluster.controller import Controller
@@ -28,8 +29,8 @@ COLLECTIVE_S = 4.0
 
 
 class Cluster:
-    def __init__(self, tmp, spanning: bool, node_timeout_s: float = 60.0):
-        self.body, lock = Controller(node_timeout_s=node_timeout_s), threading.Lock()
+    def __init__(self, tmp, spanning: bool, node_timeout_s: float = 60.0, **controller):
+        self.body, lock = Controller(node_timeout_s=node_timeout_s, **controller), threading.Lock()
         self.links = {n: InProcessLink(self.body, n, lock) for n in "AB"}
         self.nodes = {n: ThreadNode(tmp / n, link=self.links[n], devices=1, policy="serial", max_wait_s=None)
                       for n in "AB"}
@@ -109,6 +110,27 @@ def test_a_node_lost_mid_wait_has_its_partners_gang_refused_and_run_there_alone(
         assert d.spanning.refused == 1 and d.granted == {"X": 1}
         (req,) = [e for e in c.nodes["A"].events() if e["event"] == "request"]
         assert not req["data"]["urgent"]  # decided by A alone: no gang, no controller
+    finally:
+        c.close()
+
+
+def test_a_gang_a_live_node_never_asks_for_runs_alone_on_the_other_after_the_wait_and_late_there(tmp_path):
+    clock = Clock()  # the controller's: the wait is over when the test says so, whatever the machine's load
+    c = Cluster(tmp_path, spanning=True, clock=clock, gang_wait_s=30.0)
+    try:
+        c.barriers["X"] = threading.Barrier(1)  # the collective does not wait here: what matters is who decides
+        c.ask("X", "A", _asked(c))
+        wait_until(lambda: c.body.gates.waiting.get("X/0/training/0"), HANG_S, "A's offer at the controller")
+        clock.t = 30.0  # B heartbeats all along (alive), never asks for its part
+        c.join()
+        a, b = c.nodes["A"].daemon, c.nodes["B"].daemon
+        assert a.spanning.refused == 1 and a.granted == {"X": 1} and "B" in c.body.members
+        wait_until(lambda: "X/0/training/0" in b.spanning.alone, HANG_S, "B told of the refusal")
+        c.ask("X", "B", _asked(c))  # late: the controller's clock stands still, so holding it would hang
+        c.join()
+        assert b.granted == {"X": 1} and not b.spanning.held and not a.spanning.held
+        assert [(p, n, what) for p, n, what, _ in c.log] == [("X", "A", "start"), ("X", "A", "collective"),
+                                                            ("X", "B", "start"), ("X", "B", "collective")]
     finally:
         c.close()
 

@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from nodes import Clock
 
 from jigsaw.cluster.controller import Controller, NodeInfo
 from jigsaw.cluster.gangs import Gates
@@ -100,16 +101,6 @@ def test_requests_that_do_not_add_up_are_refused_with_the_reason():
     assert gates.take("stranger") == []
 
 
-class Clock:
-    """Time for the controller's node timeout, moved by the test (a clock, not hardware)."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_a_silent_node_leaves_and_its_waiting_gang_is_refused():
     clock = Clock()
     c = Controller(node_timeout_s=5.0, clock=clock)
@@ -123,6 +114,36 @@ def test_a_silent_node_leaves_and_its_waiting_gang_is_refused():
     assert c.take("A") == [("g", "node 'B' left the cluster")]
     assert not c.heartbeat("B")  # forgotten: it must join again
     c.join(NodeInfo(node_id="B", kind="h100", gpus=1))
+    assert sorted(n.node_id for n in c.nodes()) == ["A", "B"]
+
+
+def test_a_gang_whose_missing_member_is_free_and_silent_for_the_wait_is_refused_but_not_while_it_is_busy():
+    gates = Gates()
+    gates.ready("h", "B", frozenset("BC"), now_s=0.0)
+    gates.ready("h", "C", frozenset("BC"), now_s=0.0)
+    assert gates.admit() == ["h"]  # B busy with h
+    gates.ready("g", "A", frozenset("AB"), now_s=1.0)
+    gates.ready("w", "A", frozenset("AC"), now_s=1.0)
+    gates.withdraw("w", "A")  # nobody asks for w any more: nothing to refuse to anyone
+    assert gates.overdue(now_s=100.0, wait_s=10.0) == []  # B is still in h: it may ask after it
+    gates.done("h", now_s=100.0)
+    assert gates.overdue(now_s=109.0, wait_s=10.0) == []  # free for 9 s only
+    assert gates.overdue(now_s=110.0, wait_s=10.0) == ["g"]
+    why = "node(s) ['B'] did not ask for their part within 10 s"
+    assert gates.take("A") == [("g", why)] and gates.take("B") == [("h", ""), ("g", why)]
+    assert "g" not in gates.waiting and "w" in gates.waiting
+
+
+def test_the_controller_refuses_a_gang_a_live_member_never_asks_for_once_the_wait_is_over():
+    clock = Clock()
+    c = Controller(node_timeout_s=100.0, clock=clock, gang_wait_s=30.0)
+    for n in "AB":
+        c.join(NodeInfo(node_id=n, kind="h100", gpus=1))
+    c.ready("g", "A", ("A", "B"))
+    clock.t = 29.0
+    assert c.heartbeat("A") and c.heartbeat("B") and c.take("A") == []
+    clock.t = 30.0
+    assert c.take("A") == [("g", "node(s) ['B'] did not ask for their part within 30 s")]
     assert sorted(n.node_id for n in c.nodes()) == ["A", "B"]
 
 

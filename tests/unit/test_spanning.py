@@ -4,7 +4,8 @@ cluster controller's real body (cluster/controller.py, in process: tests/nodes.I
 Checked: whatever order the ranks of two pipelines that both span nodes A and B ask in, no
 node starts one gang while the other node starts the other (the half-admission that deadlocks
 two FSDP jobs), each Admit is taken exactly once and admitted urgent; a gang is offered only
-whole; a member node that leaves gets the gang refused and the others decide it alone; a
+whole; a member node that leaves gets the gang refused and the others decide it alone, as
+does a live member that never asks for its part (and its ranks that ask after the refusal); a
 lost controller releases everything held, as it came, and holds nothing until it answers."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 from collections import Counter
 
 import pytest
-from nodes import InProcessLink
+from nodes import Clock, InProcessLink
 
 from jigsaw import protocol as pr
 from jigsaw.cluster.controller import Controller
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.timeout(60)
 NODES = ("A", "B")
 
 
-def _cluster(pipelines=("X", "Y"), ranks: int = 1, node_timeout_s: float = 60.0):
-    body, lock = Controller(node_timeout_s=node_timeout_s), threading.Lock()
+def _cluster(pipelines=("X", "Y"), ranks: int = 1, node_timeout_s: float = 60.0, clock=None):
+    body = Controller(node_timeout_s=node_timeout_s, gang_wait_s=10.0, **({"clock": clock} if clock else {}))
+    lock = threading.Lock()
     links = {n: InProcessLink(body, n, lock) for n in NODES}
     nodes = {n: Spanning(links[n]) for n in NODES}
     for n in NODES:
@@ -90,6 +92,22 @@ def test_a_member_node_that_leaves_gets_the_gang_refused_and_the_other_decides_i
     (gang, held, admitted), = nodes["A"].released()
     assert gang == "X/0/training/0" and held.session == "X@A" and not admitted
     assert nodes["A"].refused == 1 and not nodes["A"].held
+
+
+def test_a_live_member_that_never_asks_gets_the_gang_refused_and_its_ranks_asking_later_run_alone():
+    clock = Clock()
+    body, _, nodes = _cluster(pipelines=("X",), ranks=2, clock=clock)
+    assert nodes["A"].hold("X", _admit("X", "A", rank=0)) and nodes["A"].hold("X", _admit("X", "A", rank=1))
+    assert nodes["B"].hold("X", _admit("X", "B", rank=0))  # B's rank 1 runs without its daemon: B never offers
+    clock.t = 9.0
+    assert nodes["A"].released() == [] and nodes["B"].released() == []  # within the wait: held, heartbeats go on
+    clock.t = 10.0
+    out = nodes["A"].released()
+    assert [(h.msg.dp_rank, adm) for _, h, adm in out] == [(0, False), (1, False)] and nodes["A"].refused == 1
+    assert [(h.msg.dp_rank, adm) for _, h, adm in nodes["B"].released()] == [(0, False)]
+    assert not nodes["B"].hold("X", _admit("X", "B", rank=1))  # asks after the refusal: decided at B alone
+    assert nodes["B"].hold("X", _admit("X", "B", rank=0, step=1))  # the next gang waits for the cluster again
+    assert sorted(body.members) == ["A", "B"]  # nobody left: B is alive, only silent about that gang
 
 
 def test_a_lost_controller_releases_everything_held_as_it_came_and_nothing_is_held_until_it_answers():
