@@ -13,15 +13,22 @@
       step_end, samples, lengths ─► every node (each schedules the pipeline's pieces it holds)
 
 The processes all run where the pipeline's driver does (the CPU engines start them there); the
-grants of rank r come from the daemon of rank r's node, which is what a cluster decides.
+grants of rank r come from the daemon of rank r's node, which is what a cluster decides.  So
+every node's daemon must be reachable from the driver at an endpoint of its own (one host
+with a raylet per device group); where one is not (nodes on other hosts, whose ipc paths
+name nothing here or this host's own daemon), `reach` says why, and connect() falls back to
+the driver's node alone (nothing held for a gang its other nodes would never ask for).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections.abc import Iterator, Sequence
+
+log = logging.getLogger("jigsaw.client")
 
 
 class Across:
@@ -121,6 +128,19 @@ class Across:
     def close(self, pipeline_done: bool = False) -> None:
         for c in self.clients:
             c.close(pipeline_done=pipeline_done)
+
+
+def reach(pipeline: str, nodes: Sequence[tuple[str, str, int]], client: type, **kw) -> Across | str:
+    """The pipeline's Across over `nodes`, or why not (the caller runs on its own node alone):
+    two nodes at one endpoint, or a node whose daemon this process cannot reach."""
+    endpoints = [ep for _, ep, _ in nodes]
+    if len(set(endpoints)) < len(endpoints):
+        return f"nodes {[n for n, _, _ in nodes]} share daemon endpoints {endpoints} (separate hosts?)"
+    across = Across(pipeline, nodes, client, **kw)
+    if missing := [n for (n, _, _), c in zip(nodes, across.clients) if c.session is None]:
+        across.close()
+        return f"the daemon of node(s) {missing} cannot be reached from this process"
+    return across
 
 
 def parse_nodes(text: str) -> list[tuple[str, str, int]]:

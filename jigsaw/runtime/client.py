@@ -593,9 +593,13 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
     name = pipeline or os.environ.get(ENV_PIPELINE) or f"pipeline-{os.getpid()}"
     owner = find_owner(ep, name) or (find_owner(ep, job) if job else "")
     if endpoint is None and not job and (placed := os.environ.get(ENV_NODES)):
-        from jigsaw.runtime.across import Across, parse_nodes
+        from jigsaw.runtime.across import parse_nodes, reach
 
         if len(nodes := parse_nodes(placed)) > 1:  # placed across nodes by the cluster (cluster/launch.py)
-            return Across(name, nodes, Client, steps=steps, max_tokens=max_tokens, slo_slowdown=slo_slowdown)
+            got = reach(name, nodes, Client, steps=steps, max_tokens=max_tokens, slo_slowdown=slo_slowdown)
+            if not isinstance(got, str):
+                return got
+            log.warning("pipeline %s was placed across nodes, but %s: scheduled by this node's daemon alone, "
+                        "as if it ran on this node only", name, got)
     return Client(name, ep, devices, owner=owner, steps=steps, max_tokens=max_tokens,
                   slo_slowdown=slo_slowdown, job=job, mode=mode, staleness=staleness)

@@ -1,6 +1,8 @@
 """A pipeline's client across the nodes it was placed on (runtime/across.py) and the launch's
-environment (cluster/launch.py), without daemons: every client falls open, which shows which
-node's client each rank's sub-stage went to.  With daemons and a Ray cluster:
+environment (cluster/launch.py), mostly without daemons: every client falls open, which shows
+which node's client each rank's sub-stage went to.  With in-process daemons: what connect()
+makes of the environment, and its fall-back to this node alone where the other nodes' daemons
+cannot each be reached at an endpoint of their own.  With daemons and a Ray cluster:
 tests/integration/test_cluster_launch.py."""
 
 import json
@@ -52,7 +54,7 @@ def test_a_collective_stage_as_one_sub_stage_across_nodes_is_refused_host_work_g
     a.close()
 
 
-def test_the_launch_environment_is_what_connect_reads(monkeypatch):
+def test_the_launch_environment_is_what_connect_reads(monkeypatch, tmp_path):
     nodes = [NodeInfo(node_id="na", kind="h100", gpus=2, endpoint="ipc:///tmp/a/daemon.sock"),
              NodeInfo(node_id="nb", kind="h100", gpus=1, endpoint="ipc:///tmp/b/daemon.sock")]
     env = environment("p", nodes)
@@ -62,10 +64,52 @@ def test_the_launch_environment_is_what_connect_reads(monkeypatch):
     with pytest.raises(ValueError, match="without a daemon endpoint"):
         environment("p", [NodeInfo(node_id="nc", kind="h100", gpus=1)])
     assert command(("x", "--dp", "{gpus}", "--ranks={gpus}"), 3) == ["x", "--dp", "3", "--ranks=3"]
-    monkeypatch.setenv(ENV_NODES, json.dumps([["na", "", 2], ["nb", "", 1]]))
-    client = connect("p")
-    assert isinstance(client, Across) and [c.devices for c in client.clients] == [(0, 1), (0,)]
-    client.close()
+    daemons = _daemons(tmp_path, "ab")
+    try:
+        monkeypatch.setenv(ENV_NODES, json.dumps([["na", daemons[0][1], 2], ["nb", daemons[1][1], 1]]))
+        client = connect("p")
+        assert isinstance(client, Across) and [c.devices for c in client.clients] == [(0, 1), (0,)]
+        assert all(c.connected for c in client.clients)
+        client.close()
+    finally:
+        for node, _ in daemons:
+            node.close()
+
+
+def _daemons(tmp_path, names: str) -> list:
+    """A real daemon per name (in-process), serving: (node, endpoint)."""
+    from nodes import ThreadNode
+
+    from jigsaw.runtime.paths import endpoint
+
+    out = []
+    for n in names:
+        node = ThreadNode(tmp_path / n, devices=2)
+        node.client("probe")  # returns once the daemon answers
+        out.append((node, endpoint(node.dir)))
+    return out
+
+
+@pytest.mark.parametrize("case", ["one-endpoint", "unreachable"])
+def test_nodes_this_process_cannot_reach_each_at_its_own_endpoint_fall_back_to_this_node_alone(
+        monkeypatch, tmp_path, caplog, case):
+    """Nodes on other hosts: their ipc paths name this host's daemon, or nothing here.  An
+    Across would hold every gang on this node for parts no other node is ever asked for."""
+    ((node, ep),) = _daemons(tmp_path, "a")
+    try:
+        other = ep if case == "one-endpoint" else f"ipc://{tmp_path}/elsewhere/daemon.sock"
+        monkeypatch.setenv(ENV_ENDPOINT, ep)
+        monkeypatch.setenv(ENV_NODES, json.dumps([["na", ep, 2], ["nb", other, 2]]))
+        client = connect("p")
+        assert type(client) is Client and client.connected and client.nodes == ()
+        assert "scheduled by this node's daemon alone" in caplog.text
+        assert ("share daemon endpoints" if case == "one-endpoint" else "['nb'] cannot be reached") in caplog.text
+        with client.substage("training", dp_rank=0, step=0) as h:
+            assert h.substage  # granted by this node's daemon, not held for a node that never asks
+        client.close()
+        assert node.daemon.spanning.held == {}
+    finally:
+        node.close()
 
 
 @pytest.mark.parametrize("text", ["not json", "[[1, 2]]", '[["a", "ipc:///x", 0]]'])
