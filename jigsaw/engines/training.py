@@ -17,6 +17,10 @@ rank processes (started from procs.py's fork server).
     reference_logprobs / old_logprobs ──────────────► forward only (reference: no collectives)
     state_dict() ───────────────────────────────────► get_model_state_dict(full, cpu_offload):
                  ◄──────────────────────────────────   rank 0 returns the full tensors
+    save(dir) / load(dir) ──────────────────────────► torch.distributed.checkpoint of the policy
+                                                      and AdamW shards, every rank its own; load
+                                                      reshards (a checkpoint of 2 ranks loads
+                                                      into 1 or 4: a pipeline re-placed)
     pids() ─► whoever binds the ranks to a partition (the client, mux/partition/bind.py); each rank's
               intra-op threads follow the cores it may use, before every command
     board ──► each rank runs every micro-batch (forward, backward) on the stream of the grant its
@@ -167,6 +171,17 @@ class Trainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) policy weights on CPU, keyed like the unwrapped model's state_dict."""
         return self._call("state_dict", [{}] * self.config.world_size)[0]
+
+    def save(self, directory: Path) -> None:
+        """The policy and optimizer, sharded as the ranks hold them, into `directory` (new or
+        empty; torch.distributed.checkpoint's format: any world size can load it)."""
+        self._call("save", [{"dir": str(directory)}] * self.config.world_size)
+
+    def load(self, directory: Path) -> None:
+        """The policy and optimizer from a save(), whatever world size saved it."""
+        if not (Path(directory) / ".metadata").is_file():
+            raise FileNotFoundError(f"{directory}: not a trainer checkpoint (no .metadata)")
+        self._call("load", [{"dir": str(directory)}] * self.config.world_size)
 
     def pids(self) -> list[int]:
         """Process ids of the ranks (for affinity checks and leak tests)."""
@@ -385,6 +400,8 @@ class _Rank:
             return self.logprobs(op, payload["micro_batches"])
         if op == "state_dict":
             return self.full_state_dict()
+        if op in ("save", "load"):
+            return self.checkpoint(op, payload["dir"])
         raise ValueError(f"unknown command {op!r}")
 
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -462,6 +479,19 @@ class _Rank:
         # through the pipe moves its storage into shared memory: without the copy the parent
         # would hold a view that later optimizer steps keep changing.
         return {name: tensor.detach().clone() for name, tensor in state.items()}
+
+    def checkpoint(self, op: str, directory: str) -> None:
+        """Save or load the sharded policy and optimizer (collective: every rank joins)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model, optim = get_state_dict(self.policy, self.optimizer)  # a fresh AdamW gets its state made
+        state = {"model": model, "optim": optim}
+        if op == "save":
+            dcp.save(state, checkpoint_id=directory)
+            return
+        dcp.load(state, checkpoint_id=directory)  # into this rank's shards, resharded from the saver's
+        set_state_dict(self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def shutdown(self) -> None:
         import torch.distributed as dist

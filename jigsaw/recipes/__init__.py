@@ -2,6 +2,7 @@
 
     grpo.py         one GRPO pipeline (`python -m jigsaw.recipes.grpo`), alone or under `jigsaw run`
     grpo_step.py    one step's pieces: generate (rollout, reward) and train (reference, update)
+    checkpoint.py   its checkpoints: the trainer's shards and results after each step, resumed from
     async_grpo.py   the recipe asynchronous (--mode one-step-off | fully-async): rollout and
                     training threads joined by the sample buffer, each side a pipeline of its job
     agentic.py      its multi-turn rollout with a sandboxed code tool between turns (--tool-turns)

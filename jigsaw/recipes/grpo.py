@@ -85,6 +85,10 @@ class RecipeConfig:
     staleness: int | None = None
     """Most weight versions a trained batch may lag its step (asynchronous modes; None: the
     mode's, 1 one-step-off, 2 fully-async)."""
+    checkpoint_dir: Path | None = None
+    """Save the trainer (policy and AdamW) and the results after every step here, and go on from
+    the newest whole step found: a pipeline stopped, or re-placed with other --train-ranks,
+    resumes there (recipes/checkpoint.py).  Synchronous mode only."""
 
     def __post_init__(self) -> None:
         from jigsaw.graph.buffer import MODES
@@ -93,6 +97,8 @@ class RecipeConfig:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.staleness is not None and (self.mode == "sync" or self.staleness < 1):
             raise ValueError(f"--staleness {self.staleness} needs an asynchronous --mode and is at least 1")
+        if self.checkpoint_dir is not None and self.mode != "sync":
+            raise ValueError(f"--checkpoint-dir is for --mode sync (its sample buffer is not saved), got {self.mode!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,6 +126,14 @@ def main(argv=None) -> int:
     except MissingExtra as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.recipe.checkpoint_dir is not None:
+        from jigsaw.recipes.checkpoint import newest
+
+        try:
+            newest(args.recipe.checkpoint_dir, args.recipe)  # before any model loads: another pipeline's is refused
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.recipe.tool_turns > 1:
         from jigsaw.engines.sandbox import SandboxError, check_available
 
@@ -167,25 +181,46 @@ def run(cfg: RecipeConfig) -> dict:
     client = connect(pipeline=name, steps=cfg.steps, max_tokens=cfg.max_new_tokens)
     say(f"{'under the jigsaw daemon' if client.connected else 'alone (no daemon)'}; "
         f"{'long-tail length caps on' if cfg.long_tail else 'lengths from the model'}")
-    steps = []
     rollout = RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed, threads=cfg.threads)
     train = TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed, threads_per_rank=cfg.threads)
     # the workers follow the grants the client posts for them (a green side, the KV room)
     with DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
             Trainer(mc, train, board=client.board) as trainer:
         params = dp.num_params
-        for step in range(cfg.steps):
+        steps = _resume(cfg, trainer, dp, say)
+        resumed = len(steps)
+        for step in range(len(steps), cfg.steps):
             wait_at_gate(say, step=step)
             steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
             say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "
                 f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")
+            if cfg.checkpoint_dir is not None:
+                from jigsaw.recipes.checkpoint import save
+
+                save(cfg.checkpoint_dir, step, trainer, steps, cfg)
     client.close()
     if client.fallen_open:
         say(f"{len(client.fallen_open)} sub-stage(s) ran without the daemon (fell open)")
-    return {"name": name, "steps": steps, "tokens": sum(s["tokens"] for s in steps),
+    return {"name": name, "steps": steps, "resumed_steps": resumed, "tokens": sum(s["tokens"] for s in steps),
             "start_s": steps[0]["start_s"] if steps else 0.0, "end_s": steps[-1]["end_s"] if steps else 0.0,
             "fell_open": [{k: v for k, v in rec.items() if k != "reported"} for rec in client.fallen_open],
             "pids": {"rollout": list(dp.pids), "trainer": trainer.pids()}}
+
+
+def _resume(cfg, trainer, dp, say) -> list[dict]:
+    """The results of the steps a checkpoint under --checkpoint-dir holds (its weights and
+    optimizer now the trainer's and the workers'), or [] to start at step 0."""
+    if cfg.checkpoint_dir is None:
+        return []
+    from jigsaw.recipes.checkpoint import newest
+
+    got = newest(cfg.checkpoint_dir, cfg)
+    if got is None:
+        return []
+    trainer.load(got.path)
+    dp.update_weights(trainer.state_dict())
+    say(f"resumed after step {got.step} from {got.path}")
+    return list(got.steps)
 
 
 def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
@@ -199,7 +234,7 @@ def _step(cfg, step, client, dp, trainer, task, tok, params: int) -> dict:
     client.step_end(step, tokens=tokens, samples=len(samples))
     end = time.time()
     return {"step": step, "latency_s": end - start, "tokens": tokens, "reward_mean": metrics["reward_mean"],
-            "loss": metrics["loss"], "start_s": start, "end_s": end, "lengths": lengths(samples)}
+            "loss": metrics["loss"], "kl": metrics["kl"], "start_s": start, "end_s": end, "lengths": lengths(samples)}
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ mostly imports), so they share as few trainers as the checks allow.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -172,6 +173,32 @@ def test_acceptance_two_gloo_ranks_match_one_rank(shares):
         # Adam normalises every element's step, so float-level gradient differences on elements
         # with ~0 gradient grow to a fraction of lr (1e-3): measured max 7e-6 after two steps
         torch.testing.assert_close(two["after"][name], tensor, rtol=1e-4, atol=5e-5)
+
+
+def test_a_checkpoint_of_two_ranks_loads_into_one_and_trains_on_as_if_never_stopped(tmp_path):
+    """save() then load() into another world size (a pipeline re-placed): the weights come back
+    exactly, and the optimizer's state with them: the next step lands where the unstopped run's
+    did (AdamW restarted from zero moments would not: its first step moves every weight by ~lr)."""
+    batches = [_batch(seed=s, n=6) for s in (2, 3, 4)]
+    config = TrainConfig(micro_batch=2, lr=1e-3)
+    with Trainer(ModelConfig(), dataclasses.replace(config, world_size=2)) as trainer:
+        for samples in batches[:2]:
+            trainer.train_step(samples, None, group_size=3)
+        trainer.save(tmp_path / "ckpt")
+        saved = trainer.state_dict()
+        trainer.train_step(batches[2], None, group_size=3)
+        unstopped = trainer.state_dict()
+    with Trainer(ModelConfig(), dataclasses.replace(config, world_size=1)) as trainer:
+        with pytest.raises(FileNotFoundError, match="not a trainer checkpoint"):
+            trainer.load(tmp_path)
+        trainer.load(tmp_path / "ckpt")
+        for name, tensor in trainer.state_dict().items():
+            torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
+        trainer.train_step(batches[2], None, group_size=3)
+        resumed = trainer.state_dict()
+    for name, tensor in unstopped.items():
+        assert not torch.equal(tensor, saved[name])
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-4, atol=5e-5)  # as two ranks vs one, above
 
 
 def _alive(pid: int) -> bool:

@@ -51,6 +51,10 @@ NOT_RUN = {
     "python bench/gpu_check.py --out results/": "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
     "python bench/gpu_check.py --only engines,profile --out results/":
         "needs a GPU; its --dry-run is tests/integration/test_gpu_check.py",
+    "python -m jigsaw.recipes.grpo --steps 2 --train-ranks 2 --checkpoint-dir ckpt":
+        "tests/integration/test_recipe_checkpoint.py runs it, smaller (the two runs take a minute here)",
+    "python -m jigsaw.recipes.grpo --steps 3 --train-ranks 1 --checkpoint-dir ckpt":
+        "tests/integration/test_recipe_checkpoint.py runs it, smaller, after the run above",
     "python -m jigsaw.recipes.grpo --tool-turns 3 --steps 2":
         "tests/integration/test_engine_agentic.py runs the recipe with --tool-turns 3 under a daemon",
     "jigsaw run --slo 1.3 -- python train.py":

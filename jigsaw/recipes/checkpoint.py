@@ -1,0 +1,86 @@
+"""The recipe's checkpoints: a pipeline stopped, or re-placed on other nodes with other ranks,
+goes on from its last whole step.
+
+    after step k ─► DIR/step-k/           the trainer's policy and AdamW shards
+                                          (torch.distributed.checkpoint: any world size loads them)
+                    DIR/step-k/jigsaw.json  the steps' results so far and who the pipeline is,
+                                          written last, renamed into place: a step directory
+                                          without it is a save cut short, never loaded
+                    older step directories removed (the newest KEEP stay)
+    start ─► newest(DIR): the last whole step ─► Trainer.load, the rollout workers get its
+             weights, the run goes on at k + 1 (prompts and length caps are functions of
+             (seed, step), so the steps after it ask what they would have asked)
+
+A checkpoint of another pipeline (model, task, seed, prompts or group differ) is refused with
+the difference named: going on from it would train one pipeline on another's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+KEEP = 2
+"""Whole step checkpoints kept (the newest): one more than needed, so a save cut short never
+leaves none."""
+META = "jigsaw.json"
+IDENTITY = ("model", "task", "seed", "prompts", "group", "max_new_tokens")
+"""The config fields a checkpoint must share with the run that goes on from it."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resume:
+    """Where a run goes on from."""
+
+    path: Path
+    """The step directory (the trainer loads it)."""
+    step: int
+    """The last step it holds; the run goes on at step + 1."""
+    steps: list[dict]
+    """The results of steps 0..step, as the run that saved them wrote them."""
+
+
+def identity(cfg) -> dict:
+    return {k: getattr(cfg, k) for k in IDENTITY}
+
+
+def save(directory: Path, step: int, trainer, steps: list[dict], cfg) -> Path:
+    """Step `step` done: the trainer's shards and the results so far; older ones pruned."""
+    path = directory / f"step-{step}"
+    if path.exists():  # a save of this step cut short before its metadata: start it again
+        shutil.rmtree(path)
+    trainer.save(path)
+    tmp = path / (META + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "identity": identity(cfg), "steps": steps}))
+    os.replace(tmp, path / META)
+    for old in _whole(directory)[:-KEEP]:
+        shutil.rmtree(old[1])
+    return path
+
+
+def newest(directory: Path, cfg) -> Resume | None:
+    """The last whole step saved under `directory`, or None (nothing saved yet)."""
+    whole = _whole(directory)
+    if not whole:
+        return None
+    step, path = whole[-1]
+    meta = json.loads((path / META).read_text())
+    if (saved := meta["identity"]) != (now := identity(cfg)):
+        diff = {k: (saved.get(k), now[k]) for k in now if saved.get(k) != now[k]}
+        raise ValueError(f"{path} is a checkpoint of another pipeline (saved vs this run: {diff}); "
+                         "use another --checkpoint-dir")
+    return Resume(path=path, step=step, steps=meta["steps"])
+
+
+def _whole(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every step directory with its metadata, oldest first."""
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in directory.glob("step-*"):
+        if (p / META).is_file() and p.name.removeprefix("step-").isdigit():
+            out.append((int(p.name.removeprefix("step-")), p))
+    return sorted(out)
