@@ -90,6 +90,10 @@ class Args:
     cluster_policy: str = "jigsaw"
     """With --cluster: jigsaw (packed beside a running pipeline where jigsaw's trial keeps both
     within 2x their time alone, else nodes of its own) | hetrl (always nodes of its own) | rollmux."""
+    cluster_replace: int = 0
+    """With --cluster: re-place CMD up to this many times when a node it runs on leaves the cluster
+    (stopped, run again where the controller places it then); CMD must go on from its own
+    checkpoint (the recipe's --checkpoint-dir on storage every node sees).  0: it runs on."""
     cmd: Annotated[tuple[str, ...], tyro.conf.Suppress] = ()
     """The pipeline's command (given after `--`)."""
 
@@ -150,6 +154,8 @@ def _in_cluster(args: Args, name: str) -> int:
         raise ValueError("--cluster needs --workload: what placement prices the pipeline as (e.g. qwen3-4b-gsm8k)")
     if args.cluster_policy not in PLACERS:
         raise ValueError(f"--cluster-policy {args.cluster_policy!r} unknown; choose from {', '.join(PLACERS)}")
+    if args.cluster_replace < 0:
+        raise ValueError(f"--cluster-replace is a count of re-placements, at least 0, got {args.cluster_replace}")
     get(args.workload)  # an unknown workload is a usage error, before the cluster is asked
     require("cluster", "jigsaw run --cluster")
     from jigsaw.cluster.controller import join
@@ -157,7 +163,7 @@ def _in_cluster(args: Args, name: str) -> int:
     join(args.cluster, "--cluster", log_to_driver=True)  # CMD's output comes back through Ray
     _say(f"{name}: asking the cluster's controller where it runs (trials of {args.workload}) ...")
     ran = arrive(Submitted(name=name, workload=args.workload, cmd=tuple(args.cmd)),
-                 LaunchConfig(policy=args.cluster_policy), say=_say)
+                 LaunchConfig(policy=args.cluster_policy, replace_on_loss=args.cluster_replace), say=_say)
     _say(f"{name} ended with exit code {ran.returncode}")
     return 128 - ran.returncode if ran.returncode < 0 else ran.returncode
 

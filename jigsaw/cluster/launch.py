@@ -12,6 +12,11 @@
       ─► the controller books it nodes beside the running ones (Controller.arriving: RollMux's
          admission rule, each group priced by the policy's scheduler) ─► CMD pinned there as
          above, its output forwarded by Ray ─► its nodes given back when it ends
+      ─► with LaunchConfig.replace_on_loss: a node it runs on leaves the cluster (its daemon or
+         raylet lost) ─► CMD stopped (its process group: nothing of it runs on), its nodes given
+         back, and it arrives again: placed on the live nodes, CMD run again, going on from its
+         own checkpoint (the recipe's --checkpoint-dir, on storage every node sees); the step
+         that was in flight runs again, whole
 
 The workload is what placement prices the pipeline as (a `jigsaw sim` workload: its model and
 lengths); the command is what runs.  The CPU engines start a pipeline's processes beside its
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 
 from jigsaw.cluster.controller import NAMESPACE, NodeInfo, get_or_start
@@ -31,6 +37,12 @@ from jigsaw.extras import require
 
 OUTPUT_TAIL_CHARS = 4000
 """How much of a pipeline's output (stdout and stderr) comes back to the launcher."""
+LOSS_POLL_S = 1.0
+"""How often a run that may be re-placed checks that its nodes are still in the cluster."""
+NODE_GONE_S = 30.0
+"""How long a run that died with its node waits for the controller to see the node gone."""
+STOP_S = 30.0
+"""How long a stopped run's task has to kill CMD before Ray kills the task."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +66,8 @@ class Ran:
     returncode: int
     output: str
     """The tail of its stdout and stderr."""
+    before: tuple[tuple[str, ...], ...] = ()
+    """The node ids of each placement it was stopped on (a node of it lost), in order."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +88,11 @@ class LaunchConfig:
     """Steps of each group's trial."""
     seed: int = 0
     """Seed of the trials' samples."""
+    replace_on_loss: int = 0
+    """Times a pipeline arriving alone (`jigsaw run --cluster`) is re-placed when a node it runs on
+    leaves the cluster: stopped and run again where the controller places it then.  Its command
+    must go on from its own checkpoint (the recipe's --checkpoint-dir, on storage every node
+    sees), else it starts over.  0: it runs on, its pieces on the lost node without a daemon."""
 
 
 def environment(name: str, nodes: list[NodeInfo]) -> dict[str, str]:
@@ -95,17 +114,27 @@ def command(cmd: tuple[str, ...], gpus: int) -> list[str]:
 def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = True) -> tuple[int, str]:
     """CMD on this node (a Ray task's body): its exit code and output tail (`capture`: else its
     output is the task's, which Ray forwards to the driver)."""
+    import signal
     import subprocess
 
     out, err = (subprocess.PIPE, subprocess.STDOUT) if capture else (None, None)
-    try:
-        done = subprocess.run(cmd, env={**os.environ, **env}, stdout=out, stderr=err, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        return 124, out[-OUTPUT_TAIL_CHARS:] + f"\n(killed after {timeout_s:g} s)"
+    try:  # a session of its own: stopped (cancelled, timed out), nothing it started runs on
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=err, text=True,
+                                start_new_session=True)
     except OSError as exc:
         return 127, f"cannot run {cmd[0]!r}: {exc}"
-    return done.returncode, (done.stdout or "")[-OUTPUT_TAIL_CHARS:]
+    try:
+        got, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        got, _ = proc.communicate()
+        return 124, (got or "")[-OUTPUT_TAIL_CHARS:] + f"\n(killed after {timeout_s:g} s)"
+    finally:  # also on ray.cancel (KeyboardInterrupt here): its workers and ranks too
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, (got or "")[-OUTPUT_TAIL_CHARS:]
 
 
 def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), timeout_s: float = 3600.0):
@@ -142,11 +171,39 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
            say=lambda line: None) -> Ran:
     """One pipeline arriving while others may run (`jigsaw run --cluster`; ray.init already
     called): the controller books it nodes (Controller.arriving), CMD runs there, its output
-    forwarded here by Ray, and the nodes are given back when it ends, however it ends."""
+    forwarded here by Ray, and the nodes are given back when it ends, however it ends; placed
+    again where a node of it is lost, up to `placing.replace_on_loss` times."""
     require("cluster", "jigsaw run --cluster")
+    ctrl = get_or_start()
+    before: list[tuple[str, ...]] = []
+    while True:
+        try:
+            ids, nodes = _booked(ctrl, sub, placing)
+        except ValueError as exc:
+            if before:  # stopped on a lost node, and nowhere to go now: say so, not just the refusal
+                raise ValueError(f"{exc}; it was stopped on node(s) {', '.join(before[-1])} after losing one, "
+                                 "and goes on from its checkpoint when run again") from None
+            raise
+        try:
+            gpus = sum(n.gpus for n in nodes)
+            say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
+            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), environment(sub.name, nodes), timeout_s, capture=False)
+            lost = _watch(ctrl, run, ids) if len(before) < placing.replace_on_loss else ()
+            if not lost:
+                rc, out = _result(run, ctrl, ids)
+                return Ran(name=sub.name, nodes=tuple(ids), returncode=rc, output=out, before=tuple(before))
+            say(f"{sub.name}: node(s) {', '.join(lost)} left the cluster: stopped, placed again "
+                f"({len(before) + 1} of {placing.replace_on_loss}), to go on from its checkpoint")
+            _stop_run(run)
+            before.append(tuple(ids))
+        finally:
+            _get(ctrl.ended.remote(sub.name))
+
+
+def _booked(ctrl, sub: Submitted, placing: LaunchConfig):
+    """The node ids the controller books `sub` and their NodeInfo; its refusal as a ValueError."""
     import ray
 
-    ctrl = get_or_start()
     try:
         ids = ray.get(ctrl.arrive.remote(sub.name, sub.workload, steps=placing.steps, trial_steps=placing.trial_steps,
                                          seed=placing.seed, policy=placing.policy))
@@ -154,18 +211,58 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
         if isinstance(exc.cause, ValueError):
             raise ValueError(f"{sub.name}: {exc.cause}") from None
         raise
-    try:
-        known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
-        nodes = [known[i] for i in ids if i in known]
-        if len(nodes) < len(ids):
-            raise RuntimeError(f"{sub.name}: node(s) {sorted(set(ids) - set(known))} left the cluster meanwhile")
-        gpus = sum(n.gpus for n in nodes)
-        say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
-        rc, out = ray.get(_pinned(ids[0]).remote(command(sub.cmd, gpus), environment(sub.name, nodes), timeout_s,
-                                                 capture=False))
-    finally:
+    known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
+    if missing := sorted(set(ids) - set(known)):
         ray.get(ctrl.ended.remote(sub.name))
-    return Ran(name=sub.name, nodes=tuple(ids), returncode=rc, output=out)
+        raise RuntimeError(f"{sub.name}: node(s) {missing} left the cluster meanwhile")
+    return ids, [known[i] for i in ids]
+
+
+def _lost(ctrl, ids) -> tuple[str, ...]:
+    alive = {n.node_id for n in _get(ctrl.nodes.remote())}
+    return tuple(i for i in ids if i not in alive)
+
+
+def _watch(ctrl, run, ids, poll_s: float = LOSS_POLL_S) -> tuple[str, ...]:
+    """Wait for `run`; the ids of its nodes that left the cluster meanwhile, () once it ended
+    with all of them alive (a run that died with its node's raylet counts as lost there)."""
+    import ray
+
+    while not ray.wait([run], timeout=poll_s)[0]:
+        if lost := _lost(ctrl, ids):
+            return lost
+    try:
+        ray.get(run)
+    except ray.exceptions.RayError:  # its node died under it: lost, if the controller agrees
+        deadline = time.monotonic() + NODE_GONE_S
+        while not (lost := _lost(ctrl, ids)) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return lost
+    return ()
+
+
+def _result(run, ctrl, ids) -> tuple[int, str]:
+    import ray
+
+    try:
+        return ray.get(run)
+    except ray.exceptions.RayError as exc:
+        return 1, f"its run failed ({type(exc).__name__}: {exc}); node(s) lost: {list(_lost(ctrl, ids))}"
+
+
+def _stop_run(run) -> None:
+    """Cancel the run: its task kills CMD's process group; forced where it does not end."""
+    import ray
+
+    ray.cancel(run)
+    if not ray.wait([run], timeout=STOP_S)[0]:
+        ray.cancel(run, force=True)
+
+
+def _get(ref, timeout_s: float = 120.0):
+    import ray
+
+    return ray.get(ref, timeout=timeout_s)
 
 
 def launch(pipelines: list[Submitted], address: str = "auto", placing: LaunchConfig = LaunchConfig(),

@@ -11,7 +11,9 @@ sample lost; a node's daemon killed mid-run, and separately its raylet removed, 
 spanning it still ends with every sample of every step, its pieces there run without the daemon;
 `jigsaw run --cluster`: two pipelines arriving at once are booked a node each and run there,
 CMD's exit code comes back, and the nodes are given back when they end; a third, with every
-node held, is refused with the controller's reason and runs nothing."""
+node held, is refused with the controller's reason and runs nothing; an arrival whose node's
+daemon is lost is stopped, placed again on a live node, and goes on from its checkpoint there,
+every step once."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from jigsaw.cluster.controller import NAMESPACE, get_or_start, stop  # noqa: E402
-from jigsaw.cluster.launch import LaunchConfig, Submitted, start  # noqa: E402
+from jigsaw.cluster.launch import LaunchConfig, Submitted, arrive, start  # noqa: E402
 from jigsaw.graph.ids import SubStageId  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -207,5 +209,67 @@ def test_jigsaw_run_cluster_books_each_arriving_pipeline_nodes_and_runs_it_there
         assert all(len(v) == 1 for v in ran.values()) and ran["a"] != ran["b"], outs  # a node each, its own
         assert all("placed on 1 h100 node(s)" in out for out in outs.values()), outs
         assert ray.get(ctrl.arrivals.remote(), timeout=60) == {}  # given back
+    finally:
+        _stop(cluster)
+
+
+def _error(call):
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - the test looks at which one
+        return exc
+
+
+def test_an_arrival_whose_node_is_lost_is_placed_again_and_goes_on_from_its_checkpoint(tmp_path):
+    import threading
+
+    from jigsaw.recipes.start_gate import ENV as GATE
+
+    cluster, _, ids, daemons, dirs = _cluster(2, tmp_path, head=False, node_timeout_s=3.0)
+    try:
+        steps, gate, ckpt = 3, tmp_path / "gate", tmp_path / "ckpt"
+        gate.mkdir()
+        # before step 1 the run waits for a second arrival at the gate: the first run, stopped
+        # there, cannot end before its loss is seen; the run placed again is that second arrival
+        sub = _recipe("re", 0, tmp_path)
+        sub = Submitted(name="re", workload=sub.workload, cmd=("env", f"{GATE}={gate}:2:1", *sub.cmd[:4], str(steps),
+                                                                *sub.cmd[5:], "--checkpoint-dir", str(ckpt)))
+        said, got = [], {}
+        placing = LaunchConfig(policy="hetrl", steps=2, trial_steps=1, replace_on_loss=1)
+        t = threading.Thread(target=lambda: got.update(ran=arrive(sub, placing, timeout_s=400, say=said.append)),
+                             daemon=True)
+        t.start()
+        deadline = time.monotonic() + 300
+        while not any(gate.iterdir()):  # step 0 trained and saved, waiting before step 1
+            assert time.monotonic() < deadline and t.is_alive(), f"the first run never reached step 1: {said} {got}"
+            time.sleep(0.2)
+        (first,) = ray.get(get_or_start().arrivals.remote(), timeout=60)["re"]
+        ray.kill(daemons[ids.index(first)])
+        t.join(420)
+        ran = got["ran"]
+        assert ran.returncode == 0, (said, ran.output)
+        (other,) = set(ids) - {first}
+        assert ran.before == ((first,),) and ran.nodes == (other,), said
+        doc = json.loads((tmp_path / "re.json").read_text())
+        assert doc["resumed_steps"] == 1 and [s["step"] for s in doc["steps"]] == list(range(steps))
+        assert _samples(tmp_path, "re") == [PROMPTS * GROUP] * steps  # every step once, none lost
+        trained = sorted(g.step for g in _grants(dirs[ids.index(other)]) if g.kind.value == "training")
+        assert trained == list(range(1, steps))  # the steps after the checkpoint, on the node placed again
+        assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{steps - 2}", f"step-{steps - 1}"]
+        assert ray.get(get_or_start().arrivals.remote(), timeout=60) == {}
+
+        # the last node lost too: stopped, and nowhere to go: said, with where it was stopped
+        hold = Submitted(name="last", workload=sub.workload, cmd=("sleep", "300"))
+        t = threading.Thread(target=lambda: got.update(last=_error(lambda: arrive(hold, placing, timeout_s=400))),
+                             daemon=True)
+        t.start()
+        deadline = time.monotonic() + 120
+        while "last" not in ray.get(get_or_start().arrivals.remote(), timeout=60):
+            assert time.monotonic() < deadline and t.is_alive(), got
+            time.sleep(0.2)
+        ray.kill(daemons[ids.index(other)])
+        t.join(120)
+        assert isinstance(got["last"], ValueError), got
+        assert f"it was stopped on node(s) {other} after losing one" in str(got["last"]), got["last"]
     finally:
         _stop(cluster)

@@ -61,6 +61,10 @@ NOT_RUN = {
         "a user's job; tests/integration/test_runtime.py::test_run_with_an_slo_registers_it_and_the_steps_are_"
         "measured_against_it runs `jigsaw run --slo` under a daemon",
     "python bench/slo.py": "a benchmark (4 minutes); the README shows its table",
+    "jigsaw run --cluster auto --cluster-replace 2 --workload qwen3-0.6b-gsm8k --name math -- python -m "
+    "jigsaw.recipes.grpo --steps 8 --checkpoint-dir /shared/ckpt/math --dp {gpus} --train-ranks {gpus}":
+        "needs a Ray cluster of daemons; tests/integration/test_cluster_launch.py::test_an_arrival_whose_node_is_"
+        "lost_is_placed_again_and_goes_on_from_its_checkpoint runs it through cluster/launch.py arrive",
     "jigsaw run --cluster auto --workload qwen3-4b-gsm8k --name math -- python train.py --dp {gpus}":
         "a user's job on a Ray cluster; tests/integration/test_cluster_launch.py::test_jigsaw_run_cluster_books_each_"
         "arriving_pipeline_nodes_and_runs_it_there runs `jigsaw run --cluster` on a local one",

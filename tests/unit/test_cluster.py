@@ -265,3 +265,9 @@ def test_jigsaw_sim_nodes_prints_each_placement_and_a_bad_cluster_is_a_usage_err
     assert "need more nodes" in capsys.readouterr().err
     assert main(argv[:-4] + ["--nodes", "2xb200"]) == 2
     assert "unknown" in capsys.readouterr().err
+
+
+def test_jigsaw_run_cluster_refuses_a_negative_re_placement_count_before_asking_any_cluster(capsys):
+    argv = ["run", "--cluster", "auto", "--workload", "qwen3-0.6b-math", "--cluster-replace", "-1", "--", "true"]
+    assert main(argv) == 2
+    assert "--cluster-replace is a count of re-placements, at least 0, got -1" in capsys.readouterr().err
