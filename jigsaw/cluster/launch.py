@@ -13,10 +13,10 @@
          admission rule, each group priced by the policy's scheduler) ─► CMD pinned there as
          above, its output forwarded by Ray ─► its nodes given back when it ends
       ─► with LaunchConfig.replace_on_loss: a node it runs on leaves the cluster (its daemon or
-         raylet lost) ─► CMD stopped (its process group: nothing of it runs on), its nodes given
-         back, and it arrives again: placed on the live nodes, CMD run again, going on from its
-         own checkpoint (the recipe's --checkpoint-dir, on storage every node sees); the step
-         that was in flight runs again, whole
+         raylet lost) ─► CMD stopped (SIGTERM: the recipe ends the step in flight and saves it;
+         after stop_grace_s, SIGKILL to its process group: nothing of it runs on), its nodes
+         given back, and it arrives again: placed on the live nodes, CMD run again, going on
+         from its own checkpoint (the recipe's --checkpoint-dir, on storage every node sees)
 
 The workload is what placement prices the pipeline as (a `jigsaw sim` workload: its model and
 lengths); the command is what runs.  The CPU engines start a pipeline's processes beside its
@@ -42,7 +42,7 @@ LOSS_POLL_S = 1.0
 NODE_GONE_S = 30.0
 """How long a run that died with its node waits for the controller to see the node gone."""
 STOP_S = 30.0
-"""How long a stopped run's task has to kill CMD before Ray kills the task."""
+"""How long a stopped run's task has, past CMD's grace, to end before Ray kills the task."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +88,9 @@ class LaunchConfig:
     """Steps of each group's trial."""
     seed: int = 0
     """Seed of the trials' samples."""
+    stop_grace_s: float = 120.0
+    """A pipeline stopped to be placed again gets SIGTERM and this long to end (the recipe ends
+    the step in flight and saves it) before what is left of it is killed."""
     replace_on_loss: int = 0
     """Times a pipeline arriving alone (`jigsaw run --cluster`) is re-placed when a node it runs on
     leaves the cluster: stopped and run again where the controller places it then.  Its command
@@ -111,9 +114,12 @@ def command(cmd: tuple[str, ...], gpus: int) -> list[str]:
     return [word.replace("{gpus}", str(gpus)) for word in cmd]
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = True) -> tuple[int, str]:
+def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = True,
+         grace_s: float = 0.0) -> tuple[int, str]:
     """CMD on this node (a Ray task's body): its exit code and output tail (`capture`: else its
-    output is the task's, which Ray forwards to the driver)."""
+    output is the task's, which Ray forwards to the driver).  Cancelled (KeyboardInterrupt):
+    SIGTERM to CMD and `grace_s` to end (the recipe ends its step in flight and saves it), then
+    SIGKILL to what is left of its process group."""
     import signal
     import subprocess
 
@@ -129,6 +135,14 @@ def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = 
         os.killpg(proc.pid, signal.SIGKILL)
         got, _ = proc.communicate()
         return 124, (got or "")[-OUTPUT_TAIL_CHARS:] + f"\n(killed after {timeout_s:g} s)"
+    except KeyboardInterrupt:  # ray.cancel: stopped to be placed again
+        if grace_s > 0:  # CMD alone: its workers and ranks are its to stop (a step in flight needs them)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        raise
     finally:  # also on ray.cancel (KeyboardInterrupt here): its workers and ranks too
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -187,14 +201,15 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
         try:
             gpus = sum(n.gpus for n in nodes)
             say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
-            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), environment(sub.name, nodes), timeout_s, capture=False)
+            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), environment(sub.name, nodes), timeout_s,
+                                         capture=False, grace_s=placing.stop_grace_s)
             lost = _watch(ctrl, run, ids) if len(before) < placing.replace_on_loss else ()
             if not lost:
                 rc, out = _result(run, ctrl, ids)
                 return Ran(name=sub.name, nodes=tuple(ids), returncode=rc, output=out, before=tuple(before))
             say(f"{sub.name}: node(s) {', '.join(lost)} left the cluster: stopped, placed again "
                 f"({len(before) + 1} of {placing.replace_on_loss}), to go on from its checkpoint")
-            _stop_run(run)
+            _stop_run(run, placing.stop_grace_s)
             before.append(tuple(ids))
         finally:
             _get(ctrl.ended.remote(sub.name))
@@ -250,12 +265,12 @@ def _result(run, ctrl, ids) -> tuple[int, str]:
         return 1, f"its run failed ({type(exc).__name__}: {exc}); node(s) lost: {list(_lost(ctrl, ids))}"
 
 
-def _stop_run(run) -> None:
-    """Cancel the run: its task kills CMD's process group; forced where it does not end."""
+def _stop_run(run, grace_s: float) -> None:
+    """Cancel the run: its task stops CMD's process group (`_run`); forced where it does not end."""
     import ray
 
     ray.cancel(run)
-    if not ray.wait([run], timeout=STOP_S)[0]:
+    if not ray.wait([run], timeout=grace_s + STOP_S)[0]:
         ray.cancel(run, force=True)
 
 

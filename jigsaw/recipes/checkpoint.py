@@ -13,13 +13,20 @@ goes on from its last whole step.
 
 A checkpoint of another pipeline (model, task, seed, prompts or group differ) is refused with
 the difference named: going on from it would train one pipeline on another's weights.
+
+    SIGTERM (a launcher placing the pipeline again, a user) ─► StopAtStepEnd: within a step, the
+        step ends and is saved, then the run stops; between steps, it stops at once (Stopped)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,3 +91,47 @@ def _whole(directory: Path) -> list[tuple[int, Path]]:
         if (p / META).is_file() and p.name.removeprefix("step-").isdigit():
             out.append((int(p.name.removeprefix("step-")), p))
     return sorted(out)
+
+
+class Stopped(Exception):
+    """SIGTERM arrived between two steps: the run stops there."""
+
+
+class StopAtStepEnd:
+    """SIGTERM handling of a run made of steps (see the module docstring); `requested` once it
+    came.  Only the main thread can take signals: elsewhere it changes nothing."""
+
+    def __init__(self):
+        self.requested = False
+        self._in_step = False
+        self._old = None
+
+    def __enter__(self) -> StopAtStepEnd:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """A step and its checkpoint: a SIGTERM within lets it finish."""
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+        if self.requested:
+            raise Stopped
+
+    def ended(self) -> None:
+        """The steps are over: a SIGTERM now only marks the run stopped (the processes' clean-up
+        is not cut short)."""
+        self._in_step = True
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        if not self._in_step:
+            raise Stopped

@@ -33,6 +33,9 @@ from typing import Annotated
 
 import tyro
 
+STOPPED_RC = 128 + 15
+"""The exit code of a run stopped by SIGTERM (its result, written, says how far it got)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RecipeConfig:
@@ -142,7 +145,13 @@ def main(argv=None) -> int:
         except SandboxError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    doc = run(args.recipe)
+    from jigsaw.recipes.checkpoint import Stopped
+
+    try:
+        doc = run(args.recipe)
+    except Stopped:  # before its first step: nothing to report
+        print("stopped (SIGTERM) before any step", file=sys.stderr)
+        return STOPPED_RC
     if args.result:
         args.result.write_text(json.dumps(doc, indent=1))
     if args.lengths_out:
@@ -151,7 +160,7 @@ def main(argv=None) -> int:
                 for i, (prompt, response) in enumerate(s["lengths"]):
                     f.write(json.dumps({"step": s["step"], "prompt_id": i // args.recipe.group,
                                         "prompt_len": prompt, "response_len": response}) + "\n")
-    return 0
+    return STOPPED_RC if doc.get("stopped") else 0  # the asynchronous modes take no SIGTERM of their own
 
 
 def run(cfg: RecipeConfig) -> dict:
@@ -165,8 +174,8 @@ def run(cfg: RecipeConfig) -> dict:
     from jigsaw.engines.rewards import ReasoningGymTask
     from jigsaw.engines.rollout import RolloutConfig
     from jigsaw.engines.training import TrainConfig, Trainer
+    from jigsaw.recipes.checkpoint import StopAtStepEnd
     from jigsaw.recipes.grpo_step import log_as
-    from jigsaw.recipes.start_gate import wait_at_gate
     from jigsaw.runtime.client import connect
 
     name = cfg.name or os.environ.get("JIGSAW_PIPELINE") or f"grpo-seed{cfg.seed}"
@@ -184,27 +193,39 @@ def run(cfg: RecipeConfig) -> dict:
     rollout = RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0, seed=cfg.seed, threads=cfg.threads)
     train = TrainConfig(world_size=cfg.train_ranks, seed=cfg.seed, threads_per_rank=cfg.threads)
     # the workers follow the grants the client posts for them (a green side, the KV room)
-    with DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
+    with StopAtStepEnd() as stop, DPRollout(mc, rollout, num_workers=cfg.dp, board=client.board) as dp, \
             Trainer(mc, train, board=client.board) as trainer:
-        params = dp.num_params
         steps = _resume(cfg, trainer, dp, say)
         resumed = len(steps)
-        for step in range(len(steps), cfg.steps):
-            wait_at_gate(say, step=step)
-            steps.append(_step(cfg, step, client, dp, trainer, task, tok, params))
-            say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "
-                f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")
-            if cfg.checkpoint_dir is not None:
-                from jigsaw.recipes.checkpoint import save
-
-                save(cfg.checkpoint_dir, step, trainer, steps, cfg)
+        _steps(cfg, steps, stop, client, dp, trainer, task, tok, say)
     client.close()
     if client.fallen_open:
         say(f"{len(client.fallen_open)} sub-stage(s) ran without the daemon (fell open)")
-    return {"name": name, "steps": steps, "resumed_steps": resumed, "tokens": sum(s["tokens"] for s in steps),
+    return {"name": name, "steps": steps, "resumed_steps": resumed, "stopped": stop.requested,
+            "tokens": sum(s["tokens"] for s in steps),
             "start_s": steps[0]["start_s"] if steps else 0.0, "end_s": steps[-1]["end_s"] if steps else 0.0,
             "fell_open": [{k: v for k, v in rec.items() if k != "reported"} for rec in client.fallen_open],
             "pids": {"rollout": list(dp.pids), "trainer": trainer.pids()}}
+
+
+def _steps(cfg, steps: list[dict], stop, client, dp, trainer, task, tok, say) -> None:
+    """The steps from len(steps) on, each appended to `steps` (and saved, with --checkpoint-dir),
+    until the last, or a SIGTERM: within a step it ends first (recipes/checkpoint.py)."""
+    from jigsaw.recipes.checkpoint import Stopped, save
+    from jigsaw.recipes.start_gate import wait_at_gate
+
+    try:
+        for step in range(len(steps), cfg.steps):
+            wait_at_gate(say, step=step)
+            with stop.step():
+                steps.append(_step(cfg, step, client, dp, trainer, task, tok, dp.num_params))
+                say(f"step {step}: {steps[-1]['latency_s']:.2f} s, {steps[-1]['tokens']} tokens, "
+                    f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")
+                if cfg.checkpoint_dir is not None:
+                    save(cfg.checkpoint_dir, step, trainer, steps, cfg)
+    except Stopped:
+        say(f"stopped (SIGTERM) after {len(steps)} step(s)" + (", all saved" if cfg.checkpoint_dir else ""))
+    stop.ended()
 
 
 def _resume(cfg, trainer, dp, say) -> list[dict]:

@@ -4,16 +4,21 @@ goes on, re-placed with another trainer world size, from where it was.
 What a resumed step trained from shows in its own checkpoint: AdamW counts its steps, so the
 resumed run's save after step 2 counts 3 only if it went on from the first run's optimizer (a
 run that did not load would count 1; the tiny random model earns no reward here, so its weights
-alone would not tell: a zero advantage moves nothing)."""
+alone would not tell: a zero advantage moves nothing).  A run sent SIGTERM between two steps
+stops there, its result and checkpoint saying how far it got."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from nodes import ROOT
+from waiting import HANG_S, wait_until
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -54,3 +59,26 @@ def test_a_run_goes_on_from_its_last_step_with_another_world_size_and_another_pi
 
     rc, _, err = _recipe(tmp_path, "other", "--steps", "3", "--seed", "7", "--checkpoint-dir", ckpt)
     assert rc == 2 and "checkpoint of another pipeline" in err and "'seed': (0, 7)" in err
+
+
+def test_sigterm_between_two_steps_stops_the_run_there_with_its_result_and_checkpoint(tmp_path):
+    from jigsaw.recipes.grpo import STOPPED_RC
+    from jigsaw.recipes.start_gate import ENV as GATE
+
+    gate, ckpt, result = tmp_path / "gate", tmp_path / "ckpt", tmp_path / "r.json"
+    gate.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "jigsaw.recipes.grpo", *SMALL, "--steps", "3", "--result",
+                             str(result), "--checkpoint-dir", str(ckpt)], cwd=ROOT,
+                            env={**os.environ, GATE: f"{gate}:2:1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: any(gate.iterdir()) or proc.poll() is not None, 240, "the run held before step 1")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # waiting at the gate, for a partner that never comes
+        err = proc.communicate(timeout=HANG_S)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == STOPPED_RC and time.monotonic() - t0 < HANG_S, err[-3000:]
+    assert "stopped (SIGTERM) after 1 step(s), all saved" in err
+    doc = json.loads(result.read_text())
+    assert doc["stopped"] and [s["step"] for s in doc["steps"]] == [0]
+    assert [p.name for p in ckpt.iterdir()] == ["step-0"]

@@ -1,7 +1,8 @@
 """A pipeline's command as a cluster task runs it (cluster/launch.py `_run`): in a session of its
 own, so that a run stopped (cancelled by the launcher, which Ray delivers as KeyboardInterrupt,
 or timed out) leaves nothing it started running: a pipeline placed again must not have its old
-run's workers still training beside the new one."""
+run's workers still training beside the new one.  A cancelled command first gets SIGTERM and a
+grace to end on its own (the recipe ends its step in flight and saves it)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,31 @@ def test_a_run_past_its_time_is_killed_with_everything_it_started(tmp_path):
     assert rc == 124 and "killed after 1 s" in out and time.monotonic() - t0 < HANG_S
     wait_until(lambda: all(map(_gone, _pids(tmp_path))), HANG_S, "the timed-out run's processes to go")
     assert _run(["/nonexistent/cmd"], {}, 5)[0] == 127
+
+
+def _cancelled(tmp_path, cmd: list[str], grace_s: float) -> list[int]:
+    """Run `cmd` as the cluster task does, cancel it once it started; its pids."""
+    runner = subprocess.Popen([sys.executable, "-c", "from jigsaw.cluster.launch import _run; "
+                               f"_run({cmd!r}, {{}}, 600, grace_s={grace_s})"])
+    try:
+        pids = _pids(tmp_path)
+        runner.send_signal(signal.SIGINT)
+        runner.wait(timeout=HANG_S)
+    finally:
+        runner.kill()
+    return pids
+
+
+def test_a_cancelled_command_gets_sigterm_and_its_grace_and_one_that_ignores_it_is_killed(tmp_path):
+    ends = tmp_path / "ended"
+    polite = ["sh", "-c", f"trap 'sleep 1; echo saved > {ends}; exit 0' TERM; "
+                          f"sleep 300 & echo $! > {tmp_path}/pids; echo $$ >> {tmp_path}/pids; wait"]
+    pids = _cancelled(tmp_path, polite, grace_s=30.0)
+    assert ends.read_text() == "saved\n"  # it ended its work within the grace, before the SIGKILL
+    wait_until(lambda: all(map(_gone, pids)), HANG_S, "the rest of its group to go")
+    (tmp_path / "pids").unlink()
+    deaf = ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {tmp_path}/pids; echo $$ >> {tmp_path}/pids; wait"]
+    t0 = time.monotonic()
+    pids = _cancelled(tmp_path, deaf, grace_s=1.0)
+    wait_until(lambda: all(map(_gone, pids)), HANG_S, "a command deaf to SIGTERM to be killed after its grace")
+    assert time.monotonic() - t0 < HANG_S
