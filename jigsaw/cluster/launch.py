@@ -212,7 +212,7 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
             _stop_run(run, placing.stop_grace_s)
             before.append(tuple(ids))
         finally:
-            _get(ctrl.ended.remote(sub.name))
+            _ended(ctrl, sub.name)
 
 
 def _booked(ctrl, sub: Submitted, placing: LaunchConfig):
@@ -234,8 +234,26 @@ def _booked(ctrl, sub: Submitted, placing: LaunchConfig):
 
 
 def _lost(ctrl, ids) -> tuple[str, ...]:
-    alive = {n.node_id for n in _get(ctrl.nodes.remote())}
+    """`ids` no longer in the cluster; () while the controller does not answer (lost itself: the
+    run goes on, its nodes deciding alone, as they do)."""
+    import ray
+
+    try:
+        alive = {n.node_id for n in _get(ctrl.nodes.remote(), timeout_s=LOSS_POLL_S * 10)}
+    except ray.exceptions.RayError:
+        return ()
     return tuple(i for i in ids if i not in alive)
+
+
+def _ended(ctrl, name: str) -> None:
+    """Tell the controller `name` ended (its nodes are free); a lost one cannot be told, and a
+    new one never booked it."""
+    import ray
+
+    try:
+        _get(ctrl.ended.remote(name))
+    except ray.exceptions.RayError:
+        pass
 
 
 def _watch(ctrl, run, ids, poll_s: float = LOSS_POLL_S) -> tuple[str, ...]:

@@ -104,16 +104,17 @@ class StopAtStepEnd:
     def __init__(self):
         self.requested = False
         self._in_step = False
+        self._installed = False
         self._old = None
 
     def __enter__(self) -> StopAtStepEnd:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+            self._old, self._installed = signal.signal(signal.SIGTERM, self._handle), True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        if self._installed:  # None: the previous handler was not Python's (the default, then)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._old is None else self._old)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:

@@ -13,7 +13,7 @@ spanning it still ends with every sample of every step, its pieces there run wit
 CMD's exit code comes back, and the nodes are given back when they end; a third, with every
 node held, is refused with the controller's reason and runs nothing; an arrival whose node's
 daemon is lost is stopped, placed again on a live node, and goes on from its checkpoint there,
-every step once."""
+every step once; one watched while the controller itself is lost runs on, untouched."""
 
 from __future__ import annotations
 
@@ -271,5 +271,33 @@ def test_an_arrival_whose_node_is_lost_is_placed_again_and_goes_on_from_its_chec
         t.join(120)
         assert isinstance(got["last"], ValueError), got
         assert f"it was stopped on node(s) {other} after losing one" in str(got["last"]), got["last"]
+    finally:
+        _stop(cluster)
+
+
+def test_an_arrival_watched_for_lost_nodes_runs_on_when_the_controller_itself_is_lost(tmp_path):
+    import threading
+
+    cluster, _, _, _, _ = _cluster(1, tmp_path, head=False)
+    try:
+        go = tmp_path / "go"
+        wait_go = ("import os, sys, time\n"
+                   "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n")
+        sub = Submitted(name="on", workload="qwen3-0.6b-math", cmd=(sys.executable, "-c", wait_go, str(go)))
+        got = {}
+        placing = LaunchConfig(policy="hetrl", steps=2, trial_steps=1, replace_on_loss=1)
+        t = threading.Thread(target=lambda: got.update(ran=_error(lambda: arrive(sub, placing, timeout_s=300))),
+                             daemon=True)
+        t.start()
+        deadline = time.monotonic() + 120
+        while "on" not in ray.get(get_or_start().arrivals.remote(), timeout=60):
+            assert time.monotonic() < deadline and t.is_alive(), got
+            time.sleep(0.2)
+        stop()  # the controller gone: no node is known lost, the run is not stopped
+        time.sleep(3)  # a few polls of the watch against no controller
+        go.touch()
+        t.join(120)
+        assert not isinstance(got["ran"], Exception), got["ran"]
+        assert got["ran"].returncode == 0 and got["ran"].before == (), got
     finally:
         _stop(cluster)
