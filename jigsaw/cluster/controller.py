@@ -1,9 +1,10 @@
 """The cluster controller on Ray: a detached named actor that knows every node and pipeline.
 
     a node (its daemon, through NodeLink) ── join / heartbeat ──► Controller ◄── submit ── a user
-    Controller.place() ─► placement.place over the live nodes, priced by the simulator's trials
-                          (simulate.estimator: the `jigsaw sim --nodes` code) ─► Assigned: each
-                          pipeline's concrete node ids, and what the trials predicted
+    Controller.place() ─► placement.place of the submitted pipelines not yet running over the
+                          free nodes, priced by the simulator's trials (simulate.estimator: the
+                          `jigsaw sim --nodes` code) ─► Assigned: each pipeline's concrete node
+                          ids, and what the trials predicted, booked until each has ended()
     a pipeline arriving while others run (`jigsaw run --cluster`): arriving() ─► Arrival.decide
                           (placement.admit_one: packed beside a running group, or free nodes of
                           its own) ─► arrived(): its node ids, booked until ended()
@@ -74,7 +75,8 @@ class Controller:
         self.workloads: dict[str, str] = {}
         self.gates = Gates()
         self.running: list[_Running] = []
-        """Pipelines that arrived one at a time (`arriving` / `arrived`) and have not ended."""
+        """Pipelines placed (a batch: `place`) or arrived one at a time (`arriving` / `arrived`),
+        and not ended: the nodes they hold."""
 
     # ------------------------------------------------------------ nodes
     def join(self, info: NodeInfo) -> None:
@@ -112,20 +114,25 @@ class Controller:
         self.workloads[name] = workload
 
     def place(self, steps: int = 8, trial_steps: int = 3, seed: int = 0, policy: str = "jigsaw") -> Assigned:
-        """Every submitted pipeline placed on the live nodes (the simulator prices each group)."""
+        """Every submitted pipeline not yet running placed on the free nodes (the simulator
+        prices each group), and booked."""
         ask = self.asking(steps, trial_steps, seed, policy)
-        return ask.assign(ask.search())
+        return self.placed(ask, ask.assign(ask.search()))
 
     def asking(self, steps: int = 8, trial_steps: int = 3, seed: int = 0, policy: str = "jigsaw") -> Asking:
         """What a placement decides over, as the book stands now (the search needs nothing else)."""
-        names = tuple(sorted(self.workloads))
+        booked = {n for r in self.running for n in r.names}
+        names = tuple(sorted(n for n in self.workloads if n not in booked))
         if not names:
-            raise ValueError("no pipeline submitted")
+            raise ValueError("no pipeline submitted (that is not already running)")
+        held = {n for r in self.running for n in r.node_ids}
         by_kind: dict[tuple[str, int], list[str]] = {}
         for info in self.nodes():
-            by_kind.setdefault((info.kind, info.gpus), []).append(info.node_id)
+            if info.node_id not in held:
+                by_kind.setdefault((info.kind, info.gpus), []).append(info.node_id)
         if not by_kind:
-            raise ValueError("no node has joined the cluster")
+            raise ValueError(f"no free node: running pipelines hold all {len(held)}" if held
+                             else "no node has joined the cluster")
         return Asking(names=names, workloads=tuple(self.workloads[n] for n in names),
                       by_kind={k: tuple(v) for k, v in by_kind.items()}, steps=steps, trial_steps=trial_steps,
                       seed=seed, policy=policy)
@@ -155,6 +162,14 @@ class Controller:
         return Arrival(names=(*names, name), workloads=(*(self.workloads[n] for n in names), workload),
                        groups=groups, cluster=tuple(NodeKind(kind=k, count=c, gpus=g) for (k, g), c in sizes.items()),
                        free=free, steps=steps, trial_steps=trial_steps, seed=seed, policy=policy)
+
+    def placed(self, ask: Asking, got: Assigned) -> Assigned:
+        """Book `got`: each group's pipelines hold its nodes until each has ended()."""
+        for g in got.groups:
+            names = [ask.names[i] for i in g.pipelines]
+            self.running.append(_Running(names=names, kind=g.kind, gpus_per_node=g.gpus_per_node,
+                                         node_ids=got.nodes[names[0]]))
+        return got
 
     def arrived(self, ask: Arrival, decision: tuple[int | None, Group]) -> tuple[str, ...]:
         """Book `decision` for the arriving pipeline (ask.names[-1]); the node ids it runs on."""
@@ -248,8 +263,9 @@ class _Actor:
     async def place(self, steps: int = 8, trial_steps: int = 3, seed: int = 0, policy: str = "jigsaw") -> Assigned:
         import asyncio
 
-        ask = self.body.asking(steps, trial_steps, seed, policy)
-        return ask.assign(await asyncio.to_thread(ask.search))
+        async with self.arriving:  # booked before another placement or arrival asks
+            ask = self.body.asking(steps, trial_steps, seed, policy)
+            return self.body.placed(ask, ask.assign(await asyncio.to_thread(ask.search)))
 
     async def arrive(self, name: str, workload: str, steps: int = 8, trial_steps: int = 3, seed: int = 0,
                      policy: str = "jigsaw") -> tuple[str, ...]:
@@ -264,7 +280,7 @@ class _Actor:
         return self.body.ended(name)
 
     async def arrivals(self) -> dict[str, tuple[str, ...]]:
-        """Each running arrival's node ids."""
+        """Each running pipeline's node ids (arrived, or placed in a batch)."""
         return {n: r.node_ids for r in self.body.running for n in r.names}
 
     async def wait(self, node_id: str, timeout_s: float) -> list[tuple[str, str]]:

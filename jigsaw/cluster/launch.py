@@ -7,7 +7,8 @@
          pinned to the group's first node, with JIGSAW_PIPELINE, JIGSAW_ENDPOINT (that node's
          daemon) and, placed on several nodes, JIGSAW_NODES (runtime/across.py: a client per
          node, gangs started on all at once); `{gpus}` in CMD is the GPUs its group gives it
-      ─► Launched: the placement, each pipeline's nodes, exit code and output tail
+      ─► Launched: the placement, each pipeline's nodes, exit code and output tail; each
+         pipeline's nodes booked in the controller until it ends (arrivals meanwhile get others)
     arrive(Submitted)   (`jigsaw run --cluster`: one pipeline, arriving while others run)
       ─► the controller books it nodes beside the running ones (Controller.arriving: RollMux's
          admission rule, each group priced by the policy's scheduler) ─► CMD pinned there as
@@ -123,6 +124,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = 
     import signal
     import subprocess
 
+    _interruptible()
     out, err = (subprocess.PIPE, subprocess.STDOUT) if capture else (None, None)
     try:  # a session of its own: stopped (cancelled, timed out), nothing it started runs on
         proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=err, text=True,
@@ -151,9 +153,23 @@ def _run(cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool = 
     return proc.returncode, (got or "")[-OUTPUT_TAIL_CHARS:]
 
 
+def _interruptible() -> None:
+    """ray.cancel stops a running task with a KeyboardInterrupt, which needs SIGINT to be
+    Python's: a worker that inherited it ignored (a cluster started from a shell's background
+    job) would never stop, and its CMD would run on beside the run placed again."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), timeout_s: float = 3600.0):
     """Submit, place and start every pipeline (ray.init already called); (Assigned, the Ray
-    futures of each pipeline's run, each pipeline's nodes) without waiting for the runs."""
+    futures of each pipeline's run, each pipeline's nodes) without waiting for the runs.  Each
+    holds its nodes in the controller's book until told it ended (launch() does, as each run
+    ends; Controller.ended)."""
     require("cluster", "launching pipelines on a cluster")
     import ray
 
@@ -307,8 +323,14 @@ def launch(pipelines: list[Submitted], address: str = "auto", placing: LaunchCon
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     placed, futures, where = start(pipelines, placing, timeout_s)
-    ran = tuple(Ran(name=p.name, nodes=nodes, returncode=rc, output=out)
-                for p, nodes, (rc, out) in zip(pipelines, where, ray.get(futures)))
+    ctrl, pending, got = get_or_start(), dict(zip(futures, range(len(pipelines)))), {}
+    while pending:  # each pipeline's nodes given back as soon as it ends
+        for ref in ray.wait(list(pending), num_returns=1)[0]:
+            k = pending.pop(ref)
+            got[k] = _result(ref, ctrl, where[k])
+            _ended(ctrl, pipelines[k].name)
+    ran = tuple(Ran(name=p.name, nodes=where[k], returncode=got[k][0], output=got[k][1])
+                for k, p in enumerate(pipelines))
     return Launched(placed=placed, ran=ran)
 
 

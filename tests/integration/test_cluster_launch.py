@@ -260,16 +260,17 @@ def test_an_arrival_whose_node_is_lost_is_placed_again_and_goes_on_from_its_chec
 
         # the last node lost too: stopped, and nowhere to go: said, with where it was stopped
         hold = Submitted(name="last", workload=sub.workload, cmd=("sleep", "300"))
-        t = threading.Thread(target=lambda: got.update(last=_error(lambda: arrive(hold, placing, timeout_s=400))),
-                             daemon=True)
+        quick = LaunchConfig(policy="hetrl", steps=2, trial_steps=1, replace_on_loss=1, stop_grace_s=5.0)
+        t = threading.Thread(target=lambda: got.update(last=_error(lambda: arrive(hold, quick, timeout_s=400,
+                                                                                   say=said.append))), daemon=True)
         t.start()
         deadline = time.monotonic() + 120
         while "last" not in ray.get(get_or_start().arrivals.remote(), timeout=60):
-            assert time.monotonic() < deadline and t.is_alive(), got
+            assert time.monotonic() < deadline and t.is_alive(), (said, got)
             time.sleep(0.2)
         ray.kill(daemons[ids.index(other)])
-        t.join(120)
-        assert isinstance(got["last"], ValueError), got
+        t.join(240)
+        assert isinstance(got.get("last"), ValueError), (said, got, t.is_alive())
         assert f"it was stopped on node(s) {other} after losing one" in str(got["last"]), got["last"]
     finally:
         _stop(cluster)

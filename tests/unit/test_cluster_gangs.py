@@ -172,6 +172,30 @@ def test_the_controller_places_on_concrete_nodes_what_the_search_predicts():
     assert math.isfinite(max(got.predicted_s))
 
 
+def test_a_batch_placement_is_booked_so_arrivals_and_later_batches_get_only_free_nodes():
+    c = Controller()
+    for n, kind in (("h1", "h100"), ("h2", "h100"), ("a1", "a100"), ("a2", "a100")):
+        c.join(NodeInfo(node_id=n, kind=kind, gpus=1))
+    c.submit("a", "qwen3-0.6b-math")
+    a = set(c.place(steps=2, trial_steps=1, policy="hetrl").nodes["a"])
+    assert len(a) == 2 and len({n[0] for n in a}) == 1  # one kind's two nodes
+    b = set(_arrive(c, "b", "qwen3-0.6b-gsm8k", "hetrl"))
+    assert len(b) == 1 and not a & b  # the arrival sees the batch's nodes held: the fewest of the other kind
+    c.submit("d", "qwen3-0.6b-gsm8k")
+    d = c.place(steps=2, trial_steps=1, policy="hetrl").nodes
+    assert sorted(d) == ["d"] and len(d["d"]) == 1 and not set(d["d"]) & (a | b)  # only d: a and b run on
+    c.submit("e", "qwen3-0.6b-math")
+    with pytest.raises(ValueError, match="no free node: running pipelines hold all 4"):
+        c.place(steps=2, trial_steps=1, policy="hetrl")
+    c.ended("a")
+    assert set(c.place(steps=2, trial_steps=1, policy="hetrl").nodes["e"]) == a  # on a's nodes, given back
+    for name in "bde":
+        c.ended(name)
+    assert c.running == [] and c.workloads == {}
+    with pytest.raises(ValueError, match="no pipeline submitted"):
+        c.place(steps=2, trial_steps=1, policy="hetrl")
+
+
 def _arrive(c: Controller, name: str, workload: str, policy: str) -> tuple[str, ...]:
     ask = c.arriving(name, workload, steps=2, trial_steps=1, policy=policy)
     return c.arrived(ask, ask.decide())
