@@ -5,6 +5,7 @@
     HANG_S                              the deadline of a wait for something that must happen
                                         eventually: it only catches a hang, and a loaded
                                         machine never reaches it
+    alive(pid)                          whether a process still runs (a zombie does not)
     Hold(model, forwards)               an engine's generation thread stopped after its n-th
                                         forward until released: a test acts "mid-generation"
                                         at a step it chose, not at whatever step the race gave
@@ -16,6 +17,7 @@ clock, a heartbeat longer than the deadline) or reads the order of the daemon's 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +28,16 @@ T = TypeVar("T")
 POLL_S = 0.01
 HANG_S = 60.0
 """Generous on purpose: far past what anything here takes on a loaded 2-core machine."""
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs: it exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def wait_until(cond: Callable[[], T], timeout_s: float, what: str) -> T:

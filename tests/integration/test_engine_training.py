@@ -12,6 +12,7 @@ import os
 import random
 
 import pytest
+from waiting import alive
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -144,7 +145,7 @@ def _run_two_steps(world_size: int, samples: list[Sample], shares: tuple[int, ..
                 assert set(affinity(pid).values()) == {(0,)}
             trainer.reference_logprobs(samples[:2])  # still works on one core
         pids = trainer.pids()
-    assert all(not _alive(pid) for pid in pids)
+    assert all(not alive(pid) for pid in pids)
     return {"before": before, "ref": ref, "old": old, "first": first, "second": second, "after": after,
             "rank_samples": rank_samples}
 
@@ -201,14 +202,6 @@ def test_a_checkpoint_of_two_ranks_loads_into_one_and_trains_on_as_if_never_stop
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-4, atol=5e-5)  # as two ranks vs one, above
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_rank_error_reaches_parent_and_leaves_no_processes():
     samples = _batch(seed=2, n=4)
     bad = Sample(prompt_ids=(5,), output_ids=(10**6,), reward=1.0)  # out of the vocabulary
@@ -216,7 +209,7 @@ def test_rank_error_reaches_parent_and_leaves_no_processes():
     pids = trainer.pids()
     with pytest.raises(RuntimeError, match=r"rank 1 train:[\s\S]*index out of range"):
         trainer.train_step(samples[:3] + [bad], None, group_size=2)  # only rank 1 sees it
-    assert all(not _alive(pid) for pid in pids)  # rank 0 was stuck in a collective: killed
+    assert all(not alive(pid) for pid in pids)  # rank 0 was stuck in a collective: killed
     with pytest.raises(RuntimeError, match="closed"):
         trainer.state_dict()
     trainer.close()  # idempotent

@@ -8,14 +8,13 @@ SIGINT back would never be stopped (CI's clean-clone run failed so, and these te
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from waiting import HANG_S, wait_until
+from waiting import HANG_S, alive, wait_until
 
 from jigsaw.cluster.launch import _run
 
@@ -31,14 +30,6 @@ def _pids(tmp_path) -> list[int]:
     wait_until(lambda: (tmp_path / "pids").is_file() and len((tmp_path / "pids").read_text().split()) == 2,
                HANG_S, "the command's pids")
     return [int(p) for p in (tmp_path / "pids").read_text().split()]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _cancelled(tmp_path, cmd: list[str], grace_s: float = 0.0) -> list[int]:
@@ -66,7 +57,7 @@ def _cancelled(tmp_path, cmd: list[str], grace_s: float = 0.0) -> list[int]:
 
 def test_a_stopped_run_leaves_none_of_its_processes_and_a_finished_one_its_exit_code(tmp_path):
     pids = _cancelled(tmp_path, _family(tmp_path))
-    wait_until(lambda: all(map(_gone, pids)), HANG_S, "the stopped run's processes to go")
+    wait_until(lambda: not any(map(alive, pids)), HANG_S, "the stopped run's processes to go")
     assert _run(["sh", "-c", "echo out; exit 3"], {"X": "1"}, 30) == (3, "out\n")
     assert _run(["sh", "-c", "echo $X"], {"X": "given"}, 30) == (0, "given\n")
 
@@ -75,7 +66,7 @@ def test_a_run_past_its_time_is_killed_with_everything_it_started(tmp_path):
     t0 = time.monotonic()
     rc, out = _run(_family(tmp_path), {}, 1.0)
     assert rc == 124 and "killed after 1 s" in out and time.monotonic() - t0 < HANG_S
-    wait_until(lambda: all(map(_gone, _pids(tmp_path))), HANG_S, "the timed-out run's processes to go")
+    wait_until(lambda: not any(map(alive, _pids(tmp_path))), HANG_S, "the timed-out run's processes to go")
     assert _run(["/nonexistent/cmd"], {}, 5)[0] == 127
 
 
@@ -86,10 +77,10 @@ def test_a_cancelled_command_gets_sigterm_and_its_grace_and_one_that_ignores_it_
                           f"sleep 300 & echo $! > {tmp_path}/pids; echo $$ >> {tmp_path}/pids; wait"]
     pids = _cancelled(tmp_path, polite, grace_s=30.0)
     assert ends.read_text() == "saved\n"  # it ended its work within the grace, before the SIGKILL
-    wait_until(lambda: all(map(_gone, pids)), HANG_S, "the rest of its group to go")
+    wait_until(lambda: not any(map(alive, pids)), HANG_S, "the rest of its group to go")
     (tmp_path / "pids").unlink()
     deaf = ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {tmp_path}/pids; echo $$ >> {tmp_path}/pids; wait"]
     t0 = time.monotonic()
     pids = _cancelled(tmp_path, deaf, grace_s=1.0)
-    wait_until(lambda: all(map(_gone, pids)), HANG_S, "a command deaf to SIGTERM to be killed after its grace")
+    wait_until(lambda: not any(map(alive, pids)), HANG_S, "a command deaf to SIGTERM to be killed after its grace")
     assert time.monotonic() - t0 < HANG_S

@@ -1,11 +1,11 @@
 """The code tool's sandbox: no network (loopback included), bounded time, memory, output and files;
 whatever the code does, the call returns a result and leaves no process behind."""
 
-import os
 import socket
 import threading
 
 import pytest
+from waiting import alive
 
 from jigsaw.engines import sandbox
 from jigsaw.engines.sandbox import SandboxConfig, SandboxError, run_python
@@ -48,17 +48,8 @@ def test_runaway_code_is_killed_at_the_time_limit_with_everything_it_started():
     r = run_python(code, FAST)
     assert r.status == "timeout" and 1.5 <= r.wall_s < 15.0, (r.status, r.wall_s)  # not the child's 60 s
     child = int(r.output.split()[0])
-    assert not _alive(child), "a process the tool started outlived the call"
+    assert not alive(child), "a process the tool started outlived the call"
     assert r.feedback().endswith("[killed: time limit]")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
 
 
 def test_memory_past_the_limit_fails_the_call_not_this_process():
