@@ -244,7 +244,7 @@ def _booked(ctrl, sub: Submitted, placing: LaunchConfig):
         raise
     known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
     if missing := sorted(set(ids) - set(known)):
-        ray.get(ctrl.ended.remote(sub.name))
+        _ended(ctrl, sub.name)
         raise RuntimeError(f"{sub.name}: node(s) {missing} left the cluster meanwhile")
     return ids, [known[i] for i in ids]
 
