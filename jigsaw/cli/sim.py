@@ -310,6 +310,8 @@ def _replay(path: Path, profile: Path | None, policies: list[str], config: SimCo
         same = replay_decisions(trace)  # with the daemon's own grid, whatever re-packs with
         caption += (f"\n{rec.node['policy']}'s {same.plans} live plans re-made by the simulator's node state: "
                     + (f"{same.differ} differ, first: {same.mismatches[0]}" if same.differ else "all identical"))
+        if same.linked:
+            caption += f"\n{same.linked} of them saw an asynchronous job's sides linked through its buffer"
         if same.fallbacks:  # a policy that raises would otherwise show only as plans that differ
             caption += f"\nthe policy failed in {len(same.fallbacks)} of them, first: {same.fallbacks[0]}"
     t = Table(title=f"replay of {path}: {len(rec.pipelines)} pipelines on {rec.num_devices} devices",

@@ -280,6 +280,9 @@ class DecisionReplay:
     """The first few differences, empty when every plan was reproduced."""
     fallbacks: tuple[str, ...] = ()
     """Replayed plans the policy failed to make (the node's fallback decided), and why."""
+    linked: int = 0
+    """Replayed plans whose view linked an asynchronous job's sides through their buffer (a
+    piece of one side waiting on a piece of the other): the plans its coupling entered."""
 
 
 def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = None,
@@ -291,7 +294,7 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
     from jigsaw.node.inputs import Inbox
 
     replaying = _Replaying(Inbox(_node_state(trace, grid, sched)))
-    plans, mismatches, fallbacks = 0, [], []
+    plans, linked, mismatches, fallbacks = 0, 0, [], []
     for e in trace.events:
         try:
             got = replaying.apply(e)
@@ -302,13 +305,14 @@ def replay_decisions(trace: Trace, grid=None, sched: SchedulerConfig | None = No
             mismatches.append(f"t={e.t_s:.6f}: request became {got}, recorded {e.substage}")
         if e.event == "plan":
             plans += 1
+            linked += replaying.linked(e.t_s)
             mine = got.record() if got is not None else None
             if got is not None and got.fallback:
                 fallbacks.append(f"t={e.t_s:.6f}: {got.fallback}")
             if mine is None or any(mine[k] != e.data.get(k) for k in compare):
                 mismatches.append(f"t={e.t_s:.6f}: plan {_brief(mine)} differs from the recorded {_brief(e.data)}")
     return DecisionReplay(plans=plans, differ=len(mismatches), mismatches=tuple(mismatches[:20]),
-                          fallbacks=tuple(fallbacks))
+                          fallbacks=tuple(fallbacks), linked=linked)
 
 
 def _node_state(trace: Trace, grid, sched: SchedulerConfig | None):
@@ -381,6 +385,12 @@ class _Replaying:
                 return ordered
             return self.state.decide(e.t_s)
         return None
+
+
+    def linked(self, now_s: float) -> bool:
+        """Whether the node's view after the plan at `now_s` linked a job's sides."""
+        view, _ = self.state.view(now_s)
+        return any(ps.waits_for for ps in (*view.pipelines, *view.waiting))
 
 
 def _brief(record: dict | None) -> str:
