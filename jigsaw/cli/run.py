@@ -162,7 +162,10 @@ def _in_cluster(args: Args, name: str) -> int:
 
     join(args.cluster, "--cluster", log_to_driver=True)  # CMD's output comes back through Ray
     _say(f"{name}: asking the cluster's controller where it runs (trials of {args.workload}) ...")
-    ran = arrive(Submitted(name=name, workload=args.workload, cmd=tuple(args.cmd)),
+    # a verl job's workers are Ray actors: the hook hands them the placement's environment
+    hook = _verl_env(dict(os.environ), name).get("RAY_RUNTIME_ENV_HOOK") if _framework(args) == "verl" else None
+    ran = arrive(Submitted(name=name, workload=args.workload, cmd=tuple(args.cmd),
+                           env=(("RAY_RUNTIME_ENV_HOOK", hook),) if hook else ()),
                  LaunchConfig(policy=args.cluster_policy, replace_on_loss=args.cluster_replace), say=_say)
     _say(f"{name} ended with exit code {ran.returncode}")
     return 128 - ran.returncode if ran.returncode < 0 else ran.returncode

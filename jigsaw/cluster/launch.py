@@ -5,8 +5,9 @@
          simulator's trials price each group: the `jigsaw sim --nodes` decision) ─► Assigned
       ─► per pipeline, its nodes' daemons (NodeInfo.endpoint, devices) ─► CMD as a Ray task
          pinned to the group's first node, with JIGSAW_PIPELINE, JIGSAW_ENDPOINT (that node's
-         daemon) and, placed on several nodes, JIGSAW_NODES (runtime/across.py: a client per
-         node, gangs started on all at once); `{gpus}` in CMD is the GPUs its group gives it
+         daemon), JIGSAW_OWNER (its token: each of its processes joins it on every node) and,
+         placed on several nodes, JIGSAW_NODES (runtime/across.py: a client per node, gangs
+         started on all at once); `{gpus}` in CMD is the GPUs its group gives it
       ─► Launched: the placement, each pipeline's nodes, exit code and output tail; each
          pipeline's nodes booked in the controller until it ends (arrivals meanwhile get others)
     arrive(Submitted)   (`jigsaw run --cluster`: one pipeline, arriving while others run)
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 
 from jigsaw.cluster.controller import NAMESPACE, NodeInfo, get_or_start
 from jigsaw.cluster.questions import Assigned
-from jigsaw.env import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE
+from jigsaw.env import ENV_ENDPOINT, ENV_NODES, ENV_OWNER, ENV_PIPELINE
 from jigsaw.extras import require
 
 OUTPUT_TAIL_CHARS = 4000
@@ -55,6 +57,9 @@ class Submitted:
     """What placement prices it as: a `jigsaw sim` workload name or file."""
     cmd: tuple[str, ...]
     """Its command; `{gpus}` in a word is the GPUs of the nodes it is placed on."""
+    env: tuple[tuple[str, str], ...] = ()
+    """What CMD runs with besides its placement's (a verl job: Ray's runtime-env hook, which
+    hands the placement's to every worker)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,13 +104,15 @@ class LaunchConfig:
     sees), else it starts over.  0: it runs on, its pieces on the lost node without a daemon."""
 
 
-def environment(name: str, nodes: list[NodeInfo]) -> dict[str, str]:
-    """What a pipeline placed on `nodes` (its driver on the first) runs with."""
+def environment(name: str, nodes: list[NodeInfo], owner: str) -> dict[str, str]:
+    """What a pipeline placed on `nodes` (its driver on the first) runs with; `owner`: its
+    token (owners.py), the same at every node and placement, so each of its processes (a verl
+    job's workers are Ray actors of their own) registers as the one pipeline there."""
     if any(not n.endpoint for n in nodes):
         missing = [n.node_id for n in nodes if not n.endpoint]
         raise ValueError(f"{name}: node(s) {missing} joined without a daemon endpoint "
                          "(not a `jigsaw daemon --cluster`)")
-    env = {ENV_PIPELINE: name, ENV_ENDPOINT: nodes[0].endpoint}
+    env = {ENV_PIPELINE: name, ENV_ENDPOINT: nodes[0].endpoint, ENV_OWNER: owner}
     if len(nodes) > 1:
         env[ENV_NODES] = json.dumps([[n.node_id, n.endpoint, n.gpus] for n in nodes])
     return env
@@ -183,7 +190,8 @@ def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), ti
     for p in pipelines:
         nodes = [known[i] for i in placed.nodes[p.name]]
         gpus = sum(n.gpus for n in nodes)
-        futures.append(_pinned(nodes[0].node_id).remote(command(p.cmd, gpus), environment(p.name, nodes), timeout_s))
+        env = {**dict(p.env), **environment(p.name, nodes, secrets.token_hex(16))}
+        futures.append(_pinned(nodes[0].node_id).remote(command(p.cmd, gpus), env, timeout_s))
         where.append(tuple(n.node_id for n in nodes))
     return placed, futures, where
 
@@ -204,7 +212,7 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
     forwarded here by Ray, and the nodes are given back when it ends, however it ends; placed
     again where a node of it is lost, up to `placing.replace_on_loss` times."""
     require("cluster", "jigsaw run --cluster")
-    ctrl = get_or_start()
+    ctrl, owner = get_or_start(), secrets.token_hex(16)
     before: list[tuple[str, ...]] = []
     while True:
         try:
@@ -217,8 +225,9 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
         try:
             gpus = sum(n.gpus for n in nodes)
             say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
-            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), environment(sub.name, nodes), timeout_s,
-                                         capture=False, grace_s=placing.stop_grace_s)
+            env = {**dict(sub.env), **environment(sub.name, nodes, owner)}
+            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), env, timeout_s, capture=False,
+                                         grace_s=placing.stop_grace_s)
             lost = _watch(ctrl, run, ids) if len(before) < placing.replace_on_loss else ()
             if not lost:
                 rc, out = _result(run, ctrl, ids)

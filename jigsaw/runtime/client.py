@@ -596,7 +596,8 @@ def connect(pipeline: str | None = None, endpoint: str | None = None, devices: t
         from jigsaw.runtime.across import parse_nodes, reach
 
         if len(nodes := parse_nodes(placed)) > 1:  # placed across nodes by the cluster (cluster/launch.py)
-            got = reach(name, nodes, Client, steps=steps, max_tokens=max_tokens, slo_slowdown=slo_slowdown)
+            got = reach(name, nodes, Client, owner=owner, steps=steps, max_tokens=max_tokens,
+                        slo_slowdown=slo_slowdown)
             if not isinstance(got, str):
                 return got
             log.warning("pipeline %s was placed across nodes, but %s: scheduled by this node's daemon alone, "

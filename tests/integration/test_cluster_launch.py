@@ -18,6 +18,7 @@ every step once; one watched while the controller itself is lost runs on, untouc
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -175,16 +176,17 @@ def test_jigsaw_run_cluster_books_each_arriving_pipeline_nodes_and_runs_it_there
         show = ("import os, sys, time\n"
                 "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"  # both held at once
                 "print('ran on', os.environ['JIGSAW_ENDPOINT'], 'as', os.environ['JIGSAW_PIPELINE'], flush=True)\n"
+                "print('owner', os.environ['JIGSAW_OWNER'], 'hook', os.environ.get('RAY_RUNTIME_ENV_HOOK'))\n"
                 "sys.exit(int(sys.argv[2]))")
 
-        def arrive(name: str, rc: int) -> subprocess.Popen:
+        def arrive(name: str, rc: int, *extra: str) -> subprocess.Popen:
             return subprocess.Popen(
                 [sys.executable, "-m", "jigsaw.cli.main", "run", "--cluster", cluster.address, "--name", name,
-                 "--workload", "qwen3-0.6b-math", "--cluster-policy", "hetrl", "--",
+                 "--workload", "qwen3-0.6b-math", "--cluster-policy", "hetrl", *extra, "--",
                  sys.executable, "-c", show, str(go), str(rc)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-        runs = {"a": arrive("a", 0), "b": arrive("b", 3)}
+        runs = {"a": arrive("a", 0), "b": arrive("b", 3, "--framework", "verl")}
         ctrl = get_or_start()
         deadline = time.monotonic() + 180
         while len(ray.get(ctrl.arrivals.remote(), timeout=60)) < 2:
@@ -208,6 +210,10 @@ def test_jigsaw_run_cluster_books_each_arriving_pipeline_nodes_and_runs_it_there
         ran = {n: [w for w in endpoints if f"ran on {w} as {n}" in out] for n, out in outs.items()}
         assert all(len(v) == 1 for v in ran.values()) and ran["a"] != ran["b"], outs  # a node each, its own
         assert all("placed on 1 h100 node(s)" in out for out in outs.values()), outs
+        # each its own owner token (its processes register as one pipeline); verl's workers get the hook
+        told = {n: re.search(r"owner ([0-9a-f]{32}) hook (\S+)", out).groups() for n, out in outs.items()}
+        assert told["a"][0] != told["b"][0], told
+        assert told["a"][1] == "None" and told["b"][1] == "jigsaw.integrations.verl.ray_env.runtime_env_hook", told
         assert ray.get(ctrl.arrivals.remote(), timeout=60) == {}  # given back
     finally:
         _stop(cluster)

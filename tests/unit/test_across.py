@@ -7,6 +7,8 @@ tests/integration/test_cluster_launch.py."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +16,7 @@ from jigsaw.cluster.controller import NodeInfo
 from jigsaw.cluster.launch import command, environment
 from jigsaw.runtime.across import Across, parse_nodes
 from jigsaw.runtime.client import Client, connect
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_PIPELINE
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_OWNER, ENV_PIPELINE
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,12 +59,12 @@ def test_a_collective_stage_as_one_sub_stage_across_nodes_is_refused_host_work_g
 def test_the_launch_environment_is_what_connect_reads(monkeypatch, tmp_path):
     nodes = [NodeInfo(node_id="na", kind="h100", gpus=2, endpoint="ipc:///tmp/a/daemon.sock"),
              NodeInfo(node_id="nb", kind="h100", gpus=1, endpoint="ipc:///tmp/b/daemon.sock")]
-    env = environment("p", nodes)
-    assert env[ENV_PIPELINE] == "p" and env[ENV_ENDPOINT] == nodes[0].endpoint
+    env = environment("p", nodes, "t0k3n")
+    assert env[ENV_PIPELINE] == "p" and env[ENV_ENDPOINT] == nodes[0].endpoint and env[ENV_OWNER] == "t0k3n"
     assert parse_nodes(env[ENV_NODES]) == [("na", nodes[0].endpoint, 2), ("nb", nodes[1].endpoint, 1)]
-    assert ENV_NODES not in environment("p", nodes[:1])  # one node: a plain client
+    assert ENV_NODES not in environment("p", nodes[:1], "t0k3n")  # one node: a plain client
     with pytest.raises(ValueError, match="without a daemon endpoint"):
-        environment("p", [NodeInfo(node_id="nc", kind="h100", gpus=1)])
+        environment("p", [NodeInfo(node_id="nc", kind="h100", gpus=1)], "t0k3n")
     assert command(("x", "--dp", "{gpus}", "--ranks={gpus}"), 3) == ["x", "--dp", "3", "--ranks=3"]
     daemons = _daemons(tmp_path, "ab")
     try:
@@ -88,6 +90,47 @@ def _daemons(tmp_path, names: str) -> list:
         node.client("probe")  # returns once the daemon answers
         out.append((node, endpoint(node.dir)))
     return out
+
+
+_JOIN = ("from jigsaw.runtime.client import connect\n"
+         "c = connect('p')\n"
+         "print(type(c).__name__, c.connected, flush=True)\n"
+         "c.close()")
+
+
+def test_every_process_of_a_pipeline_placed_across_nodes_joins_it_on_each_node_by_its_token(monkeypatch, tmp_path):
+    """A verl job's trainer and its replicas are processes of their own: each registers the
+    pipeline on every node; the launch's owner token, not the first process, is its owner."""
+    daemons = _daemons(tmp_path, "ab")
+    try:
+        placed = json.dumps([["na", daemons[0][1], 2], ["nb", daemons[1][1], 2]])
+        monkeypatch.setenv(ENV_NODES, placed)
+        monkeypatch.setenv(ENV_OWNER, "a" * 32)
+        first = connect("p")
+        assert isinstance(first, Across) and first.connected
+
+        def joined(token: str) -> str:
+            env = {**os.environ, ENV_NODES: placed, ENV_OWNER: token}
+            return subprocess.run([sys.executable, "-c", _JOIN], env=env, capture_output=True, text=True,
+                                  timeout=60).stdout.strip()
+
+        assert joined("a" * 32) == "Across True"
+        assert joined("b" * 32) == "Client False"  # another job's token: refused on every node
+        first.close()
+    finally:
+        for node, _ in daemons:
+            node.close()
+
+
+def test_a_verl_job_placed_across_nodes_gets_every_nodes_ranks_and_its_workers_the_placement(monkeypatch):
+    from jigsaw.integrations.verl.placement import node_devices
+    from jigsaw.integrations.verl.ray_env import runtime_env_hook
+
+    a = _across()
+    assert node_devices(a) == 3  # rank r on the node of the r-th device: replicas and trainer ranks on both
+    a.close()
+    monkeypatch.setenv(ENV_NODES, '[["na", "ipc:///a", 2], ["nb", "ipc:///b", 1]]')
+    assert runtime_env_hook({})["env_vars"][ENV_NODES] == os.environ[ENV_NODES]  # Ray workers connect across too
 
 
 @pytest.mark.parametrize("case", ["one-endpoint", "unreachable"])

@@ -19,9 +19,14 @@ STATUS_TIMEOUT_S = 2.0
 
 
 def node_devices(client) -> int:
-    """The daemon's device count (1 when there is no daemon: the job runs unscheduled)."""
+    """The DP ranks the job's grants come for: its daemon's device count (1 when there is no
+    daemon: the job runs unscheduled); placed across nodes (an Across), every node's devices,
+    rank r on the node of the r-th (runtime/across.py)."""
+    from jigsaw.runtime.across import Across
     from jigsaw.runtime.client import status
 
+    if isinstance(client, Across):
+        return client.devices
     if client.endpoint and (st := status(client.endpoint, STATUS_TIMEOUT_S)) is not None and st.devices:
         return int(st.devices)
     return 1

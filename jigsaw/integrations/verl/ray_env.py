@@ -2,7 +2,8 @@
 
     jigsaw run ─► env RAY_RUNTIME_ENV_HOOK=jigsaw.integrations.verl.ray_env.runtime_env_hook
     verl's driver: ray.init(runtime_env=…) ─► runtime_env_hook(runtime_env)
-        + env_vars: JIGSAW_ENDPOINT, JIGSAW_PIPELINE, JIGSAW_OWNER (and VERL_PLATFORM when set)
+        + env_vars: JIGSAW_ENDPOINT, JIGSAW_PIPELINE, JIGSAW_OWNER, JIGSAW_NODES (placed across
+          nodes by `jigsaw run --cluster`), and VERL_PLATFORM when set
         + worker_process_setup_hook = ray_env.setup (unless the job has its own)
     every Ray worker ─► setup(): once verl is imported there, jigsaw's verl plugin is loaded,
         even where verl's entry-point discovery is off (VERL_USE_EXTERNAL_PLUGINS=none)
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import os
 
-from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_OWNER, ENV_PIPELINE
+from jigsaw.runtime.paths import ENV_ENDPOINT, ENV_NODES, ENV_OWNER, ENV_PIPELINE
 
 HOOK = f"{__name__}.runtime_env_hook"
 SETUP = f"{__name__}.setup"
-FORWARDED = (ENV_ENDPOINT, ENV_PIPELINE, ENV_OWNER, "VERL_PLATFORM", "JIGSAW_VERL_POLL_S")
+FORWARDED = (ENV_ENDPOINT, ENV_PIPELINE, ENV_OWNER, ENV_NODES, "VERL_PLATFORM", "JIGSAW_VERL_POLL_S")
 
 
 def runtime_env_hook(runtime_env: dict | None) -> dict:
