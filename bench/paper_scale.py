@@ -7,9 +7,10 @@ growing DP degree.  Paper: up to 1.75× (1.47× on average) over verl, 1.31× ov
 
 Every baseline is placed the way its paper places it: verl (serial) runs each job on every
 GPU in turn, split gives each its half, static and MuxServe share every GPU, RollMux its
-rollout and training pools (sim/policies).  The GPUs are nodes of 8 (GPUS/8 x the workload's
-kind): jigsaw places the pair on them as `jigsaw sim --nodes` does (cluster/placement.py:
-both on every node, or each on nodes of its own, priced by jigsaw's own trials), and so do
+rollout and training pools (sim/policies).  The GPUs are nodes of 4, the paper's A100 nodes
+(§5.1; GPUS/4 x the workload's kind, cluster/spec.node_gpus): jigsaw places the pair on them
+as `jigsaw sim --nodes` does (cluster/placement.py: both on every node, or each on nodes of
+its own, priced by jigsaw's own trials), and so do
 HetRL-style placement (each on nodes of its own, run alone) and RollMux's admission ("rollmux
 placed": packed within its SLO, else on nodes of its own; it may leave nodes idle, as it
 minimises the GPUs held).  "jigsaw flat" is jigsaw with both pipelines on every GPU, as
@@ -28,12 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _compare import run_mix, table  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from jigsaw.cluster.spec import node_gpus  # noqa: E402
 from jigsaw.sim import workload  # noqa: E402
+
+GPUS_PER_NODE = node_gpus("a100")
 
 FIG13 = ("qwen3-4b-gsm8k-a100", "deepseek-r1-distill-qwen-14b-math", "qwen3-32b-math")
 POLICIES = ("serial", "split", "static", "rollmux", "muxserve", "jigsaw")
 PLACED = ("jigsaw flat", "hetrl", "rollmux placed")
-GPUS_PER_NODE = 8
 
 
 def main() -> None:

@@ -39,9 +39,9 @@ class ClusterConfig:
     """A cluster of nodes for `jigsaw sim`, and how its pipelines are placed."""
 
     nodes: str = ""
-    """The cluster as COUNTxKIND[:GPUS], comma-separated (4xh100,4xa100; 8 GPUs a node unless
-    :GPUS): the pipelines are placed on its nodes by each --cluster-policy and every group of
-    nodes is simulated.  Empty: one node, as without it."""
+    """The cluster as COUNTxKIND[:GPUS], comma-separated (4xh100,4xa100; unless :GPUS, the
+    kind's usual node: 8 H100, the paper's 4 A100): the pipelines are placed on its nodes by
+    each --cluster-policy and every group of nodes is simulated.  Empty: one node, as without it."""
     cluster_policy: tuple[str, ...] = ("jigsaw", "hetrl", "rollmux")
     """Placement policies to compare: jigsaw (singles and pairs, priced by jigsaw's own runs),
     hetrl (each pipeline on nodes of its own, priced alone) and rollmux (RollMux's admission: each
@@ -115,7 +115,8 @@ def group_config(sim: SimConfig, group: Group, policy: str) -> SimConfig:
         return tuple(values[i] for i in pick) if len(values) > 1 else values
 
     names = expand(sim.workload)
-    return replace(sim, workload=tuple(names[i] for i in pick), device=group.kind, gpus=group.gpus, policy=policy,
+    return replace(sim, workload=tuple(names[i] for i in pick), device=group.kind, gpus=group.gpus,
+                   node_gpus=group.gpus_per_node, policy=policy,
                    sample_streams=pick, rollout_tp=sub(sim.rollout_tp), fsdp_degree=sub(sim.fsdp_degree),
                    offload=sub(sim.offload), mode=sub(sim.mode), slo=sub(sim.slo))
 

@@ -60,6 +60,10 @@ class SimConfig:
     device: str = ""
     """GPU kind of the node (h100 | a100); empty: the workloads' own, which must agree.  A
     workload on another kind is priced by that kind's analytic prior for its model."""
+    node_gpus: int = 0
+    """GPUs of one physical node where --gpus spans several: a training shard group larger than
+    it pays the inter-node bandwidth.  0: the kind's usual node (8 H100, the paper's 4 A100);
+    `--nodes` sets each group's."""
     rollout_tp: tuple[int, ...] = ()
     """Rollout TP of each pipeline, in --workload order; empty: each workload's.  TPs must
     divide each other (a scheduling device is one group of the largest)."""
@@ -142,6 +146,8 @@ class SimConfig:
                 check_slo(x)
         if self.placement_trial_steps < 1:
             raise ValueError(f"--placement-trial-steps must be at least 1, got {self.placement_trial_steps}")
+        if self.node_gpus < 0:
+            raise ValueError(f"--node-gpus must be at least 1 (0: the kind's usual node), got {self.node_gpus}")
         if any(w < 1 for w in self.trial_windows):
             raise ValueError(f"--trial-windows must be at least 1 each, got {self.trial_windows}")
         for name in ("placement_min_gain_frac", "placement_confirm_frac", "trial_window_min_gain_frac"):
@@ -296,7 +302,7 @@ def build(config: SimConfig, only: int | None = None, placed_as: str | None = No
                              f"on {gpus // per_device} scheduling devices of {per_device} GPUs")
         dep = Parallelism(rollout_tp=tp, fsdp_degree=fsdp or len(train) * per_device, gpus_per_device=per_device,
                          offload=offload)
-        deployment = (spec.model, prior_config(spec, dep))
+        deployment = (spec.model, prior_config(spec, dep, config.node_gpus))
         deployments.append(deployment)
         try:
             cost = Replicas(grids.step_cost(device_name, deployment), dep.replicas, per_device)
@@ -349,8 +355,8 @@ def _placement(config: SimConfig, placed_as: str | None, k: int, devices: int) -
     return pol.placement(k, devices)
 
 
-def prior_config(spec: workload.WorkloadSpec, dep: Parallelism) -> PriorConfig:
-    return PriorConfig(rollout_tp=dep.rollout_tp, fsdp_degree=dep.fsdp_degree,
+def prior_config(spec: workload.WorkloadSpec, dep: Parallelism, node_gpus: int = 0) -> PriorConfig:
+    return PriorConfig(rollout_tp=dep.rollout_tp, fsdp_degree=dep.fsdp_degree, node_gpus=node_gpus,
                        train_forward_passes=4.0 if spec.gradient_checkpointing else 3.0, offload=dep.offload)
 
 

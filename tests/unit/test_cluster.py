@@ -271,3 +271,26 @@ def test_jigsaw_run_cluster_refuses_a_negative_re_placement_count_before_asking_
     argv = ["run", "--cluster", "auto", "--workload", "qwen3-0.6b-math", "--cluster-replace", "-1", "--", "true"]
     assert main(argv) == 2
     assert "--cluster-replace is a count of re-placements, at least 0, got -1" in capsys.readouterr().err
+
+
+def test_a_kinds_node_is_its_usual_one_and_a_shard_group_inside_a_node_is_priced_on_nvlink():
+    from jigsaw.mux.model.roofline import Roofline
+    from jigsaw.mux.model.specs import A100, LINK_BW_BYTES_PER_S, MODELS, NET_BW_BYTES_PER_S, PriorConfig
+
+    # the paper's A100 nodes hold 4 GPUs (§5.1), DGX H100 8: what the cost model prices FSDP by
+    assert parse_nodes("2xa100,1xh100") == (NodeKind(kind="a100", count=2, gpus=4),
+                                            NodeKind(kind="h100", count=1, gpus=8))
+    assert (str(NodeKind(kind="a100", count=2)), str(NodeKind(kind="a100", count=1, gpus=8))) == ("2xa100", "1xa100:8")
+
+    def link(node_gpus: int) -> float:
+        return Roofline(A100, MODELS["qwen3-0.6b"], PriorConfig(fsdp_degree=8, node_gpus=node_gpus)).link_bw
+
+    assert link(8) == LINK_BW_BYTES_PER_S[A100.sku] and link(4) == link(0) == NET_BW_BYTES_PER_S[A100.sku]
+    # a group of one node of 8 A100 trains its 8-way shard group there, faster than on two of 4
+    sim = SimConfig(workload=("qwen3-0.6b-math",), steps=1, trace=False, fsdp_degree=(8,))
+
+    def step_s(gpus_per_node: int) -> float:
+        group = Group(pipelines=(0,), kind="a100", gpus_per_node=gpus_per_node, nodes=8 // gpus_per_node)
+        return simulate(group_config(sim, group, "serial")).pipelines[0].finish_s
+
+    assert step_s(8) < step_s(4)  # the same samples, rollouts alike: the collectives differ

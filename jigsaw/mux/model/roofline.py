@@ -97,7 +97,7 @@ class Roofline:
         if device.sku not in LINK_BW_BYTES_PER_S:
             raise ValueError(f"no NVLink bandwidth known for {device.sku!r}; add it to LINK_BW_BYTES_PER_S")
         # FSDP collectives cross nodes once the shard group is larger than a node.
-        inside = cfg.fsdp_degree <= GPUS_PER_NODE[device.sku]
+        inside = cfg.fsdp_degree <= (cfg.node_gpus or GPUS_PER_NODE[device.sku])
         self.link_bw = LINK_BW_BYTES_PER_S[device.sku] if inside else NET_BW_BYTES_PER_S[device.sku]
 
     def work(self, kind: str, mem_frac: float) -> _Work | None:

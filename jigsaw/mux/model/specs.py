@@ -230,6 +230,9 @@ class PriorConfig:
     """Tensor-parallel degree of the rollout engine (weights and KV heads split over it)."""
     fsdp_degree: int = 4
     """FSDP shard degree of training and reference (JigsawRL Fig. 7: Qwen3-4B on 4 GPUs)."""
+    node_gpus: int = 0
+    """GPUs of the node the deployment runs on: a shard group larger than it runs its collectives
+    at the inter-node bandwidth.  0: the kind's usual node (GPUS_PER_NODE)."""
     prefill_tokens: int = 8192
     """Tokens per prefill forward: SGLang's default chunked-prefill size on 80 GB GPUs."""
     prefill_context_tokens: int = 1024
