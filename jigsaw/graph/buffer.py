@@ -77,10 +77,28 @@ class SampleBuffer:
     _seen: set[int] = field(default_factory=set)
     ledger: list[Trained] = field(default_factory=list)
     """Every sample trained, in order."""
+    oldest_weights: int = 0
+    """The oldest version a batch may generate under: a run gone on from a checkpoint holds
+    only the checkpoint's weights, so its first batches take those (fresher than the bound
+    asks, never staler)."""
 
     def __post_init__(self) -> None:
         if self.staleness < 0:
             raise ValueError(f"staleness bound must be >= 0, got {self.staleness}")
+
+    @classmethod
+    def resumed(cls, staleness: int, ledger: Iterable[Trained]) -> SampleBuffer:
+        """The buffer of a run going on after the steps `ledger` trained (a checkpoint's): at
+        the version after the last, with their samples never to be put again.  Batches that
+        were generated and not yet trained are not in it: they are generated again."""
+        done = list(ledger)
+        version = max((t.step for t in done), default=-1) + 1
+        if sorted({t.step for t in done}) != list(range(version)):
+            raise ValueError(f"a resumed ledger must hold steps 0..{version - 1}, each trained once")
+        buf = cls(staleness, version=version, ledger=done, oldest_weights=version)
+        buf._taken.update(range(version))
+        buf._seen.update(t.uid for t in done)
+        return buf
 
     def may_generate(self, batch: int) -> bool:
         """Whether batch `batch` may start under the current weights."""
@@ -94,7 +112,7 @@ class SampleBuffer:
         fast its sides are."""
         if not self.may_generate(batch):
             raise ValueError(f"batch {batch} may not start at weight version {self.version} (bound {self.staleness})")
-        return self.version if newest else max(0, batch - self.staleness)
+        return self.version if newest else max(self.oldest_weights, batch - self.staleness)
 
     def put(self, batch: int, samples: Iterable[tuple[int, int]]) -> None:
         """Batch `batch` is generated: (uid, version it was born under) per sample."""

@@ -10,6 +10,9 @@ goes on from its last whole step.
     start ─► newest(DIR): the last whole step ─► Trainer.load, the rollout workers get its
              weights, the run goes on at k + 1 (prompts and length caps are functions of
              (seed, step), so the steps after it ask what they would have asked)
+    asynchronous modes: the same after each trained step, with the buffer's ledger; batches
+             generated and not yet trained are not saved, and are generated again after it
+             (async_grpo.py: every sample still trained once, within the bound)
 
 A checkpoint of another pipeline (model, task, seed, prompts or group differ) is refused with
 the difference named: going on from it would train one pipeline on another's weights.
@@ -48,20 +51,23 @@ class Resume:
     """The last step it holds; the run goes on at step + 1."""
     steps: list[dict]
     """The results of steps 0..step, as the run that saved them wrote them."""
+    saved: dict
+    """What else the run saved with them (an asynchronous run: its buffer's ledger, its batches)."""
 
 
 def identity(cfg) -> dict:
     return {k: getattr(cfg, k) for k in IDENTITY}
 
 
-def save(directory: Path, step: int, trainer, steps: list[dict], cfg) -> Path:
-    """Step `step` done: the trainer's shards and the results so far; older ones pruned."""
+def save(directory: Path, step: int, trainer, steps: list[dict], cfg, **saved) -> Path:
+    """Step `step` done: the trainer's shards and the results so far (and `saved`, JSON: what
+    Resume.saved gives back); older ones pruned."""
     path = directory / f"step-{step}"
     if path.exists():  # a save of this step cut short before its metadata: start it again
         shutil.rmtree(path)
     trainer.save(path)
     tmp = path / (META + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "identity": identity(cfg), "steps": steps}))
+    tmp.write_text(json.dumps({"step": step, "identity": identity(cfg), "steps": steps, "saved": saved}))
     os.replace(tmp, path / META)
     for old in _whole(directory)[:-KEEP]:
         shutil.rmtree(old[1])
@@ -79,7 +85,7 @@ def newest(directory: Path, cfg) -> Resume | None:
         diff = {k: (saved.get(k), now[k]) for k in now if saved.get(k) != now[k]}
         raise ValueError(f"{path} is a checkpoint of another pipeline (saved vs this run: {diff}); "
                          "use another --checkpoint-dir")
-    return Resume(path=path, step=step, steps=meta["steps"])
+    return Resume(path=path, step=step, steps=meta["steps"], saved=meta.get("saved", {}))
 
 
 def _whole(directory: Path) -> list[tuple[int, Path]]:

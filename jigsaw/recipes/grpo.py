@@ -91,7 +91,8 @@ class RecipeConfig:
     checkpoint_dir: Path | None = None
     """Save the trainer (policy and AdamW) and the results after every step here, and go on from
     the newest whole step found: a pipeline stopped, or re-placed with other --train-ranks,
-    resumes there (recipes/checkpoint.py).  Synchronous mode only."""
+    resumes there (recipes/checkpoint.py).  An asynchronous run saves its buffer's ledger too;
+    batches generated and not yet trained are generated again."""
 
     def __post_init__(self) -> None:
         from jigsaw.graph.buffer import MODES
@@ -100,8 +101,6 @@ class RecipeConfig:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.staleness is not None and (self.mode == "sync" or self.staleness < 1):
             raise ValueError(f"--staleness {self.staleness} needs an asynchronous --mode and is at least 1")
-        if self.checkpoint_dir is not None and self.mode != "sync":
-            raise ValueError(f"--checkpoint-dir is for --mode sync (its sample buffer is not saved), got {self.mode!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
                 for i, (prompt, response) in enumerate(s["lengths"]):
                     f.write(json.dumps({"step": s["step"], "prompt_id": i // args.recipe.group,
                                         "prompt_len": prompt, "response_len": response}) + "\n")
-    return STOPPED_RC if doc.get("stopped") else 0  # the asynchronous modes take no SIGTERM of their own
+    return STOPPED_RC if doc.get("stopped") else 0
 
 
 def run(cfg: RecipeConfig) -> dict:

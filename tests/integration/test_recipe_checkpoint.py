@@ -82,3 +82,53 @@ def test_sigterm_between_two_steps_stops_the_run_there_with_its_result_and_check
     doc = json.loads(result.read_text())
     assert doc["stopped"] and [s["step"] for s in doc["steps"]] == [0]
     assert [p.name for p in ckpt.iterdir()] == ["step-0"]
+
+
+def _ledger_whole(doc: dict, steps: int, per_batch: int) -> None:
+    """Every sample of every step trained once, within the bound, each step once, in order."""
+    assert sorted(u for u, _, _ in doc["ledger"]) == list(range(steps * per_batch)), "a sample lost or trained twice"
+    assert all(0 <= step - born <= doc["staleness"] for _, born, step in doc["ledger"])
+    assert [s["step"] for s in doc["steps"]] == list(range(steps))
+    assert [b["batch"] for b in doc["batches"]] == list(range(steps))  # a dropped batch generated again, once
+
+
+def test_an_asynchronous_run_stopped_mid_run_goes_on_from_its_last_step_with_its_ledger(tmp_path):
+    """SIGTERM once step 0 is saved: the step in flight ends and is saved, the batch being
+    generated is dropped; the run given the same directory trains the rest, each sample once."""
+    from jigsaw.recipes.grpo import STOPPED_RC
+
+    ckpt, result = tmp_path / "ckpt", tmp_path / "stopped.json"
+    proc = subprocess.Popen([sys.executable, "-m", "jigsaw.recipes.grpo", *SMALL, "--steps", "4", "--mode",
+                             "one-step-off", "--result", str(result), "--checkpoint-dir", str(ckpt)], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (ckpt / "step-0" / "jigsaw.json").exists() or proc.poll() is not None, 240,
+                   "step 0 saved")
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=HANG_S)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == STOPPED_RC, err[-3000:]
+    stopped = json.loads(result.read_text())
+    done = len(stopped["steps"])
+    assert stopped["stopped"] and 1 <= done < 4 and f"stopped (SIGTERM) after {done} step(s), all saved" in err
+
+    rc, then, err = _recipe(tmp_path, "then", "--steps", "4", "--mode", "one-step-off", "--checkpoint-dir", str(ckpt))
+    assert rc == 0, err[-3000:]
+    assert then["resumed_steps"] == done and then["steps"][:done] == stopped["steps"] and not then["stopped"]
+    _ledger_whole(then, 4, 4)
+    # the first batch after it generates under the checkpoint's weights: fresher than the bound asks
+    assert then["batches"][done]["weights_version"] == done
+
+
+def test_an_asynchronous_run_goes_on_from_a_synchronous_ones_checkpoint(tmp_path):
+    """A sync checkpoint keeps no ledger: its step n trained batch n under the weights of step n."""
+    ckpt = str(tmp_path / "ckpt")
+    rc, first, err = _recipe(tmp_path, "sync", "--steps", "1", "--checkpoint-dir", ckpt)
+    assert rc == 0, err[-3000:]
+    rc, then, err = _recipe(tmp_path, "async", "--steps", "3", "--mode", "fully-async", "--checkpoint-dir", ckpt)
+    assert rc == 0, err[-3000:]
+    assert then["resumed_steps"] == 1 and then["steps"][:1] == first["steps"]
+    assert sorted(u for u, _, _ in then["ledger"]) == list(range(12))
+    assert [row for row in then["ledger"] if row[2] == 0] == [[u, 0, 0] for u in range(4)]
+    assert [s["step"] for s in then["steps"]] == [0, 1, 2] and [b["batch"] for b in then["batches"]] == [1, 2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jigsaw.graph.buffer import SampleBuffer, StaleSample
+from jigsaw.graph.buffer import SampleBuffer, StaleSample, Trained
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -82,3 +82,17 @@ def test_one_step_off_generates_under_exactly_k_stale_weights_and_fully_async_un
     assert [buf.weights_for(n, newest=True) for n in range(5)] == [3] * 5
     with pytest.raises(ValueError, match="may not start"):
         buf.weights_for(5, newest=False)
+
+
+def test_a_resumed_buffer_goes_on_after_its_ledger_under_the_checkpoints_weights():
+    done = [Trained(uid, born, step) for step, born in ((0, 0), (1, 0)) for uid in (2 * step, 2 * step + 1)]
+    buf = SampleBuffer.resumed(1, done)
+    assert buf.version == 2 and buf.ledger == done
+    # one step off would generate batch 2 under version 1, whose weights no checkpoint holds
+    assert buf.weights_for(2, newest=False) == 2 and buf.weights_for(3, newest=False) == 2
+    with pytest.raises(ValueError, match="put before"):
+        buf.put(2, [(3, 2)])  # a sample the checkpoint's steps trained
+    buf.put(2, [(4, 2), (5, 2)])
+    assert buf.take(2) == ((4, 2), (5, 2)) and buf.trained(2) == 3
+    with pytest.raises(ValueError, match="steps 0..1"):
+        SampleBuffer.resumed(1, done[2:])  # step 1's samples without step 0's
