@@ -14,7 +14,8 @@
       ─► the controller books it nodes beside the running ones (Controller.arriving: RollMux's
          admission rule, each group priced by the policy's scheduler) ─► CMD pinned there as
          above, its output forwarded by Ray ─► its nodes given back when it ends
-      ─► with LaunchConfig.replace_on_loss: a node it runs on leaves the cluster (its daemon or
+    either, with LaunchConfig.replace_on_loss (_go: a thread per pipeline of a batch)
+      ─► a node it runs on leaves the cluster (its daemon or
          raylet lost) ─► CMD stopped (SIGTERM: the recipe ends the step in flight and saves it;
          after stop_grace_s, SIGKILL to its process group: nothing of it runs on), its nodes
          given back, and it arrives again: placed on the live nodes, CMD run again, going on
@@ -31,6 +32,7 @@ import json
 import os
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jigsaw.cluster.controller import NAMESPACE, NodeInfo, get_or_start
@@ -98,10 +100,11 @@ class LaunchConfig:
     """A pipeline stopped to be placed again gets SIGTERM and this long to end (the recipe ends
     the step in flight and saves it) before what is left of it is killed."""
     replace_on_loss: int = 0
-    """Times a pipeline arriving alone (`jigsaw run --cluster`) is re-placed when a node it runs on
-    leaves the cluster: stopped and run again where the controller places it then.  Its command
-    must go on from its own checkpoint (the recipe's --checkpoint-dir, on storage every node
-    sees), else it starts over.  0: it runs on, its pieces on the lost node without a daemon."""
+    """Times a pipeline (arriving alone, `jigsaw run --cluster`, or one of a batch, launch()) is
+    re-placed when a node it runs on leaves the cluster: stopped and run again where the
+    controller places it then, as an arrival.  Its command must go on from its own checkpoint
+    (the recipe's --checkpoint-dir, on storage every node sees), else it starts over.  0: it
+    runs on, its pieces on the lost node without a daemon."""
 
 
 def environment(name: str, nodes: list[NodeInfo], owner: str) -> dict[str, str]:
@@ -178,22 +181,25 @@ def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), ti
     holds its nodes in the controller's book until told it ended (launch() does, as each run
     ends; Controller.ended)."""
     require("cluster", "launching pipelines on a cluster")
+    placed, booked = _place(get_or_start(), pipelines, placing)
+    futures = []
+    for p, (_, nodes) in zip(pipelines, booked):
+        env = {**dict(p.env), **environment(p.name, nodes, secrets.token_hex(16))}
+        gpus = sum(n.gpus for n in nodes)
+        futures.append(_pinned(nodes[0].node_id).remote(command(p.cmd, gpus), env, timeout_s))
+    return placed, futures, [ids for ids, _ in booked]
+
+
+def _place(ctrl, pipelines: list[Submitted], placing: LaunchConfig) -> tuple[Assigned, list[tuple]]:
+    """The batch submitted and placed together: (Assigned, per pipeline (node ids, NodeInfo))."""
     import ray
 
-    ctrl = get_or_start()
     for p in pipelines:
         ray.get(ctrl.submit.remote(p.name, p.workload))
     placed: Assigned = ray.get(ctrl.place.remote(steps=placing.steps, trial_steps=placing.trial_steps,
                                                  seed=placing.seed, policy=placing.policy))
     known = {n.node_id: n for n in ray.get(ctrl.nodes.remote())}
-    futures, where = [], []
-    for p in pipelines:
-        nodes = [known[i] for i in placed.nodes[p.name]]
-        gpus = sum(n.gpus for n in nodes)
-        env = {**dict(p.env), **environment(p.name, nodes, secrets.token_hex(16))}
-        futures.append(_pinned(nodes[0].node_id).remote(command(p.cmd, gpus), env, timeout_s))
-        where.append(tuple(n.node_id for n in nodes))
-    return placed, futures, where
+    return placed, [(tuple(placed.nodes[p.name]), [known[i] for i in placed.nodes[p.name]]) for p in pipelines]
 
 
 def _pinned(node_id: str):
@@ -212,21 +218,30 @@ def arrive(sub: Submitted, placing: LaunchConfig = LaunchConfig(), timeout_s: fl
     forwarded here by Ray, and the nodes are given back when it ends, however it ends; placed
     again where a node of it is lost, up to `placing.replace_on_loss` times."""
     require("cluster", "jigsaw run --cluster")
-    ctrl, owner = get_or_start(), secrets.token_hex(16)
-    before: list[tuple[str, ...]] = []
+    return _go(get_or_start(), sub, placing, timeout_s, say)
+
+
+def _go(ctrl, sub: Submitted, placing: LaunchConfig, timeout_s: float, say, first: tuple | None = None,
+        capture: bool = False) -> Ran:
+    """`sub` run where it is booked (`first`: (node ids, NodeInfo) a batch placement booked it;
+    else booked now, as an arrival), placed again as an arrival where a node of it is lost, up
+    to `placing.replace_on_loss` times; its nodes given back however it ends.  `capture`: its
+    output comes back in Ran.output (else Ray forwards it)."""
+    owner, before = secrets.token_hex(16), []
     while True:
         try:
-            ids, nodes = _booked(ctrl, sub, placing)
+            ids, nodes = first or _booked(ctrl, sub, placing)
         except ValueError as exc:
             if before:  # stopped on a lost node, and nowhere to go now: say so, not just the refusal
                 raise ValueError(f"{exc}; it was stopped on node(s) {', '.join(before[-1])} after losing one, "
                                  "and goes on from its checkpoint when run again") from None
             raise
+        first = None
         try:
             gpus = sum(n.gpus for n in nodes)
             say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
             env = {**dict(sub.env), **environment(sub.name, nodes, owner)}
-            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), env, timeout_s, capture=False,
+            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), env, timeout_s, capture=capture,
                                          grace_s=placing.stop_grace_s)
             lost = _watch(ctrl, run, ids) if len(before) < placing.replace_on_loss else ()
             if not lost:
@@ -324,23 +339,20 @@ def _get(ref, timeout_s: float = 120.0):
 
 
 def launch(pipelines: list[Submitted], address: str = "auto", placing: LaunchConfig = LaunchConfig(),
-           timeout_s: float = 3600.0) -> Launched:
-    """Every pipeline placed and run to its end (see the module docstring)."""
+           timeout_s: float = 3600.0, say=lambda line: None) -> Launched:
+    """Every pipeline placed together and run to its end (see the module docstring); with
+    `placing.replace_on_loss`, one that loses a node is stopped and placed again as an arrival."""
     require("cluster", "launching pipelines on a cluster")
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-    placed, futures, where = start(pipelines, placing, timeout_s)
-    ctrl, pending, got = get_or_start(), dict(zip(futures, range(len(pipelines)))), {}
-    while pending:  # each pipeline's nodes given back as soon as it ends
-        for ref in ray.wait(list(pending), num_returns=1)[0]:
-            k = pending.pop(ref)
-            got[k] = _result(ref, ctrl, where[k])
-            _ended(ctrl, pipelines[k].name)
-    ran = tuple(Ran(name=p.name, nodes=where[k], returncode=got[k][0], output=got[k][1])
-                for k, p in enumerate(pipelines))
-    return Launched(placed=placed, ran=ran)
+    ctrl = get_or_start()
+    placed, booked = _place(ctrl, pipelines, placing)
+    with ThreadPoolExecutor(max_workers=len(pipelines), thread_name_prefix="jigsaw-launch") as pool:
+        ran = pool.map(lambda k: _go(ctrl, pipelines[k], placing, timeout_s, say, first=booked[k], capture=True),
+                       range(len(pipelines)))
+        return Launched(placed=placed, ran=tuple(ran))
 
 
 __all__ = ["LaunchConfig", "Launched", "Ran", "Submitted", "arrive", "command", "environment", "launch", "start"]

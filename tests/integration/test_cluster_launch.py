@@ -33,7 +33,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from jigsaw.cluster.controller import NAMESPACE, get_or_start, stop  # noqa: E402
-from jigsaw.cluster.launch import LaunchConfig, Submitted, arrive, start  # noqa: E402
+from jigsaw.cluster.launch import LaunchConfig, Submitted, arrive, launch, start  # noqa: E402
 from jigsaw.graph.ids import SubStageId  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -306,5 +306,54 @@ def test_an_arrival_watched_for_lost_nodes_runs_on_when_the_controller_itself_is
         t.join(120)
         assert not isinstance(got["ran"], Exception), got["ran"]
         assert got["ran"].returncode == 0 and got["ran"].before == (), got
+    finally:
+        _stop(cluster)
+
+
+def test_a_batch_pipeline_whose_node_is_lost_is_placed_again_and_the_other_runs_on(tmp_path):
+    """launch() with replace_on_loss: the pipeline of the lost node stopped and placed again as
+    an arrival (on what is left), the other untouched; every node given back at the end."""
+    import threading
+
+    cluster, _, ids, daemons, _ = _cluster(3, tmp_path, head=False, node_timeout_s=3.0)
+    try:
+        go = tmp_path / "go"
+        show = ("import os, sys, time\n"
+                "open(sys.argv[2], 'a').write(os.environ['JIGSAW_ENDPOINT'] + '\\n')\n"
+                "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n")
+
+        def ran(name: str) -> list[str]:
+            path = tmp_path / f"{name}.ran"
+            return path.read_text().split() if path.exists() else []
+
+        subs = [Submitted(name=n, workload="qwen3-0.6b-math",
+                          cmd=(sys.executable, "-c", show, str(go), str(tmp_path / f"{n}.ran"))) for n in "ab"]
+        placing = LaunchConfig(policy="hetrl", steps=2, trial_steps=1, replace_on_loss=1, stop_grace_s=5.0)
+        got = {}
+        t = threading.Thread(target=lambda: got.update(done=_error(lambda: launch(subs, placing=placing,
+                                                                                  timeout_s=300))), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 180
+        while not (ran("a") and ran("b")):
+            assert time.monotonic() < deadline and t.is_alive(), got
+            time.sleep(0.2)
+        booked = ray.get(get_or_start().arrivals.remote(), timeout=60)
+        moved = max("ab", key=lambda n: len(booked[n]))  # a node of its own is left to it, or the third is free
+        still = ({"a", "b"} - {moved}).pop()
+        lost = booked[moved][0]
+        ray.kill(daemons[ids.index(lost)])
+        while len(ran(moved)) < 2:  # stopped, placed again, started again
+            assert time.monotonic() < deadline + 120 and t.is_alive(), got
+            time.sleep(0.2)
+        go.touch()
+        t.join(240)
+        done = got["done"]
+        assert not isinstance(done, Exception), done
+        by = {r.name: r for r in done.ran}
+        assert by[moved].returncode == 0 and by[moved].before == (booked[moved],) and lost not in by[moved].nodes
+        assert by[still].returncode == 0 and by[still].before == () and by[still].nodes == booked[still]
+        assert ran(still) == [f"ipc://{tmp_path}/n{ids.index(booked[still][0])}/daemon.sock"]  # started once
+        assert ran(moved)[0] != ran(moved)[1]  # the second start: on another node's daemon
+        assert ray.get(get_or_start().arrivals.remote(), timeout=60) == {}
     finally:
         _stop(cluster)
