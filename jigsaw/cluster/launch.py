@@ -182,12 +182,15 @@ def start(pipelines: list[Submitted], placing: LaunchConfig = LaunchConfig(), ti
     ends; Controller.ended)."""
     require("cluster", "launching pipelines on a cluster")
     placed, booked = _place(get_or_start(), pipelines, placing)
-    futures = []
-    for p, (_, nodes) in zip(pipelines, booked):
-        env = {**dict(p.env), **environment(p.name, nodes, secrets.token_hex(16))}
-        gpus = sum(n.gpus for n in nodes)
-        futures.append(_pinned(nodes[0].node_id).remote(command(p.cmd, gpus), env, timeout_s))
+    futures = [_started(p, nodes, secrets.token_hex(16), timeout_s) for p, (_, nodes) in zip(pipelines, booked)]
     return placed, futures, [ids for ids, _ in booked]
+
+
+def _started(sub: Submitted, nodes: list[NodeInfo], owner: str, timeout_s: float, **run):
+    """CMD started as a Ray task pinned to the first of `nodes`, with their environment; the
+    task's future (`run`: _run's capture and grace_s)."""
+    env = {**dict(sub.env), **environment(sub.name, nodes, owner)}
+    return _pinned(nodes[0].node_id).remote(command(sub.cmd, sum(n.gpus for n in nodes)), env, timeout_s, **run)
 
 
 def _place(ctrl, pipelines: list[Submitted], placing: LaunchConfig) -> tuple[Assigned, list[tuple]]:
@@ -240,9 +243,7 @@ def _go(ctrl, sub: Submitted, placing: LaunchConfig, timeout_s: float, say, firs
         try:
             gpus = sum(n.gpus for n in nodes)
             say(f"{sub.name} placed on {len(nodes)} {nodes[0].kind} node(s), {gpus} GPU(s): {', '.join(ids)}")
-            env = {**dict(sub.env), **environment(sub.name, nodes, owner)}
-            run = _pinned(ids[0]).remote(command(sub.cmd, gpus), env, timeout_s, capture=capture,
-                                         grace_s=placing.stop_grace_s)
+            run = _started(sub, nodes, owner, timeout_s, capture=capture, grace_s=placing.stop_grace_s)
             lost = _watch(ctrl, run, ids) if len(before) < placing.replace_on_loss else ()
             if not lost:
                 rc, out = _result(run, ctrl, ids)

@@ -185,9 +185,7 @@ def _rollout_side(shared: Shared, cfg, client, dp, task, tok, params: int, say) 
 def _train_side(cfg, shared: Shared, client, trainer, params: int, steps: list[dict], stop, say) -> None:
     """Steps len(steps) on, each appended to `steps` (and saved, with --checkpoint-dir), until
     the last, or a SIGTERM: a step in flight ends and is saved first."""
-    from jigsaw.recipes.checkpoint import Stopped
-
-    try:
+    with stop.steps(steps, cfg.checkpoint_dir is not None, say):
         for n in range(len(steps), cfg.steps):
             with shared.cond:  # a SIGTERM while waiting for the batch stops the run here
                 shared.wait(lambda n=n: shared.buffer.ready(n), f"batch {n}")
@@ -197,9 +195,6 @@ def _train_side(cfg, shared: Shared, client, trainer, params: int, steps: list[d
                 steps.append(_train_step(cfg, shared, client, trainer, params, n, got, samples, start, say))
                 if cfg.checkpoint_dir is not None:
                     _save(cfg, n, trainer, steps, shared)
-    except Stopped:
-        say(f"stopped (SIGTERM) after {len(steps)} step(s)" + (", all saved" if cfg.checkpoint_dir else ""))
-    stop.ended()
 
 
 def _train_step(cfg, shared: Shared, client, trainer, params: int, n: int, got, samples, start: float,
@@ -238,16 +233,11 @@ def _resume(cfg, trainer, say) -> tuple[list[dict], list[Trained], list[dict]]:
     """(step results, buffer ledger, batches) a checkpoint under --checkpoint-dir holds, its
     weights and optimizer now the trainer's; nothing to start at step 0.  A synchronous run's
     checkpoint trained batch n at step n under the weights of step n - 1 (no ledger saved)."""
-    if cfg.checkpoint_dir is None:
-        return [], [], []
-    from jigsaw.recipes.checkpoint import newest
+    from jigsaw.recipes.checkpoint import resume
 
-    got = newest(cfg.checkpoint_dir, cfg)
-    if got is None:
+    if (got := resume(cfg, trainer, say)) is None:
         return [], [], []
-    trainer.load(got.path)
     per_batch = cfg.prompts * cfg.group
     rows = got.saved.get("ledger") or [[s["step"] * per_batch + i, s["step"], s["step"]]
                                        for s in got.steps for i in range(per_batch)]
-    say(f"resumed after step {got.step} from {got.path}")
     return list(got.steps), [Trained(*row) for row in rows], list(got.saved.get("batches", []))

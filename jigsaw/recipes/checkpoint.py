@@ -88,6 +88,16 @@ def newest(directory: Path, cfg) -> Resume | None:
     return Resume(path=path, step=step, steps=meta["steps"], saved=meta.get("saved", {}))
 
 
+def resume(cfg, trainer, say) -> Resume | None:
+    """The newest whole step under cfg.checkpoint_dir loaded into `trainer` (policy and
+    optimizer), or None: no directory given, or nothing saved there yet."""
+    if cfg.checkpoint_dir is None or (got := newest(cfg.checkpoint_dir, cfg)) is None:
+        return None
+    trainer.load(got.path)
+    say(f"resumed after step {got.step} from {got.path}")
+    return got
+
+
 def _whole(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of every step directory with its metadata, oldest first."""
     if not directory.is_dir():
@@ -132,6 +142,16 @@ class StopAtStepEnd:
             self._in_step = False
         if self.requested:
             raise Stopped
+
+    @contextlib.contextmanager
+    def steps(self, done: list, saving: bool, say) -> Iterator[None]:
+        """A run's loop of steps: a SIGTERM between two ends it there (said, with `done` the
+        steps it did); after it, ended()."""
+        try:
+            yield
+        except Stopped:
+            say(f"stopped (SIGTERM) after {len(done)} step(s)" + (", all saved" if saving else ""))
+        self.ended()
 
     def ended(self) -> None:
         """The steps are over: a SIGTERM now only marks the run stopped (the processes' clean-up

@@ -210,10 +210,10 @@ def run(cfg: RecipeConfig) -> dict:
 def _steps(cfg, steps: list[dict], stop, client, dp, trainer, task, tok, say) -> None:
     """The steps from len(steps) on, each appended to `steps` (and saved, with --checkpoint-dir),
     until the last, or a SIGTERM: within a step it ends first (recipes/checkpoint.py)."""
-    from jigsaw.recipes.checkpoint import Stopped, save
+    from jigsaw.recipes.checkpoint import save
     from jigsaw.recipes.start_gate import wait_at_gate
 
-    try:
+    with stop.steps(steps, cfg.checkpoint_dir is not None, say):
         for step in range(len(steps), cfg.steps):
             wait_at_gate(say, step=step)
             with stop.step():
@@ -222,24 +222,16 @@ def _steps(cfg, steps: list[dict], stop, client, dp, trainer, task, tok, say) ->
                     f"reward {steps[-1]['reward_mean']:.2f}, loss {steps[-1]['loss']:+.4f}")
                 if cfg.checkpoint_dir is not None:
                     save(cfg.checkpoint_dir, step, trainer, steps, cfg)
-    except Stopped:
-        say(f"stopped (SIGTERM) after {len(steps)} step(s)" + (", all saved" if cfg.checkpoint_dir else ""))
-    stop.ended()
 
 
 def _resume(cfg, trainer, dp, say) -> list[dict]:
     """The results of the steps a checkpoint under --checkpoint-dir holds (its weights and
     optimizer now the trainer's and the workers'), or [] to start at step 0."""
-    if cfg.checkpoint_dir is None:
-        return []
-    from jigsaw.recipes.checkpoint import newest
+    from jigsaw.recipes.checkpoint import resume
 
-    got = newest(cfg.checkpoint_dir, cfg)
-    if got is None:
+    if (got := resume(cfg, trainer, say)) is None:
         return []
-    trainer.load(got.path)
     dp.update_weights(trainer.state_dict())
-    say(f"resumed after step {got.step} from {got.path}")
     return list(got.steps)
 
 
